@@ -1,0 +1,64 @@
+"""Command-line entry point: ``parsearch <command> ...``.
+
+Each command lives in its own module with ``register(subparsers)``; this
+module only wires them together and turns :class:`ParsearchError` into one
+line on stderr and exit code 2 (``shared/spec/cli.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from parsearch import __version__
+from parsearch.errors import ParsearchError
+
+
+# One module per command (group), each with ``register(subparsers)``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "models_cmd",
+    "layouts_cmd",
+    "check_cmd",
+)
+
+
+def command_modules() -> list[ModuleType]:
+    """The command modules, in the order ``--help`` lists them."""
+    return [importlib.import_module(f"parsearch.cli.{name}") for name in COMMAND_MODULES]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every registered command."""
+    parser = argparse.ArgumentParser(
+        prog="parsearch",
+        description="Find the best parallel layout for training a transformer on a GPU cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"parsearch {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for module in command_modules():
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except ParsearchError as error:
+        print(f"parsearch {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `parsearch layouts ... | head`
+        return 0
+    except KeyboardInterrupt:
+        print(f"parsearch {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Options shared by several commands, and turning them into specs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, TextIO
+
+from parsearch.errors import SpecError
+from parsearch.layout import Layout, parse_layout_string
+from parsearch.workload import (
+    PIPELINE_SPLITS,
+    PRECISIONS,
+    RECOMPUTE_MODES,
+    SEQUENCE_PARALLEL_MODES,
+    ModelSpec,
+    TrainingSpec,
+)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse type: ``"1,2,4"`` -> ``(1, 2, 4)``, each a positive integer."""
+    values = []
+    for part in text.split(","):
+        if part.strip():
+            values.append(positive_int(part.strip()))
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one value, e.g. 1,2,4")
+    return tuple(values)
+
+
+def choice_list(choices: Sequence[str]):  # type: ignore[no-untyped-def]
+    """argparse type factory: a comma-separated subset of ``choices``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(p.strip().lower() for p in text.split(",") if p.strip())
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: choose from {', '.join(choices)} (comma-separated)"
+            )
+        return values
+
+    return parse
+
+
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="M",
+        help="preset name (see `parsearch models`) or path to a Hugging Face config.json "
+        "or a parsearch model file",
+    )
+
+
+def add_training_options(parser: argparse.ArgumentParser, *, batch_required: bool = True) -> None:
+    """``--global-batch``, ``--seq-len`` and the candidate-set and accounting options."""
+    group = parser.add_argument_group("training setup")
+    group.add_argument("--global-batch", type=positive_int, required=batch_required,
+                       metavar="B", help="global batch size in sequences")
+    group.add_argument("--seq-len", type=positive_int, required=batch_required, metavar="S",
+                       help="sequence length in tokens")
+    group.add_argument("--micro-batch-sizes", type=int_list, default=(1, 2, 4, 8),
+                       metavar="LIST", help="micro-batch candidates (default 1,2,4,8)")
+    group.add_argument("--recompute", type=choice_list(RECOMPUTE_MODES),
+                       default=RECOMPUTE_MODES, metavar="LIST",
+                       help="recompute candidates among none,selective,full (default all)")
+    group.add_argument("--pipeline-split", choices=PIPELINE_SPLITS, default="uneven",
+                       help="even: pp*vpp divides the layers; uneven (default) also allows "
+                       "uneven stages")
+    group.add_argument("--sequence-parallel", choices=SEQUENCE_PARALLEL_MODES, default="both",
+                       help="both (default): sp on and off where tp>1; on: sp exactly when "
+                       "tp>1; off: never")
+    group.add_argument("--max-vpp", type=positive_int, default=None, metavar="V",
+                       help="largest interleaving degree to consider (default: no cap)")
+    group.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                       help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
+    mem = parser.add_argument_group("memory accounting")
+    mem.add_argument("--weight-bytes", type=non_negative_float, default=2.0,
+                     help="bytes per parameter for weights (default 2)")
+    mem.add_argument("--grad-bytes", type=non_negative_float, default=4.0,
+                     help="bytes per parameter for gradients (default 4, fp32 main grads)")
+    mem.add_argument("--optimizer-bytes", type=non_negative_float, default=12.0,
+                     help="optimizer state bytes per parameter (default 12: fp32 master + "
+                     "Adam m, v)")
+    mem.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction,
+                     default=True, help="shard optimizer state over data-parallel ranks "
+                     "(default on)")
+
+
+def add_format_option(parser: argparse.ArgumentParser, formats: Sequence[str]) -> None:
+    parser.add_argument("--format", choices=formats, default=formats[0],
+                        help=f"output format (default {formats[0]})")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    from parsearch.model_files import resolve_model
+
+    return resolve_model(args.model)
+
+
+def training_from_args(args: argparse.Namespace) -> TrainingSpec:
+    return TrainingSpec(
+        seq_len=args.seq_len,
+        global_batch=args.global_batch,
+        micro_batch_sizes=tuple(args.micro_batch_sizes),
+        precision=args.precision,
+        recompute_modes=tuple(args.recompute),
+        pipeline_split=args.pipeline_split,
+        distributed_optimizer=args.distributed_optimizer,
+        weight_bytes=args.weight_bytes,
+        grad_bytes=args.grad_bytes,
+        optimizer_bytes=args.optimizer_bytes,
+        sequence_parallel=args.sequence_parallel,
+        max_vpp=args.max_vpp,
+    )
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    if args.layout is None:
+        raise SpecError("--layout is required, e.g. --layout \"tp=8,pp=4,sp=true\"")
+    return parse_layout_string(args.layout, num_gpus=args.gpus)
+
+
+def print_json(document: Any, out: TextIO = sys.stdout) -> None:
+    json.dump(document, out, indent=2)
+    out.write("\n")
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
+                out: TextIO = sys.stdout) -> None:
+    """Left-aligned text columns; numbers right-aligned."""
+    rows = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    out.write("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip() + "\n")
+    for row in rows:
+        cells = [
+            c.rjust(w) if _is_number(c) else c.ljust(w)
+            for c, w in zip(row, widths, strict=True)
+        ]
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", ""))
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,47 @@
+"""Error types and the violation record shared by all modules.
+
+Three outcomes are kept apart (see the design notes):
+
+* malformed input raises :class:`SpecError` (or :class:`TopologyError`) when
+  it is loaded; the CLI turns it into one line on stderr and exit code 2;
+* an invalid layout is described by :class:`Violation` values that the
+  enumerator prunes and ``parsearch check`` prints;
+* an infeasible layout (does not fit in memory) is a cost-model output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ParsearchError(Exception):
+    """Base class of every error parsearch raises on purpose."""
+
+
+class SpecError(ParsearchError, ValueError):
+    """A model, training or layout description is malformed."""
+
+
+class TopologyError(ParsearchError, ValueError):
+    """A cluster description or topology graph is malformed."""
+
+
+class NoValidLayoutError(ParsearchError):
+    """A query admits no valid layout at all."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken layout rule, with the values that break it.
+
+    ``rule`` is the rule's identifier in ``shared/spec/layout-space.md``
+    (``"R4"`` ...), ``name`` a short slug and ``message`` a sentence that
+    names the values and, where possible, the fix.
+    """
+
+    rule: str
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.rule} {self.name}: {self.message}"

@@ -1,0 +1,263 @@
+"""Workload specifications: the model and the training setup.
+
+Both are frozen dataclasses validated on construction, so every later stage
+(layout space, placement, cost) may assume well-formed values.  Loading from
+files lives in :mod:`parsearch.model_files`; presets in
+:mod:`parsearch.presets`; parameter counts in :mod:`parsearch.params`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from parsearch.errors import SpecError
+
+MlpActivation = Literal["swiglu", "gelu"]
+NormKind = Literal["rmsnorm", "layernorm"]
+Precision = Literal["bf16", "fp8", "fp4"]
+Recompute = Literal["none", "selective", "full"]
+PipelineSplit = Literal["even", "uneven"]
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven")
+SequenceParallelMode = Literal["both", "on", "off"]
+SEQUENCE_PARALLEL_MODES: tuple[str, ...] = ("both", "on", "off")
+
+
+def require_positive_int(owner: str, name: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 1, else raise a :class:`SpecError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(
+            f"{owner}: {name} must be a positive integer, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if value < 1:
+        raise SpecError(f"{owner}: {name} must be a positive integer, got {value}")
+    return value
+
+
+def require_non_negative_int(owner: str, name: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 0, else raise a :class:`SpecError`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(
+            f"{owner}: {name} must be a non-negative integer, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if value < 0:
+        raise SpecError(f"{owner}: {name} must be a non-negative integer, got {value}")
+    return value
+
+
+def require_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise a :class:`SpecError`."""
+    if value not in choices:
+        raise SpecError(
+            f"{owner}: {name} must be one of {', '.join(choices)}; got {value!r}"
+        )
+    return str(value)
+
+
+@dataclass(frozen=True)
+class MlaSpec:
+    """Multi-head latent attention dimensions (DeepSeek-V2/V3, Kimi-K2).
+
+    ``q_lora_rank`` is 0 when queries are projected directly (no q-LoRA).
+    """
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+
+    def __post_init__(self) -> None:
+        owner = "model.mla"
+        require_positive_int(owner, "kv_lora_rank", self.kv_lora_rank)
+        require_positive_int(owner, "qk_nope_head_dim", self.qk_nope_head_dim)
+        require_positive_int(owner, "qk_rope_head_dim", self.qk_rope_head_dim)
+        require_positive_int(owner, "v_head_dim", self.v_head_dim)
+        require_non_negative_int(owner, "q_lora_rank", self.q_lora_rank)
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """Mixture-of-Experts block description.
+
+    Which layers are MoE: the first ``first_k_dense`` layers are dense; of
+    the rest, layer ``i`` is MoE when ``(i - first_k_dense) % layer_freq == 0``
+    (``layer_freq = 1``: every remaining layer).  ``shared_expert_ffn_hidden_size``
+    is the *total* FFN width of the shared experts (0: none).
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden_size: int
+    shared_expert_ffn_hidden_size: int = 0
+    first_k_dense: int = 0
+    layer_freq: int = 1
+
+    def __post_init__(self) -> None:
+        owner = "model.moe"
+        require_positive_int(owner, "num_experts", self.num_experts)
+        require_positive_int(owner, "top_k", self.top_k)
+        require_positive_int(owner, "expert_ffn_hidden_size", self.expert_ffn_hidden_size)
+        require_non_negative_int(
+            owner, "shared_expert_ffn_hidden_size", self.shared_expert_ffn_hidden_size
+        )
+        require_non_negative_int(owner, "first_k_dense", self.first_k_dense)
+        require_positive_int(owner, "layer_freq", self.layer_freq)
+        if self.top_k > self.num_experts:
+            raise SpecError(
+                f"{owner}: top_k={self.top_k} exceeds num_experts={self.num_experts}; "
+                "a token cannot be routed to more experts than exist"
+            )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, dense or Mixture-of-Experts.
+
+    Sizes follow Megatron-Core's names: ``ffn_hidden_size`` is the dense MLP
+    width (used by the dense layers of an MoE model too), ``head_dim`` the
+    per-head size of Q/K/V (``kv_channels``), ``num_query_groups`` the number
+    of KV heads (GQA; equal to ``num_attention_heads`` for MHA, 1 for MQA).
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool = False
+    mlp_activation: MlpActivation = "swiglu"
+    norm: NormKind = "rmsnorm"
+    qkv_bias: bool = False
+    moe: MoeSpec | None = None
+    mla: MlaSpec | None = None
+    mtp_layers: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        owner = f"model {self.name!r}" if self.name else "model"
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "ffn_hidden_size",
+            "num_attention_heads",
+            "num_query_groups",
+            "head_dim",
+            "vocab_size",
+        ):
+            require_positive_int(owner, name, getattr(self, name))
+        require_non_negative_int(owner, "mtp_layers", self.mtp_layers)
+        require_choice(owner, "mlp_activation", self.mlp_activation, ("swiglu", "gelu"))
+        require_choice(owner, "norm", self.norm, ("rmsnorm", "layernorm"))
+        if self.num_query_groups > self.num_attention_heads:
+            raise SpecError(
+                f"{owner}: num_query_groups={self.num_query_groups} exceeds "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_query_groups:
+            raise SpecError(
+                f"{owner}: num_attention_heads={self.num_attention_heads} is not a "
+                f"multiple of num_query_groups={self.num_query_groups}"
+            )
+        if self.moe is not None and self.moe.first_k_dense >= self.num_layers:
+            raise SpecError(
+                f"{owner}: moe.first_k_dense={self.moe.first_k_dense} leaves no MoE "
+                f"layer among num_layers={self.num_layers}"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the model has routed experts."""
+        return self.moe is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether transformer layer ``index`` (0-based) has a routed-expert MLP."""
+        if self.moe is None or index < self.moe.first_k_dense:
+            return False
+        return (index - self.moe.first_k_dense) % self.moe.layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Number of transformer layers (MTP excluded) with routed experts."""
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Number of transformer layers (MTP excluded) with a dense MLP."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def has_dense_mlp(self) -> bool:
+        """True when at least one layer has a dense MLP (rule R4's ``f % tp``)."""
+        return self.num_dense_layers > 0
+
+    @property
+    def gqa_query_groups(self) -> int:
+        """Query groups as the layout rules see them (MLA models: one per head)."""
+        return self.num_attention_heads if self.mla is not None else self.num_query_groups
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """The training setup a layout must serve.
+
+    ``global_batch`` counts sequences.  The byte counts are per parameter and
+    default to Megatron-Core mixed precision (bf16 weights, fp32 main
+    gradients, fp32 master weights plus Adam moments: 2 / 4 / 12).
+
+    The candidate sets bound the layout space: ``micro_batch_sizes`` and
+    ``recompute_modes`` (rule R11); ``sequence_parallel`` is ``"both"`` (sp
+    on and off wherever tp > 1), ``"on"`` (sp exactly when tp > 1, the usual
+    Megatron setting) or ``"off"``; ``max_vpp`` caps interleaving (``None``:
+    every vpp the rules allow).
+    """
+
+    seq_len: int
+    global_batch: int
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    precision: Precision = "bf16"
+    recompute_modes: tuple[Recompute, ...] = ("none", "selective", "full")
+    pipeline_split: PipelineSplit = "uneven"
+    distributed_optimizer: bool = True
+    weight_bytes: float = 2.0
+    grad_bytes: float = 4.0
+    optimizer_bytes: float = 12.0
+    sequence_parallel: SequenceParallelMode = "both"
+    max_vpp: int | None = None
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        owner = "training"
+        require_positive_int(owner, "seq_len", self.seq_len)
+        require_positive_int(owner, "global_batch", self.global_batch)
+        if self.max_vpp is not None:
+            require_positive_int(owner, "max_vpp", self.max_vpp)
+        if not self.micro_batch_sizes:
+            raise SpecError(f"{owner}: micro_batch_sizes is empty; give at least one, e.g. 1,2,4,8")
+        for mbs in self.micro_batch_sizes:
+            require_positive_int(owner, "micro_batch_sizes", mbs)
+        if not self.recompute_modes:
+            raise SpecError(f"{owner}: recompute_modes is empty; use none, selective or full")
+        for mode in self.recompute_modes:
+            require_choice(owner, "recompute", mode, RECOMPUTE_MODES)
+        require_choice(owner, "sequence_parallel", self.sequence_parallel, SEQUENCE_PARALLEL_MODES)
+        require_choice(owner, "precision", self.precision, PRECISIONS)
+        require_choice(owner, "pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
+        for name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpecError(f"{owner}: {name} must be a number >= 0, got {value!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens processed by one optimizer step."""
+        return self.seq_len * self.global_batch
+
