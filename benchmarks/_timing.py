@@ -21,5 +21,6 @@ def best_of(repeats: int, fn: Callable[[], Any]) -> tuple[float, Any]:
 def report(name: str, seconds: float, target_s: float, detail: str = "") -> bool:
     ok = seconds <= target_s
     status = "PASS" if ok else "FAIL"
-    print(f"{status} {name}: {seconds:.3f} s (target < {target_s} s){' ' + detail if detail else ''}")
+    suffix = f" {detail}" if detail else ""
+    print(f"{status} {name}: {seconds:.3f} s (target < {target_s} s){suffix}")
     return ok

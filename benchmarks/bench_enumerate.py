@@ -9,11 +9,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _timing import best_of, report  # noqa: E402
+from _timing import best_of, report
 
-from parsearch.presets import get_preset  # noqa: E402
-from parsearch.space import enumerate_layouts  # noqa: E402
-from parsearch.workload import TrainingSpec  # noqa: E402
+from parsearch.presets import get_preset
+from parsearch.space import enumerate_layouts
+from parsearch.workload import TrainingSpec
 
 
 def main() -> int:

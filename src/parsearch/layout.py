@@ -20,7 +20,7 @@ from parsearch.errors import SpecError
 from parsearch.workload import RECOMPUTE_MODES, Recompute
 
 DEGREE_KEYS: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
-LAYOUT_STRING_KEYS: tuple[str, ...] = DEGREE_KEYS + ("sp", "recompute")
+LAYOUT_STRING_KEYS: tuple[str, ...] = (*DEGREE_KEYS, "sp", "recompute")
 
 _RECOMPUTE_SHORT = {"none": "rnone", "selective": "rsel", "full": "rfull"}
 _RECOMPUTE_FROM_SHORT = {v: k for k, v in _RECOMPUTE_SHORT.items()}
@@ -174,7 +174,7 @@ def parse_layout_key(key: str, num_gpus: int) -> Layout:
             continue
         name = part.rstrip("0123456789")
         digits = part[len(name):]
-        if name not in DEGREE_KEYS + ("sp",) or not digits:
+        if name not in (*DEGREE_KEYS, "sp") or not digits:
             raise SpecError(f"layout key {key!r}: cannot read part {part!r}")
         fields[name] = bool(int(digits)) if name == "sp" else int(digits)
     return Layout(num_gpus=num_gpus, **fields)

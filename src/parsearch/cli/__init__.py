@@ -16,7 +16,6 @@ from types import ModuleType
 from parsearch import __version__
 from parsearch.errors import ParsearchError
 
-
 # One module per command (group), each with ``register(subparsers)``.
 COMMAND_MODULES: tuple[str, ...] = (
     "models_cmd",

@@ -1,0 +1,263 @@
+"""Named model presets, each copied from a public config or a paper table.
+
+Every entry is a literal :class:`ModelSpec` whose ``source`` names where its
+numbers come from (a Hugging Face ``config.json`` or a paper table).  The
+published parameter totals used to check them live in ``tests/test_presets.py``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from parsearch.errors import SpecError
+from parsearch.workload import MlaSpec, ModelSpec, MoeSpec
+
+_NAR21 = "Narayanan et al. 2021 (arXiv 2104.04473) Table 1"
+
+
+def _megatron_gpt(name: str, layers: int, hidden: int, heads: int, source: str) -> ModelSpec:
+    """A Megatron-LM GPT: GeLU FFN of 4h, LayerNorm, MHA, padded vocab 51200, tied embeddings."""
+    return ModelSpec(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=4 * hidden,
+        num_attention_heads=heads,
+        num_query_groups=heads,
+        head_dim=hidden // heads,
+        vocab_size=51200,
+        tied_embeddings=True,
+        mlp_activation="gelu",
+        norm="layernorm",
+        qkv_bias=True,
+        source=source,
+    )
+
+
+_MEGATRON_GPT: tuple[ModelSpec, ...] = (
+    _megatron_gpt("gpt-1.7b", 24, 2304, 24, f"{_NAR21}, 1.7B row"),
+    _megatron_gpt("gpt-3.6b", 30, 3072, 32, f"{_NAR21}, 3.6B row"),
+    _megatron_gpt("gpt-7.5b", 36, 4096, 32, f"{_NAR21}, 7.5B row"),
+    _megatron_gpt("gpt-18.4b", 40, 6144, 48, f"{_NAR21}, 18.4B row"),
+    _megatron_gpt("gpt-39.1b", 48, 8192, 64, f"{_NAR21}, 39.1B row"),
+    _megatron_gpt("gpt-76.1b", 60, 10240, 80, f"{_NAR21}, 76.1B row"),
+    _megatron_gpt("gpt-145.6b", 80, 12288, 96, f"{_NAR21}, 145.6B row"),
+    _megatron_gpt("gpt-310.1b", 96, 16384, 128, f"{_NAR21}, 310.1B row"),
+    _megatron_gpt("gpt-529.6b", 105, 20480, 128, f"{_NAR21}, 529.6B row"),
+    _megatron_gpt("gpt-1t", 128, 25600, 160, f"{_NAR21}, 1008B row"),
+    _megatron_gpt(
+        "gpt3-175b",
+        96,
+        12288,
+        96,
+        "Brown et al. 2020 (arXiv 2005.14165) Table 2.1, GPT-3 175B; vocab padded "
+        "50257 -> 51200 as in Megatron-LM runs (Narayanan et al. 2021, Korthikanti et al. 2022)",
+    ),
+    _megatron_gpt(
+        "kor22-22b",
+        48,
+        6144,
+        64,
+        "Korthikanti et al. 2022 (arXiv 2205.05198) Table 3, 22B model",
+    ),
+    _megatron_gpt(
+        "mt-nlg-530b",
+        105,
+        20480,
+        128,
+        "Korthikanti et al. 2022 (arXiv 2205.05198) Table 3, 530B model "
+        "(MT-NLG, Smith et al. 2022 arXiv 2201.11990)",
+    ),
+)
+
+_HF_PRESETS: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        name="llama3-8b",
+        num_layers=32,
+        hidden_size=4096,
+        ffn_hidden_size=14336,
+        num_attention_heads=32,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=128256,
+        source="meta-llama/Meta-Llama-3-8B config.json",
+    ),
+    ModelSpec(
+        name="llama3-70b",
+        num_layers=80,
+        hidden_size=8192,
+        ffn_hidden_size=28672,
+        num_attention_heads=64,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=128256,
+        source="meta-llama/Meta-Llama-3-70B config.json",
+    ),
+    ModelSpec(
+        name="llama3.1-405b",
+        num_layers=126,
+        hidden_size=16384,
+        ffn_hidden_size=53248,
+        num_attention_heads=128,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=128256,
+        source="meta-llama/Llama-3.1-405B config.json",
+    ),
+    ModelSpec(
+        name="mixtral-8x7b",
+        num_layers=32,
+        hidden_size=4096,
+        ffn_hidden_size=14336,
+        num_attention_heads=32,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=32000,
+        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336),
+        source="mistralai/Mixtral-8x7B-v0.1 config.json",
+    ),
+    ModelSpec(
+        name="mixtral-8x22b",
+        num_layers=56,
+        hidden_size=6144,
+        ffn_hidden_size=16384,
+        num_attention_heads=48,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=32000,
+        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384),
+        source="mistralai/Mixtral-8x22B-v0.1 config.json",
+    ),
+    ModelSpec(
+        name="qwen2-57b-a14b",
+        num_layers=28,
+        hidden_size=3584,
+        ffn_hidden_size=18944,
+        num_attention_heads=28,
+        num_query_groups=4,
+        head_dim=128,
+        vocab_size=151936,
+        qkv_bias=True,
+        moe=MoeSpec(
+            num_experts=64,
+            top_k=8,
+            expert_ffn_hidden_size=2560,
+            shared_expert_ffn_hidden_size=20480,
+        ),
+        source="Qwen/Qwen2-57B-A14B config.json",
+    ),
+    ModelSpec(
+        name="qwen3-30b-a3b",
+        num_layers=48,
+        hidden_size=2048,
+        ffn_hidden_size=6144,
+        num_attention_heads=32,
+        num_query_groups=4,
+        head_dim=128,
+        vocab_size=151936,
+        moe=MoeSpec(num_experts=128, top_k=8, expert_ffn_hidden_size=768),
+        source="Qwen/Qwen3-30B-A3B config.json",
+    ),
+    ModelSpec(
+        name="qwen3-235b-a22b",
+        num_layers=94,
+        hidden_size=4096,
+        ffn_hidden_size=12288,
+        num_attention_heads=64,
+        num_query_groups=4,
+        head_dim=128,
+        vocab_size=151936,
+        moe=MoeSpec(num_experts=128, top_k=8, expert_ffn_hidden_size=1536),
+        source="Qwen/Qwen3-235B-A22B config.json",
+    ),
+    ModelSpec(
+        name="deepseek-v3",
+        num_layers=61,
+        hidden_size=7168,
+        ffn_hidden_size=18432,
+        num_attention_heads=128,
+        num_query_groups=128,
+        head_dim=128,
+        vocab_size=129280,
+        moe=MoeSpec(
+            num_experts=256,
+            top_k=8,
+            expert_ffn_hidden_size=2048,
+            shared_expert_ffn_hidden_size=2048,
+            first_k_dense=3,
+        ),
+        mla=MlaSpec(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            q_lora_rank=1536,
+        ),
+        mtp_layers=1,
+        source="deepseek-ai/DeepSeek-V3 config.json",
+    ),
+    ModelSpec(
+        name="kimi-k2",
+        num_layers=61,
+        hidden_size=7168,
+        ffn_hidden_size=18432,
+        num_attention_heads=64,
+        num_query_groups=64,
+        head_dim=128,
+        vocab_size=163840,
+        moe=MoeSpec(
+            num_experts=384,
+            top_k=8,
+            expert_ffn_hidden_size=2048,
+            shared_expert_ffn_hidden_size=2048,
+            first_k_dense=1,
+        ),
+        mla=MlaSpec(
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+            q_lora_rank=1536,
+        ),
+        source="moonshotai/Kimi-K2-Instruct config.json",
+    ),
+    ModelSpec(
+        name="gpt-oss-120b",
+        num_layers=36,
+        hidden_size=2880,
+        ffn_hidden_size=2880,
+        num_attention_heads=64,
+        num_query_groups=8,
+        head_dim=64,
+        vocab_size=201088,
+        qkv_bias=True,
+        moe=MoeSpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880),
+        source="openai/gpt-oss-120b config.json",
+    ),
+)
+
+PRESETS: Mapping[str, ModelSpec] = MappingProxyType(
+    {spec.name: spec for spec in (*_MEGATRON_GPT, *_HF_PRESETS)}
+)
+
+
+def list_presets() -> list[str]:
+    """Preset names, sorted."""
+    return sorted(PRESETS)
+
+
+def closest_presets(name: str, n: int = 3) -> list[str]:
+    """Up to ``n`` preset names that look like ``name`` (difflib ratio >= 0.5)."""
+    return difflib.get_close_matches(name.strip().lower(), list(PRESETS), n=n, cutoff=0.5)
+
+
+def get_preset(name: str) -> ModelSpec:
+    """The preset called ``name`` (case-insensitive); :class:`SpecError` naming close ones."""
+    spec = PRESETS.get(name.strip().lower())
+    if spec is not None:
+        return spec
+    close = closest_presets(name)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise SpecError(f"unknown model preset {name!r}{hint} (`parsearch models` lists the presets)")
