@@ -79,7 +79,8 @@ def rule_context(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> Rul
 def derive_columns(ctx: RuleContext, cols: Columns) -> dict[str, np.ndarray]:
     """``dp``, ``edp`` and ``m`` from the assigned axes (0 where undefined).
 
-    dp = N / (tp*cp*pp) and edp = N / (pp*ep*etp) (spec "Derived quantities");
+    dp = N / (tp*cp*pp) and edp = N / (pp*ep*etp) (spec "Derived quantities"),
+    except that a dense model has edp = dp (spec R3);
     m = B / (mbs*dp) (rule R10).
     """
     out: dict[str, np.ndarray] = {}
@@ -90,6 +91,8 @@ def derive_columns(ctx: RuleContext, cols: Columns) -> dict[str, np.ndarray]:
     if {"pp", "ep", "etp"} <= cols.keys():
         expert = np.asarray(cols["pp"]) * cols["ep"] * cols["etp"]
         out["edp"] = np.where(n % expert == 0, n // expert, 0)
+        if not ctx.is_moe and "dp" in out:  # a dense model has edp = dp (spec R3)
+            out["edp"] = out["dp"]
     if "dp" in out and "mbs" in cols:
         per_step = np.asarray(cols["mbs"]) * out["dp"]
         safe = np.where(per_step > 0, per_step, 1)

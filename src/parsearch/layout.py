@@ -80,8 +80,12 @@ class Layout:
             f"-mbs{self.mbs}-sp{int(self.sp)}-{_RECOMPUTE_SHORT[self.recompute]}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON layout object of the CLI contract (plus nothing else)."""
+    def to_dict(self, *, moe: bool = True) -> dict[str, Any]:
+        """The JSON layout object of the CLI contract (plus nothing else).
+
+        A dense model has no expert mesh: pass ``moe=False`` and ``edp`` is
+        reported as ``dp`` (layout-space spec, R3).
+        """
         return {
             "tp": self.tp,
             "pp": self.pp,
@@ -90,7 +94,7 @@ class Layout:
             "etp": self.etp,
             "vpp": self.vpp,
             "dp": self.dp,
-            "edp": self.edp,
+            "edp": self.edp if moe else self.dp,
             "mbs": self.mbs,
             "sp": self.sp,
             "recompute": self.recompute,

@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from parsearch import __version__
 from parsearch.errors import ParsearchError
@@ -29,14 +30,23 @@ def command_modules() -> list[ModuleType]:
     return [importlib.import_module(f"parsearch.cli.{name}") for name in COMMAND_MODULES]
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every registered command."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="parsearch",
         description="Find the best parallel layout for training a transformer on a GPU cluster.",
     )
     parser.add_argument("--version", action="version", version=f"parsearch {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=OneLineErrorParser
+    )
     subparsers.required = True
     for module in command_modules():
         module.register(subparsers)

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     violations = check_layout(model, training, layout)
     if args.format == "json":
         print_json({
-            "layout": layout.to_dict(),
+            "layout": layout.to_dict(moe=model.is_moe),
             "num_gpus": layout.num_gpus,
             "valid": not violations,
             "violations": [
@@ -54,5 +54,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {violation}")
     else:
         print(f"valid: {layout.key()} on {layout.num_gpus} GPUs "
-              f"(dp={layout.dp}, edp={layout.edp}, min_gpus={layout.min_gpus})")
+              f"(dp={layout.dp}, edp={layout.to_dict(moe=model.is_moe)['edp']}, "
+              f"min_gpus={layout.min_gpus})")
     return 1 if violations else 0

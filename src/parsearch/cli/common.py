@@ -147,14 +147,16 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
     return parse_layout_string(args.layout, num_gpus=args.gpus)
 
 
-def print_json(document: Any, out: TextIO = sys.stdout) -> None:
+def print_json(document: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     json.dump(document, out, indent=2)
     out.write("\n")
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-                out: TextIO = sys.stdout) -> None:
+                out: TextIO | None = None) -> None:
     """Left-aligned text columns; numbers right-aligned."""
+    out = out or sys.stdout
     rows = [[_cell(v) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
