@@ -1,0 +1,1 @@
+"""Analytic cost model: FLOPs, memory and the pipeline-stage split."""

@@ -1,0 +1,124 @@
+"""Alpha-beta time of NCCL collectives on a placed process group.
+
+All functions are elementwise over numpy arrays (or plain floats), so one
+call prices a collective for a whole column of layouts.  A group is described
+by the arrays of :meth:`parsearch.topology.fabric.Fabric.group_links`:
+
+* ``size`` ranks, ``members_per_domain`` of them in each NVLink domain it
+  spans (``domains = size / members_per_domain``);
+* ``nvlink_bandwidth_Bps`` and ``network_bandwidth_Bps``: achievable bytes
+  per second per member per direction on each tier;
+* ``latency_s``: the per-step latency of the slowest tier it crosses.
+
+Sizes are in bytes and follow nccl-tests' convention (``doc/PERFORMANCE.md``):
+for all-reduce ``S`` is the buffer each rank holds; for all-gather and
+reduce-scatter ``S`` is the full (gathered) buffer; for all-to-all ``S`` is
+what each rank sends in total (including the share it keeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+Num = float | np.ndarray
+
+
+@dataclass(frozen=True)
+class LinkArrays:
+    """The fields of a placed group that the collective formulas read."""
+
+    size: Num
+    members_per_domain: Num
+    nvlink_bandwidth_Bps: Num
+    network_bandwidth_Bps: Num
+    nvlink_latency_s: Num
+    network_latency_s: Num
+
+    @classmethod
+    def from_group_links(
+        cls, links: Mapping[str, np.ndarray], nvlink_latency_s: float, network_latency_s: float
+    ) -> LinkArrays:
+        """Build from ``Fabric.group_links`` output and the cluster's per-tier latencies."""
+        return cls(
+            size=np.asarray(links["size"], dtype=np.float64),
+            members_per_domain=np.asarray(links["members_per_domain"], dtype=np.float64),
+            nvlink_bandwidth_Bps=np.asarray(links["nvlink_bandwidth_Bps"], dtype=np.float64),
+            network_bandwidth_Bps=np.asarray(links["network_bandwidth_Bps"], dtype=np.float64),
+            nvlink_latency_s=nvlink_latency_s,
+            network_latency_s=network_latency_s,
+        )
+
+
+def _split(link: LinkArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(members in one domain k, domains spanned M, group size n), as float arrays."""
+    n = np.maximum(np.asarray(link.size, dtype=np.float64), 1.0)
+    k = np.clip(np.asarray(link.members_per_domain, dtype=np.float64), 1.0, n)
+    return k, n / k, n
+
+
+def _safe_div(num: Num, den: Num) -> np.ndarray:
+    den = np.asarray(den, dtype=np.float64)
+    return np.where(den > 0, np.asarray(num, dtype=np.float64) / np.where(den > 0, den, 1.0), 0.0)
+
+
+def _log2_steps(count: np.ndarray) -> np.ndarray:
+    return np.ceil(np.log2(np.maximum(count, 1.0)))
+
+
+def reduce_scatter_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
+    """Reduce-scatter (or, by symmetry, all-gather) of a ``size_bytes`` buffer.
+
+    Bandwidth term: (n-1)/n * S / B (nccl-tests PERFORMANCE.md, busbw factor).
+    Across domains it is hierarchical (formulas.md §7.1): an intra-domain pass
+    over k members moves (k-1)/k * S on NVLink, then each member reduces its
+    1/k slice over the M domains on the network, (M-1)/M * S/k per member.
+    Latency: ring steps (k-1) on NVLink plus ceil(log2 M) network steps (NCCL
+    tree/PAT algorithms at scale; NCCL 2.4 blog).
+    """
+    k, m, n = _split(link)
+    s = np.asarray(size_bytes, dtype=np.float64)
+    intra = _safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
+    inter = _safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
+    latency = (k - 1.0) * link.nvlink_latency_s + _log2_steps(m) * link.network_latency_s
+    return np.where(n > 1, intra + inter + latency, 0.0)
+
+
+def all_gather_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
+    """All-gather of a ``size_bytes`` gathered buffer: the mirror of reduce-scatter."""
+    return reduce_scatter_time(link, size_bytes)
+
+
+def all_reduce_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
+    """All-reduce = reduce-scatter + all-gather: 2(n-1)/n * S / B (nccl-tests busbw)."""
+    return 2.0 * reduce_scatter_time(link, size_bytes)
+
+
+def all_to_all_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
+    """All-to-all where each rank sends ``size_bytes`` spread evenly over the group.
+
+    (k-1)/n of it stays in the domain (NVLink), (n-k)/n crosses the network;
+    both proceed at once, so the slower sets the time (formulas.md §7.1
+    hierarchical all-to-all).  Latency: one step per peer domain plus one on NVLink.
+    """
+    k, m, n = _split(link)
+    s = np.asarray(size_bytes, dtype=np.float64)
+    intra = _safe_div((k - 1.0) / n * s, link.nvlink_bandwidth_Bps)
+    inter = _safe_div((n - k) / n * s, link.network_bandwidth_Bps)
+    latency = np.where(k > 1, link.nvlink_latency_s, 0.0) + (m - 1.0) * link.network_latency_s
+    return np.where(n > 1, np.maximum(intra, inter) + latency, 0.0)
+
+
+def p2p_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
+    """One point-to-point send between pipeline neighbours: S / B + latency.
+
+    Neighbours in one domain use NVLink; otherwise the network.
+    """
+    k, _m, n = _split(link)
+    s = np.asarray(size_bytes, dtype=np.float64)
+    inside = k >= n
+    bandwidth = np.where(inside, link.nvlink_bandwidth_Bps, link.network_bandwidth_Bps)
+    latency = np.where(inside, link.nvlink_latency_s, link.network_latency_s)
+    return np.where(n > 1, _safe_div(s, bandwidth) + latency, 0.0)

@@ -1,0 +1,189 @@
+"""How transformer layers are split over pipeline stages.
+
+Megatron-Core numbers virtual pipeline stages ``j = chunk * pp + rank``: model
+chunk ``c`` of pipeline rank ``r`` holds virtual stage ``c * pp + r``, and
+layers are assigned to virtual stages in order
+(``megatron/core/transformer/transformer_layer.py::get_transformer_layer_offset``).
+
+Two split modes (``shared/spec/layout-space.md`` R8):
+
+* ``even``: every virtual stage holds ``L / (pp * vpp)`` layers; it is an error
+  when that does not divide.
+* ``uneven``: layers are spread as evenly as possible over the ``pp * vpp``
+  virtual stages.  When the division is not exact, the ``L % (pp*vpp)``
+  extra layers go to the interior virtual stages first (in virtual-stage
+  order, which cycles through the ranks), so that the very first virtual stage
+  (which also holds the embedding) and the very last one (output layer, loss
+  and the MTP block) hold fewer.  Only when every interior stage already
+  has an extra layer does the first stage get one (the output layer costs
+  ``6·h·V`` FLOPs per token, the embedding lookup almost none), and the last
+  stage never does.  This is what Megatron's ``--decoder-first/last-pipeline-num-layers``
+  or ``--account-for-embedding/loss-in-pipeline-split`` are used for; the
+  exact choice is ours.
+
+The split depends only on ``(L, pp, vpp, split)``; :func:`stage_contents` is
+memoised so a vectorised scorer computes it once per distinct ``(pp, vpp)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from parsearch.errors import SpecError
+from parsearch.workload import PIPELINE_SPLITS, ModelSpec, require_choice
+
+
+@dataclass(frozen=True)
+class StageContent:
+    """What one pipeline rank holds (all of its ``vpp`` model chunks together).
+
+    ``chunk_layer_indices[c]`` are the 0-based transformer-layer indices of
+    model chunk ``c`` (virtual stage ``c * pp + rank``).  MTP layers are not
+    transformer-layer indices: Megatron-Core places the MTP block after the
+    final layer, on the last pipeline rank, so ``num_mtp_layers`` is non-zero
+    only there (``mtp_is_moe``: an MTP layer is MoE iff the last layer is,
+    formulas.md §3.3).
+    """
+
+    rank: int
+    pp: int
+    vpp: int
+    chunk_layer_indices: tuple[tuple[int, ...], ...]
+    num_dense_layers: int
+    num_moe_layers: int
+    has_embedding: bool
+    has_output: bool
+    num_mtp_layers: int
+    mtp_is_moe: bool
+
+    @property
+    def num_layers(self) -> int:
+        """Transformer layers on this rank (MTP excluded)."""
+        return self.num_dense_layers + self.num_moe_layers
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        """All transformer-layer indices on this rank, in model order."""
+        return tuple(sorted(i for chunk in self.chunk_layer_indices for i in chunk))
+
+    @property
+    def chunk_layer_counts(self) -> tuple[int, ...]:
+        """Layers per model chunk of this rank."""
+        return tuple(len(chunk) for chunk in self.chunk_layer_indices)
+
+    @property
+    def is_first(self) -> bool:
+        """Pipeline rank 0."""
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        """Pipeline rank ``pp - 1``."""
+        return self.rank == self.pp - 1
+
+
+def _check_degrees(num_layers: int, pp: int, vpp: int, split: str) -> None:
+    require_choice("pipeline", "split", split, PIPELINE_SPLITS)
+    for name, value in (("num_layers", num_layers), ("pp", pp), ("vpp", vpp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"pipeline split: {name} must be a positive integer, got {value!r}")
+    stages = pp * vpp
+    if split == "even" and num_layers % stages:
+        raise SpecError(
+            f"R8 pipeline split: even split needs num_layers % (pp*vpp) == 0; "
+            f"num_layers={num_layers}, pp={pp}, vpp={vpp} (pp*vpp={stages}); "
+            f"use --pipeline-split uneven or a pp*vpp that divides {num_layers}"
+        )
+    if stages > num_layers:
+        raise SpecError(
+            f"R8 pipeline split: pp*vpp={stages} (pp={pp}, vpp={vpp}) exceeds "
+            f"num_layers={num_layers}; every virtual stage needs at least one layer"
+        )
+
+
+def _extra_layer_order(stages: int) -> list[int]:
+    """Virtual stages in the order they receive one extra layer (uneven split).
+
+    Interior stages first (virtual-stage order cycles through the ranks, so
+    the per-rank totals stay balanced), then the first stage; the last never.
+    """
+    return [*range(1, stages - 1), 0] if stages > 1 else [0]
+
+
+@lru_cache(maxsize=4096)
+def virtual_stage_layer_counts(
+    num_layers: int, pp: int, vpp: int, split: str = "uneven"
+) -> tuple[int, ...]:
+    """Layers per virtual stage ``j = chunk * pp + rank`` (length ``pp * vpp``).
+
+    >>> virtual_stage_layer_counts(30, 4, 1)
+    (7, 8, 8, 7)
+    >>> virtual_stage_layer_counts(31, 4, 1)
+    (8, 8, 8, 7)
+    >>> virtual_stage_layer_counts(32, 4, 1, "even")
+    (8, 8, 8, 8)
+    """
+    _check_degrees(num_layers, pp, vpp, split)
+    stages = pp * vpp
+    base, extra = divmod(num_layers, stages)
+    counts = [base] * stages
+    for j in _extra_layer_order(stages)[:extra]:
+        counts[j] += 1
+    return tuple(counts)
+
+
+def stage_layer_counts(
+    num_layers: int, pp: int, vpp: int = 1, split: str = "uneven"
+) -> tuple[int, ...]:
+    """Transformer layers per pipeline rank (all model chunks together).
+
+    >>> stage_layer_counts(61, 8, 1)
+    (7, 8, 8, 8, 8, 8, 7, 7)
+    >>> stage_layer_counts(80, 4, 5, "even")
+    (20, 20, 20, 20)
+    """
+    counts = virtual_stage_layer_counts(num_layers, pp, vpp, split)
+    return tuple(sum(counts[c * pp + r] for c in range(vpp)) for r in range(pp))
+
+
+def _chunk_indices(num_layers: int, pp: int, vpp: int, split: str) -> list[list[range]]:
+    """``result[rank][chunk]``: the layer indices of that model chunk."""
+    counts = virtual_stage_layer_counts(num_layers, pp, vpp, split)
+    starts = [sum(counts[:j]) for j in range(len(counts))]
+    return [
+        [range(starts[c * pp + r], starts[c * pp + r] + counts[c * pp + r]) for c in range(vpp)]
+        for r in range(pp)
+    ]
+
+
+@lru_cache(maxsize=4096)
+def stage_contents(
+    model: ModelSpec, pp: int, vpp: int = 1, split: str = "uneven"
+) -> tuple[StageContent, ...]:
+    """One :class:`StageContent` per pipeline rank (memoised).
+
+    DeepSeek-V3 (61 layers, first 3 dense) on pp=8: rank 0 holds the 3 dense
+    layers and 5 MoE layers; the last rank holds the MTP block.
+    """
+    last_is_moe = model.is_moe_layer(model.num_layers - 1)
+    result = []
+    for rank, chunks in enumerate(_chunk_indices(model.num_layers, pp, vpp, split)):
+        indices = [i for chunk in chunks for i in chunk]
+        moe = sum(model.is_moe_layer(i) for i in indices)
+        is_last = rank == pp - 1
+        result.append(
+            StageContent(
+                rank=rank,
+                pp=pp,
+                vpp=vpp,
+                chunk_layer_indices=tuple(tuple(chunk) for chunk in chunks),
+                num_dense_layers=len(indices) - moe,
+                num_moe_layers=moe,
+                has_embedding=rank == 0,
+                has_output=is_last,
+                num_mtp_layers=model.mtp_layers if is_last else 0,
+                mtp_is_moe=last_is_moe,
+            )
+        )
+    return tuple(result)

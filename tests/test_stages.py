@@ -1,0 +1,105 @@
+"""Pipeline-stage split: layer counts, layer indices and stage contents."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsearch.cost.stages import (
+    stage_contents,
+    stage_layer_counts,
+    virtual_stage_layer_counts,
+)
+from parsearch.errors import SpecError
+from parsearch.presets import get_preset
+
+
+@st.composite
+def splits(draw: st.DrawFn) -> tuple[int, int, int]:
+    """(L, pp, vpp) with pp*vpp <= L."""
+    layers = draw(st.integers(1, 130))
+    pp = draw(st.integers(1, min(layers, 16)))
+    vpp = draw(st.integers(1, max(1, min(8, layers // pp))))
+    return layers, pp, vpp
+
+
+@given(splits())
+@settings(max_examples=300, deadline=None)
+def test_uneven_split_is_balanced_and_complete(case: tuple[int, int, int]) -> None:
+    layers, pp, vpp = case
+    counts = virtual_stage_layer_counts(layers, pp, vpp, "uneven")
+    assert len(counts) == pp * vpp
+    assert sum(counts) == layers
+    assert max(counts) - min(counts) <= 1
+    assert min(counts) >= 1
+    # First and last virtual stages hold no more than any interior one.
+    interior = counts[1:-1]
+    if interior:
+        assert counts[-1] <= min(interior)
+        assert counts[0] <= min(interior)
+    assert sum(stage_layer_counts(layers, pp, vpp, "uneven")) == layers
+    if layers % (pp * vpp) == 0:
+        assert set(counts) == {layers // (pp * vpp)}
+
+
+@given(splits())
+@settings(max_examples=200, deadline=None)
+def test_even_split_requires_divisibility(case: tuple[int, int, int]) -> None:
+    layers, pp, vpp = case
+    if layers % (pp * vpp):
+        with pytest.raises(SpecError, match="R8"):
+            stage_layer_counts(layers, pp, vpp, "even")
+    else:
+        assert stage_layer_counts(layers, pp, vpp, "even") == (layers // pp,) * pp
+
+
+def test_examples() -> None:
+    assert virtual_stage_layer_counts(30, 4, 1) == (7, 8, 8, 7)
+    assert virtual_stage_layer_counts(31, 4, 1) == (8, 8, 8, 7)
+    assert stage_layer_counts(80, 4, 5, "even") == (20, 20, 20, 20)
+    assert stage_layer_counts(61, 8) == (7, 8, 8, 8, 8, 8, 7, 7)
+    assert stage_layer_counts(5, 1) == (5,)
+    assert stage_layer_counts(5, 2) == (3, 2)
+
+
+def test_errors_name_the_values() -> None:
+    with pytest.raises(SpecError, match="pp\\*vpp=12"):
+        stage_layer_counts(10, 4, 3)
+    with pytest.raises(SpecError, match="split"):
+        stage_layer_counts(10, 2, 1, "weird")
+    with pytest.raises(SpecError, match="pp"):
+        stage_layer_counts(10, 0, 1)
+
+
+def test_interleaved_layer_indices_follow_virtual_stage_order() -> None:
+    model = get_preset("llama3-8b")  # 32 layers
+    contents = stage_contents(model, 4, 2, "even")
+    # Virtual stage j = chunk*pp + rank holds layers 4j .. 4j+3.
+    assert contents[0].chunk_layer_indices == ((0, 1, 2, 3), (16, 17, 18, 19))
+    assert contents[3].chunk_layer_indices == ((12, 13, 14, 15), (28, 29, 30, 31))
+    all_layers = sorted(i for c in contents for i in c.layer_indices)
+    assert all_layers == list(range(32))
+    assert [c.chunk_layer_counts for c in contents] == [(4, 4)] * 4
+
+
+def test_deepseek_dense_layers_land_on_stage_zero_and_mtp_on_last() -> None:
+    model = get_preset("deepseek-v3")  # 61 layers, first 3 dense, 1 MTP layer
+    contents = stage_contents(model, 8)
+    assert contents[0].num_dense_layers == 3
+    assert contents[0].num_moe_layers == contents[0].num_layers - 3
+    assert all(c.num_dense_layers == 0 for c in contents[1:])
+    assert sum(c.num_moe_layers for c in contents) == model.num_moe_layers
+    assert [c.has_embedding for c in contents] == [True] + [False] * 7
+    assert [c.has_output for c in contents] == [False] * 7 + [True]
+    assert [c.num_mtp_layers for c in contents] == [0] * 7 + [1]
+    assert contents[-1].mtp_is_moe
+
+
+def test_single_stage_holds_everything() -> None:
+    model = get_preset("mixtral-8x7b")
+    (only,) = stage_contents(model, 1)
+    assert only.has_embedding and only.has_output
+    assert only.is_first and only.is_last
+    assert only.num_layers == model.num_layers
+    assert only.num_moe_layers == 32
