@@ -9,6 +9,7 @@ points it took from the literature.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,8 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
 
 def _non_negative(where: str, name: str, value: Any) -> float:
     if isinstance(value, str):  # YAML 1.1 reads "2.0e9" (no exponent sign) as a string
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise SpecError(f"efficiency profile {where}: {name} must be a number >= 0, got {value!r}")
     return float(value)
