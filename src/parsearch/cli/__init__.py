@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "models_cmd",
     "layouts_cmd",
     "check_cmd",
+    "topology_cmds",
 )
 
 

@@ -374,7 +374,7 @@ def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
     p2p = pp_time[idx][:, None] * np.ones((1, feats.shape[0]))
     stage_time = sum(parts.values()) + p2p
     m = cols["m"][idx].astype(np.float64)
-    busy, bubble = pipeline_time(stage_time, m, cols["vpp"][idx])
+    _busy, bubble = pipeline_time(stage_time, m, cols["vpp"][idx])
     worst = np.argmax(stage_time, axis=1)
     rows = np.arange(len(idx))
     for key, values in parts.items():
