@@ -113,6 +113,40 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                      "(default on)")
 
 
+def add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cluster",
+        required=True,
+        metavar="C",
+        help="cluster preset (see `parsearch clusters`) or path to a cluster YAML file",
+    )
+
+
+def add_cost_options(parser: argparse.ArgumentParser) -> None:
+    """Options of the time model that are not part of the training setup."""
+    group = parser.add_argument_group("cost model")
+    group.add_argument("--efficiency", metavar="NAME|FILE", default=None,
+                       help="efficiency profile (default: the one covering the cluster's GPU)")
+    group.add_argument("--tp-overlap", type=_fraction, default=None, metavar="F",
+                       help="share of TP collectives hidden behind compute (0..1)")
+    group.add_argument("--ep-overlap", type=_fraction, default=None, metavar="F",
+                       help="share of EP all-to-all hidden behind compute (0..1)")
+    group.add_argument("--moe-imbalance", type=non_negative_float, default=None, metavar="X",
+                       help="max/mean tokens per expert rank (>= 1)")
+    group.add_argument("--grad-reduce-bytes", type=non_negative_float, default=4.0,
+                       metavar="B", help="bytes per gradient element in the DP reduction "
+                       "(default 4: fp32; 2: bf16)")
+    group.add_argument("--fp8-param-gather", action="store_true",
+                       help="FP8 primary weights: no BF16 weight copy, FP8 parameter all-gather")
+
+
+def _fraction(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 1")
+    return value
+
+
 def add_format_option(parser: argparse.ArgumentParser, formats: Sequence[str]) -> None:
     parser.add_argument("--format", choices=formats, default=formats[0],
                         help=f"output format (default {formats[0]})")
@@ -139,6 +173,32 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
         sequence_parallel=args.sequence_parallel,
         max_vpp=args.max_vpp,
     )
+
+
+def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: TrainingSpec,
+                         num_gpus: int):  # type: ignore[no-untyped-def]
+    """The :class:`~parsearch.cost.analytic.CostModel` for ``--cluster`` on ``num_gpus`` GPUs."""
+    from parsearch.cost.analytic import CostOptions, build_cost_model
+    from parsearch.cost.efficiency import load_efficiency_profile
+    from parsearch.cost.memory import MemoryOptions
+    from parsearch.topology.cluster import load_cluster
+    from parsearch.topology.fabric import build_fabric
+
+    if args.moe_imbalance is not None and args.moe_imbalance < 1:
+        raise SpecError(f"--moe-imbalance {args.moe_imbalance} must be >= 1 (max/mean)")
+    cluster = load_cluster(args.cluster)
+    fabric = build_fabric(cluster, num_gpus)
+    profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
+    options = CostOptions(
+        tp_overlap=args.tp_overlap,
+        ep_overlap=args.ep_overlap,
+        moe_imbalance=args.moe_imbalance,
+        grad_reduce_bytes=args.grad_reduce_bytes,
+        param_gather_bytes=1.0 if args.fp8_param_gather else 2.0,
+        memory=MemoryOptions(fp8_param_gather=args.fp8_param_gather,
+                             moe_imbalance=args.moe_imbalance or 1.0),
+    )
+    return build_cost_model(model, training, fabric, profile=profile, options=options)
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:

@@ -1,0 +1,114 @@
+"""GPU hardware profiles: dense peak FLOP/s per precision, HBM capacity and bandwidth.
+
+Profiles live in ``cost_models/hardware/<name>.yaml`` (see
+:func:`parsearch.resources.data_dir`); every number in them carries its
+source in a comment and the file's ``source`` field.  Units in the files are
+the ones datasheets use (TFLOP/s, GiB, TB/s); :class:`GpuProfile` holds SI
+values (FLOP/s, bytes, bytes/s).
+
+>>> profile = load_gpu_profile("h100-sxm")
+>>> round(profile.peak_flops["bf16"] / 1e12, 1)
+989.4
+>>> "fp4" in profile.peak_flops   # Hopper has no NVFP4
+False
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from parsearch.errors import SpecError
+from parsearch.resources import data_dir
+
+#: Precision keys of :attr:`GpuProfile.peak_flops` ("fp8" covers MXFP8, "fp4" is NVFP4).
+PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
+
+_TERA = 1e12
+_GIB = 2**30
+_REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
+_OPTIONAL = ("description",)
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """One GPU model.  ``peak_flops`` is dense (no 2:4 sparsity), FLOP/s; a missing key
+    means the chip has no tensor-core support for that precision."""
+
+    name: str
+    peak_flops: dict[str, float]
+    hbm_bytes: float
+    hbm_bandwidth_Bps: float
+    source: str
+    description: str = ""
+
+
+def hardware_dir() -> Path:
+    """Folder of the built-in GPU profiles."""
+    return data_dir("cost_models") / "hardware"
+
+
+def list_gpu_profiles() -> list[str]:
+    """Names of the built-in GPU profiles, sorted."""
+    return sorted(path.stem for path in hardware_dir().glob("*.yaml"))
+
+
+def _positive(where: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError(f"{where}: field '{key}' must be a positive number, got {value!r}")
+    if value <= 0:
+        raise SpecError(f"{where}: field '{key}' must be a positive number, got {value}")
+    return float(value)
+
+
+def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
+    """Build a :class:`GpuProfile` from parsed YAML; errors name ``where`` and the field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
+    for key in _REQUIRED:
+        if key not in data:
+            raise SpecError(f"{where}: missing field '{key}'")
+    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise SpecError(f"{where}: unknown field '{unknown[0]}'; known: {', '.join(_REQUIRED)}")
+    peaks = data["peak_tflops"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise SpecError(f"{where}: field 'peak_tflops' must map precisions to TFLOP/s")
+    flops: dict[str, float] = {}
+    for precision, value in peaks.items():
+        if precision not in PEAK_PRECISIONS:
+            raise SpecError(
+                f"{where}: peak_tflops has unknown precision '{precision}'; "
+                f"use {', '.join(PEAK_PRECISIONS)}"
+            )
+        flops[precision] = _positive(where, f"peak_tflops.{precision}", value) * _TERA
+    if "bf16" not in flops:
+        raise SpecError(f"{where}: missing field 'peak_tflops.bf16'")
+    return GpuProfile(
+        name=str(data["name"]),
+        peak_flops=flops,
+        hbm_bytes=_positive(where, "hbm_capacity_GiB", data["hbm_capacity_GiB"]) * _GIB,
+        hbm_bandwidth_Bps=_positive(where, "hbm_bandwidth_TBps", data["hbm_bandwidth_TBps"])
+        * _TERA,
+        source=str(data["source"]).strip(),
+        description=str(data.get("description", "")),
+    )
+
+
+def load_gpu_profile(name: str) -> GpuProfile:
+    """Load a built-in profile by name (e.g. ``"h100-sxm"``) or a YAML file by path."""
+    path = Path(name)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        path = hardware_dir() / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(list_gpu_profiles())
+        raise SpecError(f"unknown GPU model '{name}'; known models: {known}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise SpecError(f"{path}: not valid YAML ({error})") from None
+    return gpu_profile_from_dict(data, str(path))

@@ -1,0 +1,22 @@
+"""Cluster descriptions, their topology graphs, and the fabric summary used for scoring.
+
+* :mod:`.cluster`: ``ClusterSpec`` and the YAML cluster files (``load_cluster``);
+* :mod:`.graph`: ``build_graph`` / ``validate_graph`` (``networkx``);
+* :mod:`.fabric`: ``build_fabric`` -> ``Fabric`` with ``group_link(stride, size)``.
+"""
+
+from parsearch.topology.cluster import ClusterSpec, list_clusters, load_cluster, preset_names
+from parsearch.topology.fabric import Fabric, GroupLink, build_fabric
+from parsearch.topology.graph import build_graph, validate_graph
+
+__all__ = [
+    "ClusterSpec",
+    "Fabric",
+    "GroupLink",
+    "build_fabric",
+    "build_graph",
+    "list_clusters",
+    "load_cluster",
+    "preset_names",
+    "validate_graph",
+]

@@ -1,0 +1,221 @@
+"""Rank order, process groups and their placement on the fabric."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from parsearch.errors import SpecError
+from parsearch.layout import Layout
+from parsearch.placement import (
+    DEFAULT_ORDER,
+    GROUP_KINDS,
+    RANK_ORDERS,
+    group_rank_array,
+    group_ranks,
+    group_strides,
+    place,
+)
+from parsearch.topology import build_fabric, load_cluster
+
+SIZE_OF = {
+    "tp": lambda lay: lay.tp,
+    "cp": lambda lay: lay.cp,
+    "dp": lambda lay: lay.dp * lay.cp,  # dp including cp (gradient-reduction group)
+    "dp_only": lambda lay: lay.dp,
+    "pp": lambda lay: lay.pp,
+    "ep": lambda lay: lay.ep,
+    "etp": lambda lay: lay.etp,
+    "edp": lambda lay: lay.edp,
+}
+
+
+@pytest.fixture(scope="module")
+def fabrics():
+    cache: dict = {}
+
+    def get(name: str, n: int):
+        if (name, n) not in cache:
+            cache[name, n] = build_fabric(load_cluster(name), n)
+        return cache[name, n]
+
+    return get
+
+
+def _brute_force(layout: Layout) -> dict[str, list[list[int]]]:
+    """Groups from the layout-space formulas, by enumerating coordinates."""
+    tp, cp, dp, pp = layout.tp, layout.cp, layout.dp, layout.pp
+    etp, ep, edp = layout.etp, layout.ep, layout.edp
+    dense: dict[str, dict] = {k: {} for k in ("tp", "cp", "dp", "pp")}
+    for t, c, d, p in itertools.product(range(tp), range(cp), range(dp), range(pp)):
+        rank = t + tp * (c + cp * (d + dp * p))
+        dense["tp"].setdefault((c, d, p), []).append(rank)
+        dense["cp"].setdefault((t, d, p), []).append(rank)
+        dense["dp"].setdefault((t, p), []).append(rank)
+        dense["pp"].setdefault((t, c, d), []).append(rank)
+    expert: dict[str, dict] = {k: {} for k in ("etp", "ep", "edp")}
+    for t, e, d, p in itertools.product(range(etp), range(ep), range(edp), range(pp)):
+        rank = t + etp * (e + ep * (d + edp * p))
+        expert["etp"].setdefault((e, d, p), []).append(rank)
+        expert["ep"].setdefault((t, d, p), []).append(rank)
+        expert["edp"].setdefault((t, e, p), []).append(rank)
+    return {k: sorted(sorted(g) for g in v.values()) for k, v in (dense | expert).items()}
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(num_gpus=16, tp=2, cp=2, pp=2),
+        Layout(num_gpus=32, tp=2, cp=1, pp=2, ep=8, etp=1),
+        Layout(num_gpus=64, tp=4, cp=2, pp=2, ep=4, etp=2),
+        Layout(num_gpus=24, tp=2, cp=1, pp=3, ep=4, etp=1),
+    ],
+    ids=lambda lay: lay.key(),
+)
+def test_default_order_matches_layout_space_formulas(layout):
+    expected = _brute_force(layout)
+    for kind, groups in expected.items():
+        assert sorted(sorted(g) for g in group_ranks(layout, kind)) == groups, kind
+
+
+def test_megatron_group_order_for_dp_cp():
+    layout = Layout(num_gpus=16, tp=2, cp=2, pp=2)
+    assert group_ranks(layout, "dp") == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14],
+                                         [9, 11, 13, 15]]
+    assert group_ranks(layout, "dp_only") == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13],
+                                              [10, 14], [11, 15]]
+
+
+layouts = st.builds(
+    lambda tp, cp, pp, ep, etp, extra: (tp, cp, pp, ep, etp, extra),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 3, 4]),
+    st.sampled_from([1, 2, 4, 8, 16]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([1, 2, 4]),
+)
+
+
+def _layout(draw_tuple) -> Layout:
+    tp, cp, pp, ep, etp, extra = draw_tuple
+    n = pp * max(tp * cp, ep * etp) * extra
+    return Layout(num_gpus=n, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=layouts, order=st.sampled_from(RANK_ORDERS))
+def test_groups_of_each_kind_partition_the_ranks(params, order):
+    layout = _layout(params)
+    assume(layout.dp > 0 and layout.edp > 0)
+    for kind, size_of in SIZE_OF.items():
+        groups = group_rank_array(layout, kind, order)
+        assert groups.shape == (layout.num_gpus // size_of(layout), size_of(layout)), kind
+        assert np.array_equal(np.sort(groups.ravel()), np.arange(layout.num_gpus)), kind
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=layouts)
+def test_group_strides_describe_the_default_order(params):
+    layout = _layout(params)
+    strides = group_strides(layout.tp, layout.cp, layout.pp, layout.ep, layout.etp,
+                            layout.num_gpus)
+    for kind in GROUP_KINDS:
+        stride, size = strides[kind]
+        groups = group_rank_array(layout, kind)
+        expected = (np.arange(layout.num_gpus).reshape(-1, size, stride)
+                    .transpose(0, 2, 1).reshape(-1, size))
+        assert sorted(map(tuple, groups)) == sorted(map(tuple, expected)), kind
+
+
+def test_group_strides_work_on_numpy_arrays(fabrics):
+    fabric = fabrics("dgx-h100", 256)
+    tp, cp, pp = np.array([8, 16, 4, 2]), np.array([1, 1, 2, 4]), np.array([4, 2, 1, 8])
+    ep, etp = np.array([8, 1, 16, 4]), np.array([1, 1, 1, 2])
+    strides = group_strides(tp, cp, pp, ep, etp, 256)
+    for kind in GROUP_KINDS:
+        out = fabric.group_links(*strides[kind])
+        for k in range(4):
+            layout = Layout(num_gpus=256, tp=int(tp[k]), cp=int(cp[k]), pp=int(pp[k]),
+                            ep=int(ep[k]), etp=int(etp[k]))
+            placed = place(layout, fabric, expert=True).group(kind)
+            assert out["bandwidth_Bps"][k] == placed.bandwidth_Bps, (kind, k)
+            assert out["nodes_spanned"][k] == placed.nodes_spanned, (kind, k)
+
+
+# -- placement on clusters -----------------------------------------------------------------
+def test_tp8_on_dgx_h100_placement(fabrics):
+    placement = place(Layout(num_gpus=64, tp=8, pp=2), fabrics("dgx-h100", 64))
+    tp = placement.group("tp")
+    assert (tp.size, tp.count, tp.nvlink_domains_spanned, tp.tier) == (8, 8, 1, "nvlink")
+    assert tp.bandwidth_GBps == pytest.approx(450 * 0.82)
+    dp, pp = placement.group("dp"), placement.group("pp")
+    assert (dp.size, dp.nodes_spanned, dp.tier) == (4, 4, "network")
+    assert (pp.size, pp.stride, pp.nodes_spanned) == (2, 32, 2)
+    assert dp.bandwidth_GBps == pytest.approx(50 * 0.92)
+    assert [g.kind for g in placement.groups] == ["tp", "cp", "dp", "pp"]  # dense: no expert kinds
+
+
+def test_tp16_on_dgx_h100_placement(fabrics):
+    tp = place(Layout(num_gpus=64, tp=16), fabrics("dgx-h100", 64)).group("tp")
+    assert (tp.nodes_spanned, tp.nvlink_domains_spanned, tp.tier) == (2, 2, "network")
+    assert tp.bandwidth_GBps == pytest.approx(50 * 0.92)
+
+
+def test_gb200_nvl72_tp16_ep64_in_one_domain(fabrics):
+    layout = Layout(num_gpus=128, tp=16, ep=64, etp=1)
+    placement = place(layout, fabrics("gb200-nvl72", 128))
+    for kind in ("tp", "ep"):
+        group = placement.group(kind)
+        assert (group.nvlink_domains_spanned, group.tier) == (1, "nvlink"), kind
+        assert group.bandwidth_GBps == pytest.approx(900 * 0.8)
+    assert placement.group("tp").nodes_spanned == 4
+    assert placement.group("ep").nodes_spanned == 16
+    assert placement.group("edp").tier == "network"  # edp=2 spans the two racks
+
+
+def test_placement_json_matches_cli_contract(fabrics):
+    layout = Layout(num_gpus=64, tp=2, cp=2, pp=2, ep=8)
+    document = place(layout, fabrics("dgx-h100", 64)).to_dict()
+    assert set(document) == {"layout", "num_gpus", "groups"}
+    assert document["num_gpus"] == 64
+    assert set(document["layout"]) == {"tp", "pp", "cp", "ep", "etp", "vpp", "dp", "edp", "mbs",
+                                       "sp", "recompute", "min_gpus"}
+    assert [g["kind"] for g in document["groups"]] == list(GROUP_KINDS)
+    for group in document["groups"]:
+        assert set(group) == {"kind", "size", "count", "nvlink_domains_spanned",
+                              "nodes_spanned", "bandwidth_GBps", "tier"}
+        assert group["size"] * group["count"] == 64
+        assert group["tier"] in ("nvlink", "network")
+        assert isinstance(group["bandwidth_GBps"], float)
+
+
+def test_non_strided_orders_are_placed_exactly(fabrics):
+    fabric = fabrics("dgx-h100", 128)
+    layout = Layout(num_gpus=128, tp=2, cp=2, pp=4)
+    placement = place(layout, fabric, "tp-cp-ep-pp-dp")
+    dp = placement.group("dp")
+    assert dp.stride == 0  # cp and dp are not adjacent: a lattice, not a strided set
+    assert dp.link == fabric.link_for_groups(group_rank_array(layout, "dp", "tp-cp-ep-pp-dp"))
+    assert placement.group("pp").stride == 4
+    # PP next to TP keeps pipeline neighbours inside a node.
+    assert place(layout, fabric, "tp-pp-cp-ep-dp").group("pp").tier == "nvlink"
+    assert place(layout, fabric, DEFAULT_ORDER).group("pp").tier == "network"
+
+
+def test_placement_errors(fabrics):
+    fabric = fabrics("dgx-h100", 64)
+    with pytest.raises(SpecError, match="layout is for 32 GPUs"):
+        place(Layout(num_gpus=32, tp=8), fabric)
+    with pytest.raises(SpecError, match="must both divide num_gpus"):
+        place(Layout(num_gpus=64, tp=8, pp=3), fabric)
+    with pytest.raises(SpecError, match="rank order 'tp-dp-pp'"):
+        place(Layout(num_gpus=64, tp=8), fabric, "tp-dp-pp")
+    with pytest.raises(SpecError, match="pipeline groups differ"):
+        place(Layout(num_gpus=64, tp=4, pp=2, ep=8), fabric, "tp-pp-cp-ep-dp")
+    with pytest.raises(SpecError, match="unknown group kind"):
+        group_ranks(Layout(num_gpus=8, tp=8), "xp")
