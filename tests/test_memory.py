@@ -235,8 +235,13 @@ def test_memory_never_grows_with_pp(case: tuple, act_model: str) -> None:
     assume(model.num_layers % pp2 == 0)
     bigger = replace(layout, pp=pp2, num_gpus=layout.num_gpus * 2)
     assert bigger.dp == layout.dp and bigger.edp == layout.edp
+    # KOR22 Table 2 footnote: the first stage also keeps the embedding's token inputs and
+    # dropout mask for each of its p in-flight micro-batches, 8*s*b*p + s*b*h*p bytes
+    # (/tp); that term alone grows with p, so it is allowed for the Korthikanti model.
+    s, b, h = training.seq_len, layout.mbs, model.hidden_size
+    slack = (8 * s * b + s * b * h) * (pp2 - layout.pp) if act_model == "korthikanti" else 0
     assert peak_total(model, training, bigger, options) <= peak_total(
-        model, training, layout, options) * (1 + 1e-12)
+        model, training, layout, options) * (1 + 1e-12) + slack
 
 
 @given(small_cases(), st.sampled_from(["flash", "korthikanti"]))
