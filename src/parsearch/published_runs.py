@@ -813,4 +813,10 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
         precision=run.precision,
         recompute_modes=(run.layout.recompute,),
         sequence_parallel=sp_mode,
+        fsdp=uses_fsdp(run),
     )
+
+
+def uses_fsdp(run: PublishedRun) -> bool:
+    """Whether the source says the run used fully sharded data parallelism ("FSDP=...")."""
+    return "FSDP=" in run.notes

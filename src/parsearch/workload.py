@@ -218,6 +218,12 @@ class TrainingSpec:
     on and off wherever tp > 1), ``"on"`` (sp exactly when tp > 1, the usual
     Megatron setting) or ``"off"``; ``max_vpp`` caps interleaving (``None``:
     every vpp the rules allow).
+
+    ``fsdp`` switches from the distributed optimizer (ZeRO-1: only optimizer
+    state sharded over DP*CP) to fully sharded data parallelism
+    (Megatron-FSDP ``optim_grads_params``, ZeRO-3): weights, gradients and
+    optimizer state are all sharded, and parameters are all-gathered for every
+    forward and backward pass.
     """
 
     seq_len: int
@@ -233,6 +239,7 @@ class TrainingSpec:
     sequence_parallel: SequenceParallelMode = "both"
     max_vpp: int | None = None
     optimizer: str = "adam"
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
         owner = "training"

@@ -111,6 +111,9 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
     mem.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction,
                      default=True, help="shard optimizer state over data-parallel ranks "
                      "(default on)")
+    mem.add_argument("--fsdp", action="store_true",
+                     help="fully sharded data parallel (Megatron-FSDP optim_grads_params): "
+                     "weights, gradients and optimizer state sharded over DP*CP")
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:
@@ -172,6 +175,7 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
         optimizer_bytes=args.optimizer_bytes,
         sequence_parallel=args.sequence_parallel,
         max_vpp=args.max_vpp,
+        fsdp=args.fsdp,
     )
 
 

@@ -416,7 +416,19 @@ def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
 
     dp_link, edp_link = sub(links.dp), sub(links.edp)
     grad = opt.grad_reduce_bytes
-    if training.distributed_optimizer:
+    compute = parts["compute"]  # per micro-batch, per stage: fwd + bwd (+ recompute)
+    if training.fsdp:
+        # ZeRO-3 / Megatron-FSDP (formulas.md §7.6; ZeRO §7: 3 Psi): every micro-batch
+        # all-gathers the parameters for forward and again for backward and
+        # reduce-scatters its gradients; prefetching hides them behind that
+        # micro-batch's compute.
+        gather = (all_gather_time(dp_link, dense * opt.param_gather_bytes)
+                  + all_gather_time(edp_link, expert * opt.param_gather_bytes))
+        reduce = (reduce_scatter_time(dp_link, dense * grad)
+                  + reduce_scatter_time(edp_link, expert * grad))
+        m = cols["m"][idx][:, None].astype(np.float64)
+        exposed = m * np.maximum(0.0, 2.0 * gather + reduce - compute)
+    elif training.distributed_optimizer:
         reduce = (reduce_scatter_time(dp_link, dense * grad)
                   + reduce_scatter_time(edp_link, expert * grad))
         gather = (all_gather_time(dp_link, dense * opt.param_gather_bytes)
@@ -424,12 +436,12 @@ def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
     else:
         reduce = all_reduce_time(dp_link, dense * grad) + all_reduce_time(edp_link, expert * grad)
         gather = np.zeros_like(reduce)
-    compute = parts["compute"]  # per micro-batch, per stage: fwd + bwd (+ recompute)
-    exposed = np.maximum(0.0, reduce - compute * (2.0 / 3.0)) + np.maximum(
-        0.0, gather - compute / 3.0)
+    if not training.fsdp:
+        exposed = np.maximum(0.0, reduce - compute * (2.0 / 3.0)) + np.maximum(
+            0.0, gather - compute / 3.0)
     shards_dense = (cols["dp"] * cols["cp"])[idx][:, None].astype(np.float64)
     shards_expert = cols["edp"][idx][:, None].astype(np.float64)
-    if not training.distributed_optimizer:
+    if not (training.distributed_optimizer or training.fsdp):
         shards_dense = shards_expert = np.ones_like(shards_dense)
     hbm = cm.fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency
     optimizer = (dense / shards_dense + expert / shards_expert) * OPTIMIZER_STEP_BYTES / hbm

@@ -167,6 +167,7 @@ def model_state_bytes(
     optimizer_bytes: float = 12.0,
     distributed_optimizer: bool = True,
     shard_degree: Num = 1,
+    fully_sharded: bool = False,
 ) -> ModelStateBytes:
     """Model-state bytes of ``params_per_gpu`` parameters held by one GPU.
 
@@ -175,16 +176,23 @@ def model_state_bytes(
     m, v = 12 bytes) over ``shard_degree`` ranks: 18 bytes per parameter
     without, ``6 + 12/D`` with.
 
+    ``fully_sharded`` (ZeRO-3 / Megatron-FSDP ``optim_grads_params``; ZeRO
+    paper §5, (2 + 2 + K)·Ψ/N_d) shards weights and gradients too.
+
     >>> s = model_state_bytes(1.0, distributed_optimizer=True, shard_degree=4)
     >>> (s.weights, s.gradients, s.optimizer)
     (2.0, 4.0, 3.0)
+    >>> s = model_state_bytes(1.0, shard_degree=4, fully_sharded=True)
+    >>> (s.weights, s.gradients, s.optimizer)
+    (0.5, 1.0, 3.0)
     """
     optimizer = params_per_gpu * optimizer_bytes
-    if distributed_optimizer:
+    if distributed_optimizer or fully_sharded:
         optimizer = optimizer / shard_degree
+    state_shards = shard_degree if fully_sharded else 1
     return ModelStateBytes(
-        weights=params_per_gpu * weight_bytes,
-        gradients=params_per_gpu * grad_bytes,
+        weights=params_per_gpu * weight_bytes / state_shards,
+        gradients=params_per_gpu * grad_bytes / state_shards,
         optimizer=optimizer,
     )
 
@@ -201,6 +209,7 @@ class _StageParams:
     dense: Num  # TP-sharded + replicated + embedding/output: optimizer over DP·CP
     expert: Num  # routed experts: optimizer over EDP
     dense_gemm: Num  # transformer-layer GEMM weights among ``dense`` (FP8 copies)
+    layers: int  # transformer (and MTP) layers on the stage
 
 
 def _attention_params_per_gpu(model: ModelSpec, pc: ParameterCounts, tp: Num) -> Num:
@@ -265,7 +274,8 @@ def _stage_params(
         vocab += pc.output if pc.output else (pc.embedding if content.pp > 1 else 0)
         replicated += pc.final_norm
     dense = gemm + replicated + vocab / tp
-    return _StageParams(dense=dense, expert=expert, dense_gemm=gemm)
+    return _StageParams(dense=dense, expert=expert, dense_gemm=gemm,
+                        layers=n_dense + n_moe + n_mtp)
 
 
 def _stage_model_state(
@@ -283,6 +293,7 @@ def _stage_model_state(
         "grad_bytes": training.grad_bytes,
         "optimizer_bytes": training.optimizer_bytes,
         "distributed_optimizer": training.distributed_optimizer,
+        "fully_sharded": training.fsdp,
     }
     dense = model_state_bytes(params.dense, shard_degree=dp * cp, **common)
     expert = model_state_bytes(params.expert, shard_degree=edp, **common)
@@ -291,9 +302,16 @@ def _stage_model_state(
         # formulas.md §7.7: FP8 GEMMs keep a low-precision copy of every GEMM weight
         # next to the BF16 one, unless FP8 primary weights replace the BF16 copy.
         low = LOW_PRECISION_BYTES[training.precision]
-        gemm_params = params.dense_gemm + params.expert
+        gemm_params = params.dense_gemm / (dp * cp if training.fsdp else 1)
+        gemm_params = gemm_params + params.expert / (edp if training.fsdp else 1)
         per_param = low - training.weight_bytes if options.fp8_param_gather else low
         weights = weights + gemm_params * per_param
+    if training.fsdp:
+        # formulas.md §5.1 ZeRO-3 transient peak [derived]: the unsharded BF16 weights of
+        # the layer being computed and the prefetched next one, plus an fp32 gradient
+        # bucket of one layer before its reduce-scatter.
+        per_layer = (params.dense + params.expert) / max(params.layers, 1)
+        weights = weights + per_layer * (2.0 * training.weight_bytes + FP32_BYTES)
     return ModelStateBytes(
         weights=weights,
         gradients=dense.gradients + expert.gradients,
