@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "layouts_cmd",
     "check_cmd",
     "topology_cmds",
+    "cost_cmds",
 )
 
 

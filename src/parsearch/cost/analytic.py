@@ -303,13 +303,15 @@ def _stage_features(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarr
 # --- scoring -------------------------------------------------------------------------------
 
 
-def score_columns(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
+                  with_memory: bool = True) -> dict[str, np.ndarray]:
     """Score every layout given as columns (``tp pp cp ep etp vpp mbs sp recompute dp edp``).
 
     Returns arrays: ``step_time_s``, ``tokens_per_s``, ``tokens_per_s_per_gpu``,
     ``model_tflops_per_gpu``, ``mfu``, ``fits``, ``time_<key>`` for each of
     :data:`TIME_KEYS`, ``mem_<key>`` for each of :data:`MEMORY_KEYS` (bytes),
     ``capacity_bytes``, ``slowest_stage``, ``peak_memory_stage``.
+    ``with_memory=False`` skips the memory model (time only).
     """
     model, training, fabric = cm.model, cm.training, cm.fabric
     n = len(cols["tp"])
@@ -341,21 +343,27 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.nd
     tokens_per_s = tokens / step
     flops_per_token = model_flops_per_token(model, training.seq_len, cm.options.causal)
     model_flops = flops_per_token.model_flops * tokens_per_s / fabric.num_gpus
-    mem = memory_arrays(model, training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
-                        cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
-                        cols["recompute"], cols["sp"], cm.options.memory)
     capacity = fabric.gpu.hbm_bytes
-    out.update({f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64) for k in MEMORY_KEYS})
+    if with_memory:
+        mem = memory_arrays(model, training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
+                            cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
+                            cols["recompute"], cols["sp"], cm.options.memory)
+        out.update({f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64)
+                    for k in MEMORY_KEYS})
+        peak_stage = np.asarray(mem.peak_stage)
+    else:  # time only (calibration): memory reported as NaN, "fits" as True
+        out.update({f"mem_{k}": np.full(n, np.nan) for k in MEMORY_KEYS})
+        peak_stage = np.zeros(n, dtype=np.int64)
     out.update(
         step_time_s=step,
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=tokens_per_s / fabric.num_gpus,
         model_tflops_per_gpu=model_flops / 1e12,
         mfu=model_flops / fabric.gpu.peak_flops["bf16"],
-        fits=out["mem_total"] <= capacity,
+        fits=out["mem_total"] <= capacity if with_memory else np.ones(n, dtype=bool),
         capacity_bytes=np.full(n, capacity),
         slowest_stage=slowest_stage,
-        peak_memory_stage=np.asarray(mem.peak_stage),
+        peak_memory_stage=peak_stage,
     )
     return out
 

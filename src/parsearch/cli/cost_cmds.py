@@ -1,0 +1,139 @@
+"""``parsearch explain`` (one layout's time and memory) and ``parsearch validate``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from parsearch.cli.common import (
+    add_cluster_option,
+    add_cost_options,
+    add_format_option,
+    add_model_option,
+    add_training_options,
+    cost_model_from_args,
+    layout_from_args,
+    model_from_args,
+    positive_int,
+    print_json,
+    print_table,
+    training_from_args,
+)
+from parsearch.errors import SpecError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    explain = subparsers.add_parser(
+        "explain", help="time, memory and their breakdown for one layout",
+        description="Predict the step time, throughput and memory per GPU of one layout, "
+        "with where the time goes (exposed seconds per step) and what fills memory.",
+    )
+    add_model_option(explain)
+    add_cluster_option(explain)
+    explain.add_argument("--gpus", type=positive_int, required=True, metavar="N")
+    explain.add_argument("--layout", required=True, metavar="L",
+                         help='e.g. "tp=8,pp=4,vpp=5,sp=true,mbs=1,recompute=selective"')
+    add_training_options(explain)
+    add_cost_options(explain)
+    add_format_option(explain, ("table", "json"))
+    explain.set_defaults(handler=run_explain)
+
+    validate = subparsers.add_parser(
+        "validate", help="predictions against published training runs",
+        description="Predict every usable published run (its model, cluster, layout, batch "
+        "and precision) and compare tokens/s/GPU with the measurement: per-row error, MAPE, "
+        "median APE and Spearman rank correlation within each (model, GPU) group.",
+    )
+    validate.add_argument("--data", metavar="FILE", default=None,
+                          help="a CSV in the published-runs format (default: the bundled one)")
+    validate.add_argument("--dedupe", action="store_true",
+                          help="one row per (model, GPU, precision, layout): latest release")
+    validate.add_argument("--include-partial", action="store_true",
+                          help="also use rows with one inferred field (verified=partial)")
+    add_format_option(validate, ("table", "json"))
+    validate.set_defaults(handler=run_validate)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from parsearch.constraints import check_layout
+    from parsearch.cost.analytic import estimate
+
+    model = model_from_args(args)
+    training = training_from_args(args)
+    layout = layout_from_args(args)
+    # The layout given is the one to explain: admit its own mbs and recompute.
+    from dataclasses import replace
+
+    training = replace(training, micro_batch_sizes=(layout.mbs,),
+                       recompute_modes=(layout.recompute,))
+    violations = check_layout(model, training, layout)
+    if violations:
+        raise SpecError(f"layout {layout.key()} is invalid: {violations[0]}"
+                        + (f" (and {len(violations) - 1} more; see `parsearch check`)"
+                           if len(violations) > 1 else ""))
+    cm = cost_model_from_args(args, model, training, args.gpus)
+    result = estimate(cm, layout)
+    document = result.to_dict()
+    document["bottleneck"] = result.bottleneck
+    document["slowest_stage"] = result.slowest_stage
+    document["peak_memory_stage"] = result.peak_memory_stage
+    if args.format == "json":
+        print_json(document)
+        return 0
+    _print_explain(model.name, args.cluster, document)
+    return 0
+
+
+def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
+    lay = d["layout"]
+    print(f"{model} on {d['num_gpus']} GPUs of {cluster}: tp={lay['tp']} pp={lay['pp']} "
+          f"vpp={lay['vpp']} cp={lay['cp']} ep={lay['ep']} etp={lay['etp']} dp={lay['dp']} "
+          f"edp={lay['edp']} mbs={lay['mbs']} sp={'on' if lay['sp'] else 'off'} "
+          f"recompute={lay['recompute']}")
+    print(f"  step time {d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s "
+          f"({d['tokens_per_s_per_gpu']:,.0f} per GPU), {d['model_tflops_per_gpu']:.0f} "
+          f"model TFLOP/s per GPU, MFU {d["mfu"]:.1%} of the BF16 peak")
+    total = d["step_time_s"]
+    print_table(("time per step", "seconds", "share"),
+                [(k, f"{v:.4f}", f"{v / total:.1%}") for k, v in d["time_s"].items()])
+    mem = d["memory_gib_per_gpu"]
+    verdict = "fits" if d["fits"] else "DOES NOT FIT"
+    print(f"  memory per GPU (stage {d['peak_memory_stage']}): {mem['total']:.1f} of "
+          f"{mem['capacity']:.1f} GiB, {verdict}")
+    print_table(("memory", "GiB"),
+                [(k, f"{mem[k]:.2f}") for k in ("weights", "gradients", "optimizer",
+                                                 "activations", "other", "total")])
+    print(f"  bottleneck: {d['bottleneck']}; slowest pipeline stage: {d['slowest_stage']}")
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from parsearch.published_runs import load_published_runs
+    from parsearch.validation import validate_runs
+
+    runs = load_published_runs(args.data)
+    report = validate_runs(runs, deduplicate=args.dedupe, include_partial=args.include_partial)
+    if args.format == "json":
+        print_json(report.to_dict())
+        return 0
+    print_table(
+        ("id", "model", "gpu", "gpus", "layout", "precision", "predicted", "measured", "APE",
+         "assumed"),
+        [(r.id, r.model, r.gpu, r.num_gpus, r.layout_key, r.precision,
+          f"{r.predicted_tokens_per_s_per_gpu:,.0f}", f"{r.measured_tokens_per_s_per_gpu:,.0f}",
+          f"{r.ape:.1%}", r.assumed or "-") for r in report.rows],
+    )
+    summary = report.summary()
+    print()
+    print(f"rows: {summary['n']}  skipped: {summary['skipped']}  MAPE: {summary['mape']:.1%}  "
+          f"median APE: {summary['median_ape']:.1%}  "
+          f"Spearman (mean within {summary['spearman_groups']} model/GPU groups): "
+          f"{_fmt(summary['spearman'])}  predicted out of memory: "
+          f"{summary['predicted_out_of_memory']}")
+    for reason, count in summary["skipped_by_reason"].items():
+        print(f"  skipped {count}: {reason}")
+    return 0
+
+
+def _fmt(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f}"

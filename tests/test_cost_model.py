@@ -1,0 +1,153 @@
+"""Invariants of the analytic time model, and the vectorized path against the scalar one."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parsearch.cost.analytic import (
+    TIME_KEYS,
+    build_cost_model,
+    estimate,
+    estimate_from_row,
+    score_columns,
+)
+from parsearch.cost.schedule import bubble_fraction, pipeline_time
+from parsearch.presets import get_preset
+from parsearch.space import enumerate_layouts
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
+from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
+
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+DENSE = ModelSpec("dense-toy", 8, 1024, 4096, 16, 4, 64, 32000)
+MOE = ModelSpec("moe-toy", 8, 1024, 4096, 16, 4, 64, 32000,
+                moe=MoeSpec(num_experts=16, top_k=2, expert_ffn_hidden_size=1024,
+                            shared_expert_ffn_hidden_size=1024, first_k_dense=1))
+TRAINING = TrainingSpec(seq_len=4096, global_batch=64, micro_batch_sizes=(1, 2))
+
+
+def _table_and_scores(model: ModelSpec, training: TrainingSpec, gpus: int, cluster: str):
+    fabric = build_fabric(load_cluster(cluster), gpus)
+    cm = build_cost_model(model, training, fabric)
+    table = enumerate_layouts(model, training, gpus)
+    return cm, table, score_columns(cm, table.columns)
+
+
+@pytest.fixture(scope="module")
+def dense_scores():
+    return _table_and_scores(DENSE, TRAINING, 32, "dgx-h100")
+
+
+@pytest.fixture(scope="module")
+def moe_scores():
+    return _table_and_scores(MOE, TRAINING, 32, "dgx-h100")
+
+
+@pytest.mark.parametrize("which", ["dense_scores", "moe_scores"])
+def test_vectorized_scores_equal_scalar_estimates(which: str, request) -> None:
+    cm, table, scores = request.getfixturevalue(which)
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(table), size=min(60, len(table)), replace=False):
+        layout = table.layout(int(i))
+        one = estimate(cm, layout)
+        many = estimate_from_row(cm, scores, int(i), layout)
+        assert one.step_time_s == pytest.approx(many.step_time_s, rel=1e-12)
+        for key in TIME_KEYS:
+            assert one.time_s[key] == pytest.approx(many.time_s[key], rel=1e-12, abs=1e-15)
+        for key, value in one.memory_bytes.items():
+            assert value == pytest.approx(many.memory_bytes[key], rel=1e-12)
+        assert one.fits == many.fits
+
+
+@pytest.mark.parametrize("which", ["dense_scores", "moe_scores"])
+def test_step_time_is_the_sum_of_its_parts_and_throughput_is_consistent(which, request) -> None:
+    cm, _table, scores = request.getfixturevalue(which)
+    parts = sum(scores[f"time_{k}"] for k in TIME_KEYS)
+    np.testing.assert_allclose(parts, scores["step_time_s"], rtol=1e-12)
+    tokens = TRAINING.global_batch * TRAINING.seq_len
+    np.testing.assert_allclose(scores["tokens_per_s"] * scores["step_time_s"], tokens, rtol=1e-12)
+    assert np.all(scores["mfu"] > 0) and np.all(scores["mfu"] < 1)
+    assert all(np.all(scores[f"time_{k}"] >= 0) for k in TIME_KEYS)
+
+
+@pytest.mark.parametrize("which", ["dense_scores", "moe_scores"])
+def test_tp1_means_no_tp_traffic_and_pp1_means_no_bubble(which: str, request) -> None:
+    _cm, table, scores = request.getfixturevalue(which)
+    c = table.columns
+    assert np.all(scores["time_tp_comm"][c["tp"] == 1] == 0)
+    assert np.any(scores["time_tp_comm"][c["tp"] > 1] > 0)
+    assert np.all(scores["time_pp_bubble"][c["pp"] == 1] == 0)
+    assert np.all(scores["time_pp_p2p"][c["pp"] == 1] == 0)
+    assert np.any(scores["time_pp_bubble"][c["pp"] > 1] > 0)
+    assert np.all(scores["time_cp_comm"][c["cp"] == 1] == 0)
+    assert np.all(scores["time_ep_comm"][(c["ep"] == 1) & (c["etp"] == 1)] == 0)
+
+
+@SETTINGS
+@given(factor=st.sampled_from([1.5, 2.0, 4.0]), which=st.sampled_from(["nvlink", "nic", "both"]),
+       cluster=st.sampled_from(["dgx-h100", "h100-roce", "dgx-h100-oversub", "gb200-nvl72"]),
+       moe=st.booleans())
+def test_more_bandwidth_is_never_slower(factor: float, which: str, cluster: str,
+                                        moe: bool) -> None:
+    model = MOE if moe else DENSE
+    base = load_cluster(cluster)
+    faster = replace(
+        base,
+        nvlink_bandwidth_Bps=base.nvlink_bandwidth_Bps * (factor if which != "nic" else 1),
+        nic_bandwidth_Bps=base.nic_bandwidth_Bps * (factor if which != "nvlink" else 1),
+    )
+    table = enumerate_layouts(model, TRAINING, 32)
+    slow = score_columns(build_cost_model(model, TRAINING, build_fabric(base, 32)), table.columns)
+    fast = score_columns(build_cost_model(model, TRAINING, build_fabric(faster, 32)),
+                         table.columns)
+    assert np.all(fast["step_time_s"] <= slow["step_time_s"] * (1 + 1e-12))
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
+def test_fp8_compute_is_never_slower_than_bf16(model: ModelSpec) -> None:
+    table = enumerate_layouts(model, TRAINING, 16)
+    fabric = build_fabric(load_cluster("dgx-h100"), 16)
+    bf16 = score_columns(build_cost_model(model, TRAINING, fabric), table.columns)
+    fp8 = score_columns(
+        build_cost_model(model, replace(TRAINING, precision="fp8"), fabric), table.columns)
+    assert np.all(fp8["time_compute"] <= bf16["time_compute"] * (1 + 1e-12))
+    assert np.all(fp8["step_time_s"] <= bf16["step_time_s"] * (1 + 1e-12))
+
+
+def test_nvlink_tp_beats_network_tp_for_the_same_degrees() -> None:
+    """TP=8 inside a DGX node pays less TP time than TP=16 across two nodes."""
+    model = get_preset("llama3-70b")
+    training = TrainingSpec(seq_len=8192, global_batch=64)
+    fabric = build_fabric(load_cluster("dgx-h100"), 64)
+    cm = build_cost_model(model, training, fabric)
+    from parsearch.layout import parse_layout_string
+
+    inside = estimate(cm, parse_layout_string("tp=8,pp=8,sp=true", 64))
+    across = estimate(cm, parse_layout_string("tp=16,pp=4,sp=true", 64))
+    assert across.time_s["tp_comm"] > 3 * inside.time_s["tp_comm"]
+
+
+def test_fp4_on_hopper_is_a_clear_error() -> None:
+    from parsearch.errors import SpecError
+
+    fabric = build_fabric(load_cluster("dgx-h100"), 8)
+    with pytest.raises(SpecError, match="precision fp4 is not supported by h100"):
+        build_cost_model(DENSE, replace(TRAINING, precision="fp4"), fabric)
+
+
+def test_pipeline_schedule_matches_narayanan_bubble_for_equal_stages() -> None:
+    for pp, vpp, m in [(4, 1, 8), (8, 2, 16), (2, 4, 4)]:
+        busy, bubble = pipeline_time(np.ones((1, pp)), np.array([m]), np.array([vpp]))
+        assert bubble[0] / busy[0] == pytest.approx(bubble_fraction(pp, vpp, m))
+
+
+def test_unequal_stages_pay_for_the_slowest() -> None:
+    busy, bubble = pipeline_time(np.array([[1.0, 2.0]]), np.array([4]), np.array([1]))
+    assert busy[0] == 8.0 and bubble[0] == 1.0
