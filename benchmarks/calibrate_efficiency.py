@@ -107,7 +107,8 @@ def fit(generation: str, iterations: int) -> tuple[EfficiencyProfile, float, flo
 
     def profile_at(x: np.ndarray) -> EfficiencyProfile:
         x = np.clip(x, lo, hi)
-        return with_values(start, {n: float(np.exp(v) - 1e-3) for n, v in zip(names, x)})
+        values = {n: float(np.exp(v) - 1e-3) for n, v in zip(names, x, strict=True)}
+        return with_values(start, values)
 
     x0 = np.log([max(get(start, n), FIELDS[n][0]) + 1e-3 for n in names])
     before = objective(rows, start)

@@ -68,7 +68,7 @@ def test_vectorized_scores_equal_scalar_estimates(which: str, request) -> None:
 
 @pytest.mark.parametrize("which", ["dense_scores", "moe_scores"])
 def test_step_time_is_the_sum_of_its_parts_and_throughput_is_consistent(which, request) -> None:
-    cm, _table, scores = request.getfixturevalue(which)
+    _cm, _table, scores = request.getfixturevalue(which)
     parts = sum(scores[f"time_{k}"] for k in TIME_KEYS)
     np.testing.assert_allclose(parts, scores["step_time_s"], rtol=1e-12)
     tokens = TRAINING.global_batch * TRAINING.seq_len

@@ -93,7 +93,7 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
           f"recompute={lay['recompute']}")
     print(f"  step time {d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s "
           f"({d['tokens_per_s_per_gpu']:,.0f} per GPU), {d['model_tflops_per_gpu']:.0f} "
-          f"model TFLOP/s per GPU, MFU {d["mfu"]:.1%} of the BF16 peak")
+          f"model TFLOP/s per GPU, MFU {d['mfu']:.1%} of the BF16 peak")
     total = d["step_time_s"]
     print_table(("time per step", "seconds", "share"),
                 [(k, f"{v:.4f}", f"{v / total:.1%}") for k, v in d["time_s"].items()])
