@@ -739,14 +739,35 @@ def _skip_reason(
 
 def _read_text(path: str | Path | None) -> str:
     if path is not None:
-        return Path(path).read_text(encoding="utf-8")
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise SpecError(f"published runs {path}: cannot read it ({error})") from None
     return resources.files(DATA_PACKAGE).joinpath(DATA_FILE).read_text(encoding="utf-8")
 
 
 def load_published_runs(path: str | Path | None = None) -> list[PublishedRun]:
     """Every row of the dataset (default: the packaged CSV), in file order."""
     reader = csv.DictReader(io.StringIO(_read_text(path)))
-    return [parse_row(row) for row in reader]
+    missing = [c for c in ("id", "model", "num_gpus", "tp", "pp", "global_batch_size",
+                           "seq_length") if c not in (reader.fieldnames or [])]
+    if missing:
+        raise SpecError(
+            f"published runs {path or DATA_FILE}: missing column(s) {', '.join(missing)}; "
+            "use the columns of the bundled published_runs.csv"
+        )
+    runs = []
+    for line, row in enumerate(reader, start=2):
+        try:
+            runs.append(parse_row(row))
+        except (KeyError, ValueError, TypeError) as error:
+            if isinstance(error, SpecError):
+                raise SpecError(f"published runs {path or DATA_FILE} line {line}: {error}") \
+                    from None
+            raise SpecError(
+                f"published runs {path or DATA_FILE} line {line}: cannot read row ({error!r})"
+            ) from None
+    return runs
 
 
 # --------------------------------------------------------------------------- selections

@@ -96,7 +96,8 @@ class ValidationReport:
 
     @property
     def spearman(self) -> float:
-        """Mean within-group rho over groups with at least 3 rows of distinct measurements."""
+        """Mean within-group rho over groups with at least 3 distinct layouts (latest release
+        of each) and distinct measurements."""
         values = [g.spearman for g in self.groups if not math.isnan(g.spearman)]
         return float(np.mean(values)) if values else math.nan
 
@@ -247,7 +248,12 @@ def validate_runs(
             fits=est.fits, memory_gib=est.memory_bytes["total"] / 2**30,
             bottleneck=est.bottleneck, source=run.source_tag, assumed=assumed,
         ))
-    return ValidationReport(tuple(rows), tuple(skipped), _group_correlations(rows))
+    # Rank agreement is judged on one measurement per layout (the latest release):
+    # repeated measurements of one layout across software releases differ by up to
+    # 1.5x and would only add ties that no layout model can order.
+    latest = {run.id for run in dedupe(usable)}
+    ranked = [row for row in rows if row.id in latest]
+    return ValidationReport(tuple(rows), tuple(skipped), _group_correlations(ranked))
 
 
 def _why_unusable(run: PublishedRun) -> str:
@@ -269,9 +275,13 @@ def _group_correlations(rows: list[ValidationRow]) -> tuple[GroupCorrelation, ..
     out = []
     for (model, gpu), members in sorted(groups.items()):
         measured = [r.measured_tokens_per_s_per_gpu for r in members]
+        predicted = [r.predicted_tokens_per_s_per_gpu for r in members]
         if len(members) < 3 or len(set(measured)) < 2:
             continue
-        rho = spearmanr([r.predicted_tokens_per_s_per_gpu for r in members], measured).statistic
+        if len(set(predicted)) < 2:  # rank correlation undefined: report it as such
+            out.append(GroupCorrelation(model, gpu, len(members), math.nan))
+            continue
+        rho = spearmanr(predicted, measured).statistic
         out.append(GroupCorrelation(model, gpu, len(members), float(rho)))
     return tuple(out)
 

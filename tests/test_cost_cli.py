@@ -1,0 +1,98 @@
+"""`parsearch explain` and `parsearch validate` against the CLI contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli_helpers import assert_one_line_error, run_cli
+
+EXPLAIN = ("explain", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64",
+           "--global-batch", "128", "--seq-len", "8192")
+LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "etp", "vpp", "dp", "edp", "mbs", "sp", "recompute",
+               "min_gpus"}
+MEMORY_KEYS = {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity"}
+TIME_KEYS = {"compute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble", "dp_comm",
+             "optimizer"}
+
+
+def test_explain_json_has_the_contract_keys_and_consistent_numbers() -> None:
+    result = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision", "fp8",
+                     "--format", "json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert {"layout", "num_gpus", "fits", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
+            "model_tflops_per_gpu", "mfu", "memory_gib_per_gpu", "time_s"} <= doc.keys()
+    assert set(doc["layout"]) == LAYOUT_KEYS
+    assert set(doc["memory_gib_per_gpu"]) == MEMORY_KEYS
+    assert set(doc["time_s"]) == TIME_KEYS
+    assert doc["layout"]["dp"] == 2 and doc["num_gpus"] == 64
+    assert sum(doc["time_s"].values()) == pytest.approx(doc["step_time_s"])
+    assert doc["tokens_per_s"] == pytest.approx(128 * 8192 / doc["step_time_s"])
+    assert doc["tokens_per_s_per_gpu"] == pytest.approx(doc["tokens_per_s"] / 64)
+    mem = doc["memory_gib_per_gpu"]
+    parts = sum(mem[k] for k in ("weights", "gradients", "optimizer", "activations", "other"))
+    assert parts == pytest.approx(mem["total"])
+    assert doc["fits"] == (mem["total"] <= mem["capacity"])
+
+
+def test_explain_memory_options_change_the_accounting() -> None:
+    def memory(*extra: str) -> dict[str, float]:
+        result = run_cli(*EXPLAIN, "--layout", "tp=4,pp=4,sp=true", "--format", "json", *extra)
+        assert result.code == 0, result.err
+        return json.loads(result.out)["memory_gib_per_gpu"]
+
+    default = memory()
+    plain = memory("--no-distributed-optimizer")
+    assert plain["optimizer"] == pytest.approx(default["optimizer"] * 4)  # dp*cp = 4
+    light = memory("--grad-bytes", "2", "--optimizer-bytes", "4")
+    assert light["gradients"] == pytest.approx(default["gradients"] / 2)
+    assert light["optimizer"] == pytest.approx(default["optimizer"] / 3)
+    fsdp = memory("--fsdp")
+    assert fsdp["gradients"] == pytest.approx(default["gradients"] / 4)  # sharded over dp=4
+
+
+def test_explain_table_names_the_bottleneck() -> None:
+    result = run_cli(*EXPLAIN, "--layout", "tp=8,pp=8,sp=true")
+    assert result.code == 0
+    assert "bottleneck:" in result.out and "tokens/s" in result.out
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        (("--layout", "tp=3,pp=8"), ("invalid", "R2")),
+        (("--layout", "tp=8,pp=8", "--precision", "fp4"), ("fp4", "not supported", "h100")),
+        (("--layout", "tp=8", "--cluster", "nope-cluster"), ("nope-cluster",)),
+        (("--layout", "tp=8,pp=8", "--tp-overlap", "1.5"), ("--tp-overlap",)),
+    ],
+)
+def test_explain_bad_input(extra: tuple[str, ...], fragments: tuple[str, ...]) -> None:
+    argv = list(EXPLAIN)
+    if "--cluster" in extra:
+        argv[argv.index("--cluster") + 1] = extra[extra.index("--cluster") + 1]
+        extra = tuple(x for i, x in enumerate(extra)
+                      if x != "--cluster" and (i == 0 or extra[i - 1] != "--cluster"))
+    assert_one_line_error(run_cli(*argv, *extra), *fragments)
+
+
+def test_validate_json_contract_and_summary() -> None:
+    result = run_cli("validate", "--format", "json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    summary = doc["summary"]
+    assert {"n", "skipped", "mape", "median_ape", "spearman"} <= summary.keys()
+    assert summary["n"] == len(doc["rows"]) > 100
+    for row in doc["rows"]:
+        assert {"id", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
+                "ape"} <= row.keys()
+        measured = row["measured_tokens_per_s_per_gpu"]
+        assert row["ape"] == pytest.approx(
+            abs(row["predicted_tokens_per_s_per_gpu"] - measured) / measured)
+    assert summary["skipped"] == len(doc["skipped"])
+    assert all(item["reason"] for item in doc["skipped"])
+
+
+def test_validate_rejects_a_missing_data_file(tmp_path) -> None:
+    assert_one_line_error(run_cli("validate", "--data", str(tmp_path / "none.csv")), "none.csv")
