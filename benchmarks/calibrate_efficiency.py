@@ -3,8 +3,8 @@
     python benchmarks/calibrate_efficiency.py [--generation hopper] [--write]
 
 Minimises the mean |log(predicted / measured)| of tokens/s/GPU over the
-verified dev rows of each generation with Nelder-Mead over a handful of
-profile fields (never per row).  Memory readings (unstated recompute/FSDP)
+verified dev rows of each generation (the latest release of each layout)
+with Nelder-Mead over a handful of profile fields (never per row).  Memory readings (unstated recompute/FSDP)
 are fixed once, with the current profile, before fitting.  ``--write``
 updates ``cost_models/efficiency/<generation>.yaml`` in place (numbers
 only; comments are kept).
@@ -40,6 +40,7 @@ FIELDS: dict[str, tuple[float, float]] = {
     "grouped_gemm_factor": (0.3, 1.0),
     "layer_overhead_s": (1e-6, 3e-4),
     "ep_overlap": (0.0, 0.9),
+    "tp_overlap": (0.0, 0.9),
 }
 
 
@@ -63,7 +64,7 @@ def with_values(profile: EfficiencyProfile, values: dict[str, float]) -> Efficie
 
 def prepared_rows(generation: str):  # type: ignore[no-untyped-def]
     """(cost model, columns, measured) per usable dev row of the generation."""
-    report = validate_runs(load_published_runs())
+    report = validate_runs(load_published_runs(), deduplicate=True)
     by_id = {r.id: r for r in report.rows}
     runs = {r.id: r for r in load_published_runs()}
     fabrics: dict = {}
@@ -110,7 +111,9 @@ def fit(generation: str, iterations: int) -> tuple[EfficiencyProfile, float, flo
         values = {n: float(np.exp(v) - 1e-3) for n, v in zip(names, x, strict=True)}
         return with_values(start, values)
 
-    x0 = np.log([max(get(start, n), FIELDS[n][0]) + 1e-3 for n in names])
+    # Start fractions that sit at 0 inside the range, so the simplex can move them.
+    x0 = np.log([max(get(start, n), FIELDS[n][0], 0.25 if n.endswith("overlap") else 0) + 1e-3
+                 for n in names])
     before = objective(rows, start)
     result = minimize(lambda x: objective(rows, profile_at(x)), x0, method="Nelder-Mead",
                       options={"maxfev": iterations, "xatol": 1e-3, "fatol": 1e-4})

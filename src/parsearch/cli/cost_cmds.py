@@ -43,12 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "validate", help="predictions against published training runs",
         description="Predict every usable published run (its model, cluster, layout, batch "
         "and precision) and compare tokens/s/GPU with the measurement: per-row error, MAPE, "
-        "median APE and Spearman rank correlation within each (model, GPU) group.",
+        "median APE and Spearman rank correlation within each (model, GPU) group. A layout "
+        "measured in several software releases counts once, with its latest measurement, "
+        "unless --all-releases.",
     )
     validate.add_argument("--data", metavar="FILE", default=None,
                           help="a CSV in the published-runs format (default: the bundled one)")
-    validate.add_argument("--dedupe", action="store_true",
-                          help="one row per (model, GPU, precision, layout): latest release")
+    validate.add_argument("--all-releases", action="store_true",
+                          help="score every release's measurement of a layout (default: only "
+                          "the latest release of each model/GPU/precision/layout)")
     validate.add_argument("--include-partial", action="store_true",
                           help="also use rows with one inferred field (verified=partial)")
     add_format_option(validate, ("table", "json"))
@@ -112,7 +115,8 @@ def run_validate(args: argparse.Namespace) -> int:
     from parsearch.validation import validate_runs
 
     runs = load_published_runs(args.data)
-    report = validate_runs(runs, deduplicate=args.dedupe, include_partial=args.include_partial)
+    report = validate_runs(runs, deduplicate=not args.all_releases,
+                           include_partial=args.include_partial)
     if args.format == "json":
         print_json(report.to_dict())
         return 0

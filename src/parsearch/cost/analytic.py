@@ -32,9 +32,9 @@ from parsearch.cost.collectives import (
     LinkArrays,
     all_gather_time,
     all_reduce_time,
-    all_to_all_time,
     p2p_time,
     reduce_scatter_time,
+    token_dispatch_time,
 )
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token, stage_flops_core
@@ -71,8 +71,16 @@ class CostOptions:
     is the element size of the data-parallel gradient reduction (4: fp32,
     Megatron's ``accumulate_allreduce_grads_in_fp32``; 2: bf16 reduce);
     ``fp8_dispatch`` sends EP dispatch in FP8 when training in FP8
-    (formulas.md §7.5/§7.7).
+    (formulas.md §7.5/§7.7).  ``moe_dispatcher`` is ``"flex"`` (DeepEP/HybridEP:
+    one network copy per remote domain, what NVIDIA's MoE recipes run) or
+    ``"alltoall"`` (Megatron-Core's default: one copy per expert).
     """
+
+    def __post_init__(self) -> None:
+        if self.moe_dispatcher not in ("flex", "alltoall"):
+            raise SpecError(
+                f"moe_dispatcher must be flex or alltoall, got {self.moe_dispatcher!r}"
+            )
 
     causal: bool = True
     tp_overlap: float | None = None
@@ -82,6 +90,7 @@ class CostOptions:
     grad_reduce_bytes: float = 4.0
     param_gather_bytes: float = 2.0
     fp8_dispatch: bool = False
+    moe_dispatcher: str = "flex"
     memory: MemoryOptions = field(default_factory=MemoryOptions)
 
     def resolved(self, profile: EfficiencyProfile) -> CostOptions:
@@ -259,10 +268,12 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], links: _Links,
     ep_exposed = np.zeros_like(tp)
     if is_moe_unit:
         dispatch_bytes = 1.0 if (opt.fp8_dispatch and precision != "bf16") else ACT_BYTES
-        copies = routed_tokens * h
-        a2a = (all_to_all_time(links.ep, copies * dispatch_bytes)
-               + 3.0 * all_to_all_time(links.ep, copies * ACT_BYTES))
-        etp_time = 4.0 * reduce_scatter_time(links.etp, etp * copies * ACT_BYTES)
+        tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
+        dedupe = opt.moe_dispatcher == "flex"
+        k = moe.top_k if moe else 1
+        a2a = (token_dispatch_time(links.ep, tokens, h * dispatch_bytes, k, dedupe)
+               + 3.0 * token_dispatch_time(links.ep, tokens, h * ACT_BYTES, k, dedupe))
+        etp_time = 4.0 * reduce_scatter_time(links.etp, etp * routed_tokens * h * ACT_BYTES)
         ep_exposed = imbalance * (a2a + etp_time) * (1.0 - float(opt.ep_overlap or 0.0))
     return {"compute": compute, "tp_comm": tp_exposed, "cp_comm": cp_exposed,
             "ep_comm": ep_exposed, "forward": t_gemm + t_routed + t_core + t_logits}

@@ -122,3 +122,30 @@ def p2p_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
     bandwidth = np.where(inside, link.nvlink_bandwidth_Bps, link.network_bandwidth_Bps)
     latency = np.where(inside, link.nvlink_latency_s, link.network_latency_s)
     return np.where(n > 1, _safe_div(s, bandwidth) + latency, 0.0)
+
+
+def token_dispatch_time(link: LinkArrays, tokens: Num, bytes_per_token: float, top_k: int,
+                        deduplicate: bool) -> np.ndarray:
+    """MoE token dispatch (or combine) of ``tokens`` per rank, each to ``top_k`` experts.
+
+    Experts are spread evenly over the ``n`` ranks of the EP group, ``k`` ranks per NVLink
+    domain and ``M = n/k`` domains; routing is uniform.  The plain all-to-all dispatcher
+    (Megatron-Core ``MoEAlltoAllTokenDispatcher``) sends one copy per chosen expert:
+    ``top_k*(k-1)/n`` of them over NVLink and ``top_k*(n-k)/n`` over the network
+    (formulas.md §7.5).  A deduplicating dispatcher (DeepEP / HybridEP, ``flex``) sends a
+    token once to each remote domain that hosts one of its experts and fans it out over
+    NVLink there (formulas.md §7.5, "de-duplicates cross-node copies"); with uniform
+    routing a token reaches ``(M-1)*(1-(1-1/M)^top_k)`` remote domains on average
+    [derived].  Both directions proceed at once; the slower link sets the time.
+    """
+    k, m, n = _split(link)
+    t = np.asarray(tokens, dtype=np.float64)
+    intra_copies = top_k * (k - 1.0) / n
+    if deduplicate:
+        inter_copies = (m - 1.0) * (1.0 - (1.0 - 1.0 / m) ** top_k)
+    else:
+        inter_copies = top_k * (n - k) / n
+    intra = _safe_div(t * intra_copies * bytes_per_token, link.nvlink_bandwidth_Bps)
+    inter = _safe_div(t * inter_copies * bytes_per_token, link.network_bandwidth_Bps)
+    latency = np.where(k > 1, link.nvlink_latency_s, 0.0) + (m - 1.0) * link.network_latency_s
+    return np.where(n > 1, np.maximum(intra, inter) + latency, 0.0)
