@@ -96,8 +96,21 @@ class ValidationReport:
 
     @property
     def spearman(self) -> float:
-        """Mean within-group rho over groups with at least 3 distinct layouts (latest release
-        of each) and distinct measurements."""
+        """Within-group rho averaged over the groups, weighted by their number of layouts.
+
+        Groups need at least 3 distinct layouts (latest release of each) with distinct
+        measurements and predictions.  A 3-layout group's rho can only be -1, -0.5, 0.5
+        or 1, so larger groups carry more weight; :attr:`spearman_unweighted` is the
+        plain mean.
+        """
+        valid = [g for g in self.groups if not math.isnan(g.spearman)]
+        if not valid:
+            return math.nan
+        return float(sum(g.spearman * g.n for g in valid) / sum(g.n for g in valid))
+
+    @property
+    def spearman_unweighted(self) -> float:
+        """Plain mean of the within-group rho values."""
         values = [g.spearman for g in self.groups if not math.isnan(g.spearman)]
         return float(np.mean(values)) if values else math.nan
 
@@ -115,6 +128,7 @@ class ValidationReport:
             "mape": self.mape,
             "median_ape": self.median_ape,
             "spearman": self.spearman,
+            "spearman_unweighted": self.spearman_unweighted,
             "spearman_groups": len([g for g in self.groups if not math.isnan(g.spearman)]),
             "predicted_out_of_memory": len(self.out_of_memory),
             "skipped_by_reason": dict(sorted(reasons.items())),
