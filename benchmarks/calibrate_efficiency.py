@@ -4,10 +4,10 @@
 
 Minimises the mean |log(predicted / measured)| of tokens/s/GPU over the
 verified dev rows of each generation (the latest release of each layout)
-with Nelder-Mead over a handful of profile fields (never per row).  Memory readings (unstated recompute/FSDP)
-are fixed once, with the current profile, before fitting.  ``--write``
-updates ``cost_models/efficiency/<generation>.yaml`` in place (numbers
-only; comments are kept).
+with Nelder-Mead over a handful of profile fields (never per row).  Memory
+readings (unstated recompute/FSDP) are fixed once, with the current profile,
+before fitting.  ``--write`` updates ``cost_models/efficiency/<generation>.yaml``
+in place (numbers only; comments are kept).
 """
 
 from __future__ import annotations
