@@ -12,14 +12,14 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _timing import best_of  # noqa: E402
+from _timing import best_of
 
-from parsearch.cost.analytic import build_cost_model, score_columns  # noqa: E402
-from parsearch.presets import get_preset  # noqa: E402
-from parsearch.space import enumerate_layouts  # noqa: E402
-from parsearch.topology.cluster import load_cluster  # noqa: E402
-from parsearch.topology.fabric import build_fabric  # noqa: E402
-from parsearch.workload import TrainingSpec  # noqa: E402
+from parsearch.cost.analytic import build_cost_model, score_columns
+from parsearch.presets import get_preset
+from parsearch.space import enumerate_layouts
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
+from parsearch.workload import TrainingSpec
 
 TARGET_PER_S = 100_000
 

@@ -37,6 +37,7 @@ FIELDS: dict[str, tuple[float, float]] = {
     "attention_efficiency": (0.15, 0.8),
     "elementwise_bytes_per_hidden": (5.0, 400.0),
     "moe_bytes_per_hidden": (2.0, 400.0),
+    "quantize_bytes_per_hidden": (1.0, 600.0),
     "grouped_gemm_factor": (0.3, 1.0),
     "layer_overhead_s": (1e-6, 3e-4),
     "ep_overlap": (0.0, 0.9),
@@ -101,6 +102,7 @@ def fit(generation: str, iterations: int) -> tuple[EfficiencyProfile, float, flo
     names = [n for n in FIELDS
              if not (n.endswith(".fp8") and "fp8" not in precisions)
              and not (n.endswith(".fp4") and "fp4" not in precisions)
+             and not (n == "quantize_bytes_per_hidden" and precisions == {"bf16"})
              and not (n in ("moe_bytes_per_hidden", "grouped_gemm_factor", "ep_overlap")
                       and not any(cm.model.is_moe for cm, *_ in rows))]
     lo = np.log([FIELDS[n][0] + 1e-3 for n in names])

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "check_cmd",
     "topology_cmds",
     "cost_cmds",
+    "search_cmds",
 )
 
 

@@ -228,6 +228,9 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], links: _Links,
     routed_tokens = mbs * s / (tp * cp) * (moe.top_k if moe else 0)  # formulas.md §3.5
     if is_moe_unit:
         elementwise = elementwise + profile.moe_bytes_per_hidden * h * routed_tokens / hbm
+    if precision != "bf16":  # formulas.md §7.7: quantize/transpose/amax kernels
+        elementwise = elementwise + (
+            layers * profile.quantize_bytes_per_hidden * h * tokens_rank / hbm)
     compute = 3.0 * (t_gemm + t_routed + t_core + t_logits) + recompute + elementwise
     compute = compute + layers * profile.layer_overhead_s
 

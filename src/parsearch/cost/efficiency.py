@@ -37,6 +37,9 @@ class EfficiencyProfile:
       RoPE, casts), forward + backward;
     * ``moe_bytes_per_hidden``: the same for MoE permute/unpermute and router
       per routed token copy;
+    * ``quantize_bytes_per_hidden``: the same for FP8/FP4 casts, scaling and
+      transposes of GEMM inputs, only when training in FP8 or FP4
+      (formulas.md §7.7: "quantize/transpose/amax kernels add memory-bound time");
     * ``hbm_efficiency``: achieved fraction of HBM bandwidth;
     * ``layer_overhead_s``: launch/host time per layer per micro-batch
       (forward + backward);
@@ -54,6 +57,7 @@ class EfficiencyProfile:
     attention_efficiency: float
     elementwise_bytes_per_hidden: float
     moe_bytes_per_hidden: float
+    quantize_bytes_per_hidden: float
     hbm_efficiency: float
     layer_overhead_s: float
     step_overhead_s: float

@@ -1,0 +1,231 @@
+"""``parsearch search`` and ``parsearch pareto``: the best layouts, and throughput against GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from parsearch.cli.common import (
+    add_cluster_option,
+    add_cost_options,
+    add_format_option,
+    add_model_option,
+    add_training_options,
+    cost_model_from_args,
+    model_from_args,
+    positive_int,
+    print_json,
+    print_table,
+    training_from_args,
+)
+from parsearch.errors import ParsearchError, SpecError
+from parsearch.search.api import METHODS, ParetoResult, SearchResult
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_search(subparsers)
+    _register_pareto(subparsers)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_model_option(parser)
+    add_cluster_option(parser)
+    add_training_options(parser)
+    add_cost_options(parser)
+    add_format_option(parser, ("table", "json"))
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: only when stderr is a terminal)")
+
+
+def _register_search(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "search", help="the best layouts on N GPUs",
+        description="Score every valid layout on exactly N GPUs and list the best K that fit "
+        "in memory, with their predicted throughput, memory, bottleneck and launch settings.")
+    _common(parser)
+    parser.add_argument("--gpus", type=positive_int, required=True, metavar="N",
+                        help="number of GPUs (world size)")
+    parser.add_argument("--top", type=positive_int, default=10, metavar="K",
+                        help="how many layouts to list (default 10)")
+    parser.add_argument("--diverse", action="store_true",
+                        help="at most one layout per (tp, pp, cp, ep, etp) shape")
+    parser.add_argument("--launch", action="store_true",
+                        help="table format: also print the launch settings of each layout")
+    parser.set_defaults(handler=run_search)
+
+
+def _register_pareto(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "pareto", help="throughput against GPU count",
+        description="The best layout at each GPU count from --min-gpus to --max-gpus and the "
+        "Pareto front of throughput against GPUs, with scaling efficiency.")
+    _common(parser)
+    parser.add_argument("--max-gpus", type=positive_int, required=True, metavar="N",
+                        help="largest GPU count")
+    parser.add_argument("--min-gpus", type=positive_int, default=None, metavar="N",
+                        help="smallest GPU count (default: one --gpu-step)")
+    parser.add_argument("--gpu-step", type=positive_int, default=None, metavar="S",
+                        help="GPU count step (default: GPUs per node of the cluster)")
+    parser.add_argument("--method", choices=METHODS, default="auto",
+                        help="exhaustive (exact), optuna (large spaces) or auto (default: "
+                        "exhaustive when the space is small enough)")
+    study = parser.add_argument_group("optuna study")
+    study.add_argument("--n-trials", type=positive_int, default=None, metavar="T",
+                       help="trial budget of the study, completed trials in the storage "
+                       "included (default 2000)")
+    study.add_argument("--seed", type=int, default=None, help="sampler seed")
+    study.add_argument("--storage", default=None, metavar="URL",
+                       help="optuna storage: sqlite:///study.db, postgresql://..., or "
+                       "journal:FILE (default: in memory); rerun to resume")
+    study.add_argument("--study-name", default=None, metavar="NAME",
+                       help="study to create or resume (default: derived from the query)")
+    study.add_argument("--sampler", choices=("nsga2", "tpe"), default="nsga2",
+                       help="optuna sampler (default nsga2)")
+    study.add_argument("--stop-after", type=positive_int, default=None, metavar="T",
+                       help=argparse.SUPPRESS)
+    parser.add_argument("--plot", default=None, metavar="FILE",
+                        help="write the front to FILE: .png (matplotlib) or .html "
+                        "(self-contained, interactive)")
+    parser.set_defaults(handler=run_pareto)
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return sys.stderr.isatty() if args.progress is None else bool(args.progress)
+
+
+def _cost_inputs(args: argparse.Namespace, model: Any, training: Any, num_gpus: int
+                 ) -> tuple[Any, Any, Any]:
+    """Profile and options exactly as ``cost_model_from_args`` builds them, and the cluster."""
+    cm = cost_model_from_args(args, model, training, num_gpus)
+    return cm.fabric.cluster, cm.profile, cm.options
+
+
+# --- search -------------------------------------------------------------------------------------
+
+
+def run_search(args: argparse.Namespace) -> int:
+    from parsearch.search.api import search_layouts
+
+    model = model_from_args(args)
+    training = training_from_args(args)
+    cluster, profile, options = _cost_inputs(args, model, training, args.gpus)
+    result = search_layouts(model=model, training=training, cluster=cluster,
+                            num_gpus=args.gpus, top=args.top, diverse=args.diverse,
+                            profile=profile, options=options, progress=_progress(args))
+    if not result.entries:
+        raise ParsearchError(
+            f"none of the {result.valid:,} valid layouts of {model.name} on {args.gpus} GPUs "
+            f"fits in memory on {cluster.name}: the leanest needs "
+            f"{result.smallest_memory_gib:.1f} GiB per GPU; use more GPUs, --recompute full "
+            "or smaller --micro-batch-sizes")
+    if args.format == "json":
+        print_json(result.to_dict())
+    else:
+        _search_table(result, show_launch=args.launch)
+    print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s),
+          file=sys.stderr)
+    return 0
+
+
+def _summary(considered: int, valid: int, feasible: int, seconds: float,
+             evaluated: int | None = None) -> str:
+    text = f"{considered:,} layouts considered, {valid:,} valid, {feasible:,} feasible"
+    if evaluated is not None:
+        text += f", {evaluated:,} evaluated"
+    return text + f" ({seconds:.1f} s)"
+
+
+def _search_table(result: SearchResult, *, show_launch: bool) -> None:
+    headers = ("#", "tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute",
+               "tokens/s", "step_s", "mfu%", "mem_GiB", "free_GiB", "bottleneck", "nodes")
+    rows = []
+    for e in result.entries:
+        est, lay = e.estimate, e.layout
+        rows.append((e.rank, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp, lay.dp, lay.mbs,
+                     lay.sp, lay.recompute, est.tokens_per_s, est.step_time_s,
+                     100 * est.mfu, est.memory_bytes["total"] / 2**30, e.headroom_bytes / 2**30,
+                     est.bottleneck, e.launch.nodes))
+    print_table(headers, rows)
+    if show_launch:
+        for e in result.entries:
+            print(f"\n#{e.rank} {e.layout.key()} on {e.launch.nodes} nodes")
+            print("  Megatron-Bridge: " + " ".join(e.launch.bridge_overrides))
+            print("  Megatron-LM:     " + e.launch.command_line())
+
+
+# --- pareto -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt, so a study stops cleanly between trials."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_pareto(args: argparse.Namespace) -> int:
+    from parsearch.search.api import gpu_counts_for, pareto_front
+    from parsearch.search.plot import PLOT_SUFFIXES, write_plot
+
+    if args.plot is not None and not args.plot.lower().endswith(PLOT_SUFFIXES):
+        raise SpecError(f"--plot {args.plot!r}: the file name must end in .png or .html")
+    if args.method == "exhaustive" and (args.storage or args.study_name or args.n_trials):
+        raise SpecError("--storage, --study-name and --n-trials apply to --method optuna "
+                        "(or auto); drop them or use --method optuna")
+    model = model_from_args(args)
+    training = training_from_args(args)
+    from parsearch.topology.cluster import load_cluster
+
+    counts = gpu_counts_for(cluster=load_cluster(args.cluster), max_gpus=args.max_gpus,
+                            min_gpus=args.min_gpus, gpu_step=args.gpu_step)
+    cluster, profile, options = _cost_inputs(args, model, training, counts[0])
+    try:
+        with _sigterm_as_interrupt():
+            result = pareto_front(
+                model=model, training=training, cluster=cluster, max_gpus=args.max_gpus,
+                min_gpus=args.min_gpus, gpu_step=args.gpu_step, method=args.method,
+                n_trials=args.n_trials, seed=args.seed, storage=args.storage,
+                study_name=args.study_name, sampler=args.sampler, profile=profile,
+                options=options, progress=_progress(args), stop_after=args.stop_after)
+    except KeyboardInterrupt:
+        if args.storage:
+            print(f"parsearch pareto: interrupted; completed trials are kept in "
+                  f"{args.storage}; rerun the same command to resume", file=sys.stderr)
+        raise
+    if args.plot is not None:
+        write_plot(result, args.plot)
+    if args.format == "json":
+        print_json(result.to_dict())
+    else:
+        _pareto_table(result)
+    print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s,
+                   result.evaluations) + f", method {result.method}", file=sys.stderr)
+    if not result.front:
+        print(f"parsearch pareto: no layout of {model.name} fits on {counts[0]}..{counts[-1]} "
+              "GPUs", file=sys.stderr)
+    if args.plot is not None:
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _pareto_table(result: ParetoResult) -> None:
+    headers = ("gpus", "nodes", "tokens/s", "tokens/s/gpu", "mfu%", "speedup", "efficiency%",
+               "layout", "bottleneck")
+    rows = [(p.num_gpus, p.launch.nodes, p.tokens_per_s, p.estimate.tokens_per_s_per_gpu,
+             100 * p.estimate.mfu, p.speedup, 100 * p.scaling_efficiency, p.layout.key(),
+             p.estimate.bottleneck) for p in result.front]
+    print_table(headers, rows)

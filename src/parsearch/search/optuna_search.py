@@ -1,0 +1,506 @@
+"""Multi-objective optuna search over GPU count and layout (the only module importing optuna).
+
+For spaces too large to scan: many GPU counts, many micro-batch and
+recompute options.  The study maximizes tokens/s and minimizes GPUs.
+
+* Static search space: every trial suggests every axis (GPU count, tp, pp,
+  cp, ep, etp, vpp, mbs, sp, recompute) from a fixed candidate set
+  (:func:`candidate_sets`), so samplers that need the same space in every
+  trial (NSGA-II's intersection space) work, and a resumed study sees the
+  same space.
+* Invalid and out-of-memory layouts are completed trials with throughput 0
+  and positive constraint values (``trial.set_constraint``): ``rules`` is 10
+  per broken layout rule, ``memory`` the relative excess over the GPU's
+  memory (capped below 10, so a valid layout always beats an invalid one).
+* Trials are asked in batches and scored together with the vectorized
+  scorer; scores are cached by GPU count and layout key for the run (the
+  cache is warmed from the completed trials of a resumed study).
+* Known-good layouts are enqueued when a study starts: tensor parallel
+  inside the NVLink domain, pipeline parallel across nodes as far as memory
+  needs, data parallel to fill.
+* Storage: in memory by default, or any optuna storage URL
+  (``sqlite:///file.db``, ``postgresql://...``) or a journal file
+  (``journal:PATH`` or a path ending in ``.log``/``.journal``).  The study
+  is created with ``load_if_exists``; the run counts the completed trials
+  already in the storage and runs only the remainder of ``n_trials``, so an
+  interrupted run, resumed, neither loses nor repeats a completed trial,
+  and several processes can share one study (the budget is checked before
+  every batch, so together they overshoot it by at most one batch each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from parsearch.constraints import RECOMPUTE_CODES, RULES, derive_columns, rule_context
+from parsearch.cost.analytic import CostModel, CostOptions, build_cost_model, score_columns
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.memory import memory_arrays
+from parsearch.errors import SpecError
+from parsearch.hardware import load_gpu_profile
+from parsearch.layout import Layout
+from parsearch.space import divisors
+from parsearch.topology.cluster import ClusterSpec
+from parsearch.topology.fabric import build_fabric
+from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec
+
+SAMPLERS: tuple[str, ...] = ("nsga2", "tpe")
+AXES: tuple[str, ...] = ("num_gpus", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "sp",
+                         "recompute")
+RULE_PENALTY = 10.0
+_MAX_MEMORY_PENALTY = 9.0
+_QUERY_ATTR = "parsearch_query"
+_OUTCOME_KEYS: tuple[str, ...] = ("valid", "fits", "tokens_per_s", "rules", "memory")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One completed trial: the layout, whether it is valid and fits, its throughput."""
+
+    number: int
+    layout: Layout
+    valid: bool
+    fits: bool
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class StudyOutcome:
+    """What a run of :func:`run_study` left in the study."""
+
+    study_name: str
+    storage: str
+    n_trials: int
+    records: tuple[TrialRecord, ...]
+    trials_before: int
+    trials_run: int
+    evaluations: int
+    cache_hits: int
+    enqueued: int
+    candidate_sets: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    @property
+    def trials_completed(self) -> int:
+        return len(self.records)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "study_name": self.study_name,
+            "storage": self.storage,
+            "n_trials": self.n_trials,
+            "trials_completed": self.trials_completed,
+            "trials_before": self.trials_before,
+            "trials_run": self.trials_run,
+            "evaluations": self.evaluations,
+            "cache_hits": self.cache_hits,
+            "enqueued": self.enqueued,
+        }
+
+
+# --- the search space ---------------------------------------------------------------------
+
+
+def candidate_sets(model: ModelSpec, training: TrainingSpec,
+                   gpu_counts: Sequence[int]) -> dict[str, tuple[Any, ...]]:
+    """The fixed candidate values of every axis, for every trial.
+
+    Degrees: the union of the divisors of the GPU counts, less the values
+    that no combination passes (rules of at most three axes, tried on the
+    grid of candidates at every GPU count).  ``vpp`` runs to the layer count
+    (or ``max_vpp``); ``mbs``, ``sp`` and ``recompute`` come from the
+    training setup.
+    """
+    counts = sorted(set(gpu_counts))
+    union: set[int] = set()
+    for n in counts:
+        union.update(divisors(n))
+    degrees = np.asarray(sorted(union), dtype=np.int64)
+    max_vpp = model.num_layers if training.max_vpp is None else min(model.num_layers,
+                                                                   training.max_vpp)
+    sets: dict[str, np.ndarray] = {
+        "tp": degrees, "pp": degrees[degrees <= model.num_layers], "cp": degrees,
+        "ep": degrees, "etp": degrees, "vpp": np.arange(1, max_vpp + 1, dtype=np.int64),
+        "mbs": np.asarray(sorted(set(training.micro_batch_sizes)), dtype=np.int64),
+        "sp": np.asarray([0] if training.sequence_parallel == "off" else [0, 1]),
+        "recompute": np.asarray(sorted(RECOMPUTE_CODES[m] for m in training.recompute_modes)),
+    }
+    for rule in RULES:
+        axes = sorted(rule.axes)
+        if len(axes) > 3 or not set(axes) <= sets.keys():
+            continue
+        grids = np.meshgrid(*(sets[a] for a in axes), indexing="ij")
+        cols = {a: g.ravel() for a, g in zip(axes, grids, strict=True)}
+        ok = np.zeros(grids[0].size, dtype=bool)
+        for n in counts:
+            ok |= np.broadcast_to(rule.holds(rule_context(model, training, n), cols), ok.shape)
+        for axis in axes:
+            sets[axis] = np.unique(cols[axis][ok])
+    out: dict[str, tuple[Any, ...]] = {"num_gpus": tuple(counts)}
+    for axis in AXES[1:]:
+        values = [int(v) for v in sets[axis]]
+        if axis == "recompute":
+            out[axis] = tuple(RECOMPUTE_MODES[v] for v in values)
+        elif axis == "sp":
+            out[axis] = tuple(bool(v) for v in values)
+        else:
+            out[axis] = tuple(values)
+        if not out[axis]:
+            raise SpecError(f"optuna search: no candidate value for {axis} passes the layout "
+                            f"rules for model {model.name}")
+    return out
+
+
+def _columns(layouts: Sequence[Layout]) -> dict[str, np.ndarray]:
+    cols = {a: np.asarray([getattr(x, a) for x in layouts], dtype=np.int64)
+            for a in ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")}
+    cols["sp"] = np.asarray([x.sp for x in layouts], dtype=bool)
+    cols["recompute"] = np.asarray([RECOMPUTE_CODES[x.recompute] for x in layouts],
+                                   dtype=np.int64)
+    return cols
+
+
+def rule_violations(model: ModelSpec, training: TrainingSpec, num_gpus: int,
+                    layouts: Sequence[Layout]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Broken-rule counts of layouts of one GPU count (vectorized), and their columns."""
+    ctx = rule_context(model, training, num_gpus)
+    cols = _columns(layouts)
+    cols.update(derive_columns(ctx, cols))
+    broken = np.zeros(len(layouts), dtype=np.int64)
+    for rule in RULES:
+        broken += ~np.broadcast_to(np.asarray(rule.holds(ctx, cols), dtype=bool), broken.shape)
+    return broken, cols
+
+
+# --- scoring with a per-run cache -----------------------------------------------------------
+
+
+@dataclass
+class _Scorer:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    profile: EfficiencyProfile | None
+    options: CostOptions | None
+    hbm_bytes: float
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost_models: dict[int, CostModel] = field(default_factory=dict)
+    evaluations: int = 0
+    cache_hits: int = 0
+
+    def cost_model(self, num_gpus: int) -> CostModel:
+        if num_gpus not in self.cost_models:
+            fabric = build_fabric(self.cluster, num_gpus)
+            self.cost_models[num_gpus] = build_cost_model(
+                self.model, self.training, fabric, profile=self.profile, options=self.options)
+        return self.cost_models[num_gpus]
+
+    def score(self, layouts: Sequence[Layout]) -> list[dict[str, Any]]:
+        """Outcome per layout: valid, fits, tokens_per_s, rule and memory violations."""
+        keys = [cache_key(x) for x in layouts]
+        todo: dict[int, list[int]] = {}
+        for i, key in enumerate(keys):
+            if key in self.cache:
+                self.cache_hits += 1
+            else:
+                todo.setdefault(layouts[i].num_gpus, []).append(i)
+        for num_gpus, idx in todo.items():
+            self._score_group(num_gpus, [layouts[i] for i in idx], [keys[i] for i in idx])
+        return [self.cache[k] for k in keys]
+
+    def _score_group(self, num_gpus: int, layouts: list[Layout], keys: list[str]) -> None:
+        # de-duplicate within the batch
+        unique: dict[str, Layout] = {}
+        for key, lay in zip(keys, layouts, strict=True):
+            unique.setdefault(key, lay)
+        keys, layouts = list(unique), list(unique.values())
+        self.evaluations += len(layouts)
+        broken, cols = rule_violations(self.model, self.training, num_gpus, layouts)
+        outcome = [{"valid": False, "fits": False, "tokens_per_s": 0.0,
+                    "rules": RULE_PENALTY * float(b), "memory": 0.0} for b in broken]
+        valid = np.nonzero(broken == 0)[0]
+        if len(valid):
+            sub = {k: v[valid] for k, v in cols.items()}
+            mem = memory_arrays(self.model, self.training, sub["tp"], sub["cp"], sub["pp"],
+                                sub["ep"], sub["etp"], sub["vpp"], sub["mbs"], sub["dp"],
+                                sub["edp"], sub["recompute"], sub["sp"],
+                                (self.options or CostOptions()).memory)
+            excess = (np.asarray(mem.total) - self.hbm_bytes) / self.hbm_bytes
+            fits = excess <= 0
+            for j, i in enumerate(valid):
+                outcome[i].update(valid=True, memory=float(min(excess[j], _MAX_MEMORY_PENALTY)))
+            if fits.any():
+                cm = self.cost_model(num_gpus)
+                rows = valid[fits]
+                scores = score_columns(cm, {k: v[rows] for k, v in cols.items()})
+                for j, i in enumerate(rows):
+                    outcome[i].update(fits=bool(scores["fits"][j]),
+                                      tokens_per_s=float(scores["tokens_per_s"][j]))
+        for key, out in zip(keys, outcome, strict=True):
+            self.cache[key] = out
+
+
+def cache_key(layout: Layout) -> str:
+    """``"<num_gpus>:<layout key>"``: what the score cache and the trial attributes use."""
+    return f"{layout.num_gpus}:{layout.key()}"
+
+
+# --- known-good starting layouts --------------------------------------------------------------
+
+
+def starting_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                     sets: dict[str, tuple[Any, ...]], *, limit: int,
+                     options: CostOptions | None = None) -> list[Layout]:
+    """Up to ``limit`` valid layouts that fit, spread over the GPU counts.
+
+    Per GPU count and per tensor- and context-parallel pair inside the
+    NVLink domain (largest first): the smallest pipeline depth (across nodes) and the
+    least recompute that make the layout fit, experts spread over as many
+    ranks as divide them, data parallel filling the rest.
+    """
+    counts = list(sets["num_gpus"])
+    if limit < 1 or not counts:
+        return []
+    domain = cluster.job_domain_size
+    hbm = load_gpu_profile(cluster.gpu).hbm_bytes
+    memory_options = (options or CostOptions()).memory
+    mbs = min(sets["mbs"])
+    modes = [m for m in ("none", "selective", "full") if m in sets["recompute"]]
+    per_count: list[list[Layout]] = []
+    for n in counts:
+        found: list[Layout] = []
+        inside = [(t, c) for t in sets["tp"] for c in sets["cp"]
+                  if t * c <= min(domain, n) and n % (t * c) == 0]
+        for tp, cp in sorted(inside, key=lambda tc: (-tc[0] * tc[1], -tc[0])):
+            sp = tp > 1 and True in sets["sp"]
+            candidates = []
+            for mode in modes:
+                for pp in sorted(p for p in sets["pp"] if n % (tp * cp * p) == 0):
+                    ep = 1
+                    if model.moe is not None:
+                        ep = max((e for e in sets["ep"] if (n // pp) % e == 0
+                                  and model.moe.num_experts % e == 0), default=1)
+                    candidates.append(Layout(num_gpus=n, tp=tp, cp=cp, pp=pp, ep=ep, mbs=mbs,
+                                             sp=sp, recompute=mode))  # type: ignore[arg-type]
+            if not candidates:
+                continue
+            broken, cols = rule_violations(model, training, n, candidates)
+            valid = np.nonzero(broken == 0)[0]
+            if not len(valid):
+                continue
+            sub = {k: v[valid] for k, v in cols.items()}
+            mem = memory_arrays(model, training, sub["tp"], sub["cp"], sub["pp"], sub["ep"],
+                                sub["etp"], sub["vpp"], sub["mbs"], sub["dp"], sub["edp"],
+                                sub["recompute"], sub["sp"], memory_options)
+            fits = np.nonzero(np.asarray(mem.total) <= hbm)[0]
+            if len(fits):
+                # fewest pipeline stages first, then the least recompute
+                best = min(fits, key=lambda j: (candidates[int(valid[j])].pp, int(j)))
+                found.append(candidates[int(valid[best])])
+        per_count.append(found)
+    # round-robin over GPU counts (largest tp first), so a small limit still spans the range
+    out: list[Layout] = []
+    depth = 0
+    while len(out) < limit and any(depth < len(f) for f in per_count):
+        for found in per_count:
+            if depth < len(found) and len(out) < limit:
+                out.append(found[depth])
+        depth += 1
+    return out
+
+
+# --- storage and study ---------------------------------------------------------------------
+
+
+def make_storage(url: str | None) -> Any:
+    """An optuna storage for ``url``: ``None`` in memory, a journal file, or an RDB URL."""
+    if url is None:
+        return optuna.storages.InMemoryStorage()
+    path: str | None = None
+    if url.startswith("journal:"):
+        path = url.removeprefix("journal:").removeprefix("//")
+    elif "://" not in url and url.endswith((".log", ".journal", ".jsonl")):
+        path = url
+    if path is not None:
+        if not path:
+            raise SpecError(f"--storage {url!r}: give a journal file path, e.g. journal:study.log")
+        backend = optuna.storages.journal.JournalFileBackend(str(Path(path)))
+        return optuna.storages.JournalStorage(backend)
+    if "://" not in url:
+        raise SpecError(f"--storage {url!r} is not a storage URL; use e.g. sqlite:///study.db, "
+                        "postgresql://user@host/db or journal:study.log")
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as error:  # sqlalchemy raises many kinds
+        raise SpecError(f"--storage {url!r}: cannot open the storage: "
+                        f"{str(error).splitlines()[0]}") from None
+
+
+def query_fingerprint(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                      sets: dict[str, tuple[Any, ...]]) -> str:
+    """A stable text naming what a study optimizes (model, setup, cluster, space)."""
+    document = {"model": repr(model), "training": repr(training), "cluster": repr(cluster),
+                "space": {k: list(v) for k, v in sets.items()}}
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def _sampler(name: str, seed: int | None, population_size: int) -> optuna.samplers.BaseSampler:
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(population_size=population_size, seed=seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                          n_startup_trials=population_size)
+    raise SpecError(f"optuna search: sampler must be one of {', '.join(SAMPLERS)}; got {name!r}")
+
+
+def _layout_from_params(params: dict[str, Any]) -> Layout:
+    return Layout(num_gpus=int(params["num_gpus"]), tp=int(params["tp"]), pp=int(params["pp"]),
+                  cp=int(params["cp"]), ep=int(params["ep"]), etp=int(params["etp"]),
+                  vpp=int(params["vpp"]), mbs=int(params["mbs"]), sp=bool(params["sp"]),
+                  recompute=str(params["recompute"]))  # type: ignore[arg-type]
+
+
+def _completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def _record(trial: optuna.trial.FrozenTrial) -> TrialRecord:
+    attrs = trial.user_attrs
+    return TrialRecord(number=trial.number, layout=_layout_from_params(trial.params),
+                       valid=bool(attrs.get("valid")), fits=bool(attrs.get("fits")),
+                       tokens_per_s=float(attrs.get("tokens_per_s", 0.0)))
+
+
+def run_study(*, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+              gpu_counts: Sequence[int], n_trials: int, seed: int | None = None,
+              storage: str | None = None, study_name: str | None = None,
+              sampler: str = "nsga2", population_size: int | None = None,
+              enqueue: bool = True, profile: EfficiencyProfile | None = None,
+              options: CostOptions | None = None,
+              on_trials: Callable[[int], None] | None = None,
+              stop_after: int | None = None) -> StudyOutcome:
+    """Run (or resume) the study until it holds ``n_trials`` completed trials.
+
+    ``on_trials(k)`` is called after each batch of ``k`` completed trials
+    (progress).  ``stop_after`` ends this run after that many new trials
+    (a controlled interruption, for tests and time-boxed workers).
+    """
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise SpecError(f"optuna search: n_trials must be a positive integer, got {n_trials!r}")
+    if not gpu_counts:
+        raise SpecError("optuna search: give at least one GPU count")
+    if sampler not in SAMPLERS:
+        raise SpecError(f"optuna search: sampler must be one of {', '.join(SAMPLERS)}; "
+                        f"got {sampler!r}")
+    pop = population_size or int(min(100, max(16, n_trials // 25)))
+    if pop < 2:
+        raise SpecError(f"optuna search: population_size must be >= 2, got {pop}")
+    sets = candidate_sets(model, training, gpu_counts)
+    fingerprint = query_fingerprint(model, training, cluster, sets)
+    name = study_name or f"parsearch-{model.name}-{fingerprint}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=make_storage(storage), study_name=name,
+                                directions=["maximize", "minimize"],
+                                sampler=_sampler(sampler, seed, pop), load_if_exists=True)
+    existing = study.get_trials(deepcopy=False)
+    stored = study.user_attrs.get(_QUERY_ATTR)
+    if stored is None and not existing:
+        study.set_user_attr(_QUERY_ATTR, fingerprint)
+    elif stored is not None and stored != fingerprint:
+        raise SpecError(f"study {name!r} in {storage} was created for another query (model, "
+                        "training setup, cluster or GPU range differ); use another "
+                        "--study-name or the original options")
+    scorer = _Scorer(model, training, cluster, profile, options,
+                     load_gpu_profile(cluster.gpu).hbm_bytes)
+    completed = _completed(study)
+    for trial in completed:  # warm the cache: a resumed run repeats no evaluation
+        if "cache_key" in trial.user_attrs:
+            scorer.cache[trial.user_attrs["cache_key"]] = {
+                k: trial.user_attrs[k] for k in _OUTCOME_KEYS}
+    enqueued = 0
+    if enqueue and not existing:
+        for lay in starting_layouts(model, training, cluster, sets, limit=max(1, n_trials // 4),
+                                    options=options):
+            study.enqueue_trial({a: getattr(lay, a) if a != "num_gpus" else lay.num_gpus
+                                 for a in AXES}, skip_if_exists=True)
+            enqueued += 1
+    before = len(completed)
+    run = 0
+    distributions = {a: optuna.distributions.CategoricalDistribution(sets[a]) for a in AXES}
+    while True:
+        done = len(_completed(study))
+        left = n_trials - done
+        if stop_after is not None:
+            left = min(left, stop_after - run)
+        if left <= 0:
+            break
+        batch = [study.ask(distributions) for _ in range(min(pop, left))]
+        told = 0
+        try:
+            layouts = [_layout_from_params(t.params) for t in batch]
+            outcomes = scorer.score(layouts)
+            for trial, lay, out in zip(batch, layouts, outcomes, strict=True):
+                trial.set_constraint("rules", out["rules"])
+                trial.set_constraint("memory", out["memory"])
+                trial.set_user_attr("cache_key", cache_key(lay))
+                for key in _OUTCOME_KEYS:
+                    trial.set_user_attr(key, out[key])
+                study.tell(trial, [out["tokens_per_s"], float(lay.num_gpus)])
+                told += 1
+        except BaseException:
+            for trial in batch[told:]:  # leave no trial RUNNING behind in a shared storage
+                with contextlib.suppress(Exception):
+                    study.tell(trial, state=TrialState.FAIL)
+            raise
+        run += len(layouts)
+        if on_trials is not None:
+            on_trials(len(layouts))
+    records = tuple(_record(t) for t in _completed(study))
+    return StudyOutcome(
+        study_name=name, storage=_redact(storage), n_trials=n_trials, records=records,
+        trials_before=before, trials_run=run, evaluations=scorer.evaluations,
+        cache_hits=scorer.cache_hits, enqueued=enqueued, candidate_sets=sets)
+
+
+def _redact(url: str | None) -> str:
+    """The storage URL without a password (it is printed and stored in reports)."""
+    if url is None:
+        return "memory"
+    if "://" in url and "@" in url.split("://", 1)[1]:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def trial_budget_for(total_layouts: int, fraction: float = 0.1) -> int:
+    """A default trial budget: ``fraction`` of the exhaustive count, 200..5000."""
+    return int(min(5000, max(200, math.ceil(total_layouts * fraction))))
+
+
+__all__ = [
+    "AXES",
+    "SAMPLERS",
+    "StudyOutcome",
+    "TrialRecord",
+    "cache_key",
+    "candidate_sets",
+    "make_storage",
+    "query_fingerprint",
+    "rule_violations",
+    "run_study",
+    "starting_layouts",
+    "trial_budget_for",
+]

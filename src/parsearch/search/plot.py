@@ -1,0 +1,211 @@
+"""Draw a throughput-against-GPU-count front: a PNG (matplotlib) or a self-contained HTML page.
+
+The HTML page is one file with an inline SVG chart (hover a point for its
+layout and numbers) and a table of the front with the launch settings; it
+loads nothing from the network.  Files are written atomically (a temporary
+file in the same folder, then a rename), so an interrupted run never leaves
+a half-written plot behind.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from parsearch.errors import SpecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from parsearch.search.api import ParetoPoint, ParetoResult
+
+PLOT_SUFFIXES: tuple[str, ...] = (".png", ".html", ".htm")
+
+
+def write_plot(result: ParetoResult, path: str | os.PathLike[str], *,
+               title: str | None = None) -> Path:
+    """Write the front of ``result`` to ``path`` (``.png`` or ``.html``); returns the path."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in PLOT_SUFFIXES:
+        raise SpecError(f"--plot {str(path)!r}: the file name must end in .png or .html")
+    if target.parent and not target.parent.exists():
+        raise SpecError(f"--plot {str(path)!r}: folder {str(target.parent)!r} does not exist")
+    title = title or _title(result)
+    if suffix == ".png":
+        data = _png_bytes(result, title)
+    else:
+        data = html_page(result, title).encode("utf-8")
+    _write_atomically(target, data)
+    return target
+
+
+def _title(result: ParetoResult) -> str:
+    q = result.query
+    return (f"{q['model']} on {q['cluster']}: throughput vs GPUs "
+            f"(batch {q['global_batch']} x {q['seq_len']} tokens, {result.method})")
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                               dir=str(target.parent or Path(".")))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _png_bytes(result: ParetoResult, title: str) -> bytes:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    points = result.points
+    front = result.front
+    if points:
+        ax.scatter([p.num_gpus for p in points], [p.tokens_per_s for p in points], s=14,
+                   color="#b0b0b0", label="best at each GPU count", zorder=2)
+    if front:
+        ax.plot([p.num_gpus for p in front], [p.tokens_per_s for p in front], "-o", ms=4,
+                color="#1f77b4", label="Pareto front", zorder=3)
+        eff = ax.twinx()
+        eff.plot([p.num_gpus for p in front], [100 * p.scaling_efficiency for p in front],
+                 "--", color="#d62728", lw=1, label="scaling efficiency")
+        eff.set_ylabel("scaling efficiency vs smallest point (%)", color="#d62728")
+        eff.set_ylim(0, max(105.0, 100 * max(p.scaling_efficiency for p in front) + 5))
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    if not points:
+        ax.text(0.5, 0.5, "no layout fits on any GPU count", transform=ax.transAxes,
+                ha="center")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _ticks(low: float, high: float, count: int = 6) -> list[float]:
+    if high <= low:
+        return [low]
+    raw = (high - low) / count
+    magnitude = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 1.0
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = (low // step) * step
+    ticks = []
+    value = first
+    while value <= high + 1e-9:
+        if value >= low - 1e-9:
+            ticks.append(value)
+        value += step
+    return ticks
+
+
+def _fmt(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if value >= 1e3:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.3g}"
+
+
+def _svg(points: Sequence[ParetoPoint], front: Sequence[ParetoPoint], width: int = 760,
+         height: int = 420) -> str:
+    left, right, top, bottom = 70, 20, 20, 50
+    if not points:
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="80">'
+                '<text x="10" y="40">no layout fits on any GPU count</text></svg>')
+    xs = [p.num_gpus for p in points]
+    ys = [p.tokens_per_s for p in points]
+    x_lo, x_hi = 0.0, max(xs) * 1.05
+    y_lo, y_hi = 0.0, max(ys) * 1.1
+
+    def sx(x: float) -> float:
+        return left + (x - x_lo) / (x_hi - x_lo) * (width - left - right)
+
+    def sy(y: float) -> float:
+        return height - bottom - (y - y_lo) / (y_hi - y_lo) * (height - top - bottom)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="11">']
+    for t in _ticks(x_lo, x_hi):
+        parts.append(f'<line x1="{sx(t):.1f}" y1="{top}" x2="{sx(t):.1f}" '
+                     f'y2="{height - bottom}" stroke="#eee"/>'
+                     f'<text x="{sx(t):.1f}" y="{height - bottom + 15}" '
+                     f'text-anchor="middle">{_fmt(t)}</text>')
+    for t in _ticks(y_lo, y_hi):
+        parts.append(f'<line x1="{left}" y1="{sy(t):.1f}" x2="{width - right}" '
+                     f'y2="{sy(t):.1f}" stroke="#eee"/>'
+                     f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" text-anchor="end">'
+                     f'{_fmt(t)}</text>')
+    parts.append(f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" '
+                 f'y2="{height - bottom}" stroke="#333"/>'
+                 f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" '
+                 'stroke="#333"/>'
+                 f'<text x="{(left + width - right) / 2}" y="{height - 12}" '
+                 'text-anchor="middle">GPUs</text>'
+                 f'<text x="16" y="{(top + height - bottom) / 2}" text-anchor="middle" '
+                 f'transform="rotate(-90 16 {(top + height - bottom) / 2})">tokens/s</text>')
+    if front:
+        line = " ".join(f"{sx(p.num_gpus):.1f},{sy(p.tokens_per_s):.1f}" for p in front)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" '
+                     'stroke-width="2"/>')
+    for p in points:
+        color = "#1f77b4" if p.on_front else "#b0b0b0"
+        tip = html.escape(
+            f"{p.num_gpus} GPUs: {p.tokens_per_s:,.0f} tokens/s, "
+            f"{p.estimate.tokens_per_s_per_gpu:,.0f}/GPU, MFU {100 * p.estimate.mfu:.1f}%, "
+            f"efficiency {100 * p.scaling_efficiency:.1f}%\n{p.layout.key()}\n"
+            f"bottleneck: {p.estimate.bottleneck}")
+        parts.append(f'<circle cx="{sx(p.num_gpus):.1f}" cy="{sy(p.tokens_per_s):.1f}" '
+                     f'r="{4 if p.on_front else 3}" fill="{color}"><title>{tip}</title>'
+                     '</circle>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def html_page(result: ParetoResult, title: str | None = None) -> str:
+    """The self-contained HTML page for ``result`` (inline SVG, no scripts from the network)."""
+    title = title or _title(result)
+    rows = []
+    for p in result.front:
+        e = p.estimate
+        launch = html.escape(" ".join(p.launch.bridge_overrides))
+        rows.append(
+            f"<tr><td>{p.num_gpus}</td><td>{p.launch.nodes}</td>"
+            f"<td>{e.tokens_per_s:,.0f}</td><td>{e.tokens_per_s_per_gpu:,.0f}</td>"
+            f"<td>{100 * e.mfu:.1f}%</td><td>{100 * p.scaling_efficiency:.1f}%</td>"
+            f"<td><code>{html.escape(p.layout.key())}</code></td>"
+            f"<td>{html.escape(e.bottleneck)}</td><td><code>{launch}</code></td></tr>")
+    summary = (f"method {html.escape(result.method)}; {result.considered:,} considered, "
+               f"{result.valid:,} valid, {result.feasible:,} feasible, "
+               f"{result.evaluations:,} evaluated; {result.elapsed_s:.1f} s")
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif;margin:20px}table{border-collapse:collapse;"
+        "font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}"
+        "td:nth-child(n+7){text-align:left}code{font-size:11px}</style></head><body>"
+        f"<h3>{html.escape(title)}</h3><p>{summary}</p>"
+        f"{_svg(result.points, result.front)}"
+        "<p>Blue: the Pareto front (more throughput than any smaller GPU count); grey: the "
+        "best layout at other GPU counts. Hover a point for its layout.</p>"
+        "<table><tr><th>GPUs</th><th>nodes</th><th>tokens/s</th><th>tokens/s/GPU</th>"
+        "<th>MFU</th><th>scaling eff.</th><th>layout</th><th>bottleneck</th>"
+        "<th>Megatron-Bridge overrides</th></tr>"
+        + "".join(rows) + "</table></body></html>\n")
+
+
+__all__ = ["PLOT_SUFFIXES", "html_page", "write_plot"]

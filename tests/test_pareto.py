@@ -1,0 +1,112 @@
+"""Non-dominated sorting, hypervolume, and the exhaustive front (the oracle)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsearch.errors import SpecError
+from parsearch.search import pareto_front, search_layouts
+from parsearch.search.pareto import dominates, hypervolume, pareto_front_indices, pareto_mask
+from parsearch.workload import ModelSpec, TrainingSpec
+
+points_2d = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), min_size=1, max_size=25)
+
+# A small model and setup that keep the search fast.
+TOY = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
+SETUP = TrainingSpec(seq_len=4096, global_batch=64, micro_batch_sizes=(1, 2),
+                     recompute_modes=("none", "full"))
+CLUSTER = "dgx-h100"
+
+
+@settings(max_examples=60, deadline=None)
+@given(points_2d)
+def test_mask_matches_brute_force(points: list[tuple[int, int]]) -> None:
+    values = np.array(points, dtype=float)
+    mask = pareto_mask(values, minimize=(True, False))
+    for i, p in enumerate(points):
+        dominated = any(dominates(q, p, minimize=(True, False)) for q in points)
+        duplicate_before = any(points[j] == p for j in range(i))
+        assert mask[i] == (not dominated and not duplicate_before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(points_2d)
+def test_hypervolume_matches_unit_cell_count(points: list[tuple[int, int]]) -> None:
+    values = np.array(points, dtype=float)
+    ref = (21.0, 0.0)
+    cells = sum(
+        1 for x, y in itertools.product(range(1, 21), range(0, 20))
+        if any(px <= x and py >= y + 1 for px, py in points)
+    )
+    assert hypervolume(values, reference=ref, minimize=(True, False)) == pytest.approx(cells)
+
+
+def test_front_indices_sorted_and_errors() -> None:
+    values = np.array([[16, 3.0], [8, 2.0], [16, 1.0]])
+    assert pareto_front_indices(values, minimize=(True, False)).tolist() == [1, 0]
+    with pytest.raises(SpecError, match=r"\(n, 2\)"):
+        pareto_mask(np.zeros((3, 3)))
+    assert hypervolume(np.array([[30.0, 1.0]]), reference=(20.0, 0.0),
+                       minimize=(True, False)) == 0.0
+
+
+@pytest.fixture(scope="module")
+def exact():  # type: ignore[no-untyped-def]
+    return pareto_front(model=TOY, training=SETUP, cluster=CLUSTER, max_gpus=48,
+                        method="exhaustive")
+
+
+def test_exhaustive_front_is_non_dominated(exact) -> None:  # type: ignore[no-untyped-def]
+    front = exact.front
+    assert front, "the toy model fits somewhere"
+    assert [p.num_gpus for p in front] == sorted(p.num_gpus for p in front)
+    for a, b in itertools.permutations(front, 2):
+        assert not dominates((a.num_gpus, a.tokens_per_s), (b.num_gpus, b.tokens_per_s),
+                             minimize=(True, False))
+    # throughput strictly increases along the front
+    tokens = [p.tokens_per_s for p in front]
+    assert all(x < y for x, y in itertools.pairwise(tokens))
+    # every point off the front is dominated by a front point
+    for p in exact.points:
+        if not p.on_front:
+            assert any(dominates((f.num_gpus, f.tokens_per_s), (p.num_gpus, p.tokens_per_s),
+                                 minimize=(True, False)) for f in front)
+
+
+def test_exhaustive_front_has_best_layout_at_every_gpu_count(exact) -> None:  # type: ignore[no-untyped-def]
+    assert exact.gpu_counts == (8, 16, 24, 32, 40, 48)
+    by_count = {p.num_gpus: p for p in exact.points}
+    for n in exact.gpu_counts:
+        result = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=n, top=1)
+        if result.best is None:
+            assert n not in by_count
+            continue
+        assert by_count[n].layout == result.best.layout
+        assert by_count[n].tokens_per_s == pytest.approx(result.best.estimate.tokens_per_s)
+
+
+def test_scaling_efficiency_against_smallest_point(exact) -> None:  # type: ignore[no-untyped-def]
+    base = exact.front[0]
+    assert base.scaling_efficiency == pytest.approx(1.0)
+    for p in exact.front:
+        expected = (p.tokens_per_s / p.num_gpus) / (base.tokens_per_s / base.num_gpus)
+        assert p.scaling_efficiency == pytest.approx(expected)
+        assert p.speedup == pytest.approx(p.tokens_per_s / base.tokens_per_s)
+
+
+def test_pareto_result_dict_and_argument_checks(exact) -> None:  # type: ignore[no-untyped-def]
+    doc = exact.to_dict()
+    assert doc["method"] == "exhaustive"
+    assert [f["num_gpus"] for f in doc["front"]] == sorted(f["num_gpus"] for f in doc["front"])
+    for entry in doc["front"]:
+        assert {"num_gpus", "tokens_per_s", "layout", "scaling_efficiency"} <= entry.keys()
+    assert doc["considered"] >= doc["valid"] >= doc["feasible"] > 0
+    with pytest.raises(SpecError, match="--max-gpus 4 is below --min-gpus 8"):
+        pareto_front(model=TOY, training=SETUP, cluster=CLUSTER, max_gpus=4)
+    with pytest.raises(SpecError, match="--method must be one of"):
+        pareto_front(model=TOY, training=SETUP, cluster=CLUSTER, max_gpus=8, method="grid")

@@ -1,0 +1,88 @@
+"""``parsearch search`` and ``parsearch pareto`` against the CLI contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli_helpers import assert_one_line_error, run_cli
+
+COMMON = ("--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "64",
+          "--seq-len", "4096", "--micro-batch-sizes", "1", "--recompute", "selective")
+LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "etp", "vpp", "dp", "edp", "mbs", "sp", "recompute",
+               "min_gpus"}
+
+
+def test_search_json_contract() -> None:
+    result = run_cli("search", *COMMON, "--gpus", "16", "--top", "3", "--format", "json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert {"query", "considered", "valid", "feasible", "results"} <= doc.keys()
+    assert doc["considered"] >= doc["valid"] >= doc["feasible"] > 0
+    assert len(doc["results"]) == 3
+    tokens = [r["tokens_per_s"] for r in doc["results"]]
+    assert tokens == sorted(tokens, reverse=True)
+    first = doc["results"][0]
+    assert set(first["layout"]) == LAYOUT_KEYS
+    assert {"weights", "gradients", "optimizer", "activations", "other", "total",
+            "capacity"} == set(first["memory_gib_per_gpu"])
+    assert {"compute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble", "dp_comm",
+            "optimizer"} == set(first["time_s"])
+    assert first["launch"]["nodes"] == 2 and first["bottleneck"] in first["time_s"]
+    assert "feasible" in result.err  # the summary goes to stderr
+
+
+def test_search_table_with_launch_and_diverse() -> None:
+    result = run_cli("search", *COMMON, "--gpus", "8", "--top", "4", "--diverse", "--launch")
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].split()[:3] == ["#", "tp", "pp"]
+    assert "Megatron-Bridge: model.tensor_model_parallel_size=" in result.out
+    assert "Megatron-LM:     --tensor-model-parallel-size" in result.out
+
+
+def test_search_errors_are_one_line() -> None:
+    assert_one_line_error(run_cli("search", *COMMON, "--gpus", "1", "--seq-len", "131072"),
+                          "fits in memory", "GiB per GPU")
+    assert_one_line_error(run_cli("search", *COMMON, "--gpus", "8", "--top", "0"), "--top")
+
+
+def test_pareto_json_and_plots(tmp_path: Path) -> None:
+    png, page = tmp_path / "front.png", tmp_path / "front.html"
+    result = run_cli("pareto", *COMMON, "--max-gpus", "32", "--format", "json",
+                     "--plot", str(png))
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["method"] == "exhaustive"
+    gpus = [p["num_gpus"] for p in doc["front"]]
+    assert gpus == sorted(gpus) and gpus[0] == 8
+    for point in doc["front"]:
+        assert {"num_gpus", "tokens_per_s", "layout", "scaling_efficiency"} <= point.keys()
+        assert set(point["layout"]) == LAYOUT_KEYS
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = run_cli("pareto", *COMMON, "--max-gpus", "32", "--plot", str(page))
+    assert table.code == 0, table.err
+    assert table.out.splitlines()[0].split()[:3] == ["gpus", "nodes", "tokens/s"]
+    text = page.read_text()
+    assert "<svg" in text and "http://" not in text.replace("http://www.w3.org/2000/svg", "")
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_pareto_optuna_in_memory() -> None:
+    result = run_cli("pareto", *COMMON, "--max-gpus", "32", "--method", "optuna",
+                     "--n-trials", "60", "--seed", "0", "--format", "json")
+    assert result.code == 0, result.err
+    doc = json.loads(result.out)
+    assert doc["method"] == "optuna" and doc["study"]["trials_completed"] == 60
+    assert doc["front"]
+
+
+def test_pareto_errors_are_one_line(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("pareto", *COMMON, "--max-gpus", "32", "--plot",
+                                  str(tmp_path / "front.pdf")), ".png or .html")
+    assert_one_line_error(run_cli("pareto", *COMMON, "--max-gpus", "4"), "--min-gpus")
+    assert_one_line_error(run_cli("pareto", *COMMON, "--max-gpus", "16", "--method",
+                                  "exhaustive", "--storage", "sqlite:///x.db"),
+                          "--method optuna")
+    assert_one_line_error(run_cli("pareto", *COMMON, "--max-gpus", "16", "--method", "optuna",
+                                  "--storage", "nowhere"), "storage")
