@@ -201,16 +201,26 @@ def memory_saving_candidates(run: PublishedRun) -> list[tuple[TrainingSpec, Layo
     return out
 
 
-def _best_reading(run: PublishedRun, fabric: Fabric,
-                  options: CostOptions) -> tuple[Estimate, str]:
-    """Estimate under the first memory-saving reading that fits (else the stated one)."""
-    first: tuple[Estimate, str] | None = None
+@dataclass(frozen=True)
+class Reading:
+    """How a run is read: its training setup and layout (with any assumed savings)."""
+
+    training: TrainingSpec
+    layout: Layout
+    note: str
+    estimate: Estimate
+
+
+def best_reading(run: PublishedRun, fabric: Fabric, options: CostOptions) -> Reading:
+    """The first memory-saving reading that fits (else the stated one), with its estimate."""
+    first: Reading | None = None
     for training, layout, note in memory_saving_candidates(run):
         est = estimate(_cost_model(run, fabric, options, training), layout)
+        reading = Reading(training, layout, note, est)
         if first is None:
-            first = (est, note)
+            first = reading
         if est.fits:
-            return est, note
+            return reading
     assert first is not None
     return first
 
@@ -253,7 +263,8 @@ def validate_runs(
             continue
         try:
             fabric = _fabric(fabrics, run.cluster, run.num_gpus)
-            est, assumed = _best_reading(run, fabric, options)
+            reading = best_reading(run, fabric, options)
+            est, assumed = reading.estimate, reading.note
         except ParsearchError as error:
             skipped.append((run.id, f"cannot score: {error}"))
             continue

@@ -211,7 +211,11 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], links: _Links,
     expert_call = flops.routed_expert_flops / (2.0 * local_experts)
     t_routed = imbalance * flops.routed_expert_flops / (
         peak * _gemm_efficiency(profile, precision, expert_call) * profile.grouped_gemm_factor)
-    t_core = flops.core_attention_flops / (peak_bf16 * profile.attention_efficiency)
+    # Flash attention reaches less of the peak on short blocks; with CP each rank works
+    # on blocks of s/cp tokens (the ring of Megatron-Core's p2p context parallelism).
+    block = s / cp
+    attention_eff = profile.attention_efficiency * block / (block + profile.attention_half_block)
+    t_core = flops.core_attention_flops / (peak_bf16 * attention_eff)
     # The output layer stays BF16 by default (MCORE transformer_config fp8_output_proj).
     t_logits = flops.logits_flops / (
         peak_bf16 * _gemm_efficiency(profile, "bf16", flops.logits_flops))

@@ -31,7 +31,11 @@ class EfficiencyProfile:
       (a smooth form of Calculon's size-stepped matrix efficiency);
     * ``grouped_gemm_factor``: MoE grouped GEMMs relative to a dense GEMM of
       the same size;
-    * ``attention_efficiency``: fused (flash) attention, fraction of the BF16 peak;
+    * ``attention_efficiency``: fused (flash) attention, fraction of the BF16 peak,
+      for long blocks;
+    * ``attention_half_block``: the query/key block length (tokens) at which the
+      attention kernel reaches half of that: a rank's block is ``s / cp``
+      (context parallelism runs the ring over blocks of the local chunk);
     * ``elementwise_bytes_per_hidden``: HBM bytes per token per layer per
       hidden unit moved by non-GEMM kernels (norms, residuals, activations,
       RoPE, casts), forward + backward;
@@ -55,6 +59,7 @@ class EfficiencyProfile:
     gemm_half_flops: float
     grouped_gemm_factor: float
     attention_efficiency: float
+    attention_half_block: float
     elementwise_bytes_per_hidden: float
     moe_bytes_per_hidden: float
     quantize_bytes_per_hidden: float
