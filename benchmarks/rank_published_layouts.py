@@ -1,0 +1,41 @@
+"""Issue 5 target: where do the published layouts rank in parsearch's search?
+
+For each (model, GPU, GPU count, global batch) group of the verified published runs, run
+the exhaustive search for that job and report the rank of the experts' layout (the best
+measured one of the group): among shapes (the diverse list) and exactly.  Target: at least
+60% of groups have the published shape in the top 10.  Takes about a minute.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+from parsearch.published_runs import load_published_runs
+from parsearch.ranking import rank_published_layouts
+
+TARGET = 0.60
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    report = rank_published_layouts(load_published_runs())
+    for g in report.groups:
+        print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
+              f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "
+              f"exact {_r(g.exact_rank):>6}/{g.feasible:<7} best {g.best}")
+    summary = report.to_dict()["summary"]
+    share = summary["shape_top10"]
+    status = "PASS" if share >= TARGET else "FAIL"
+    print(f"{status} {summary['groups']} groups: published shape in top 1 / 5 / 10: "
+          f"{summary['shape_top1']:.0%} / {summary['shape_top5']:.0%} / {share:.0%} "
+          f"(target >= {TARGET:.0%}); exact layout in top 10: {summary['exact_top10']:.0%}")
+    return 0 if share >= TARGET else 1
+
+
+def _r(rank: int | None) -> str:
+    return "-" if rank is None else str(rank)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
