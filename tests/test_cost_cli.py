@@ -96,3 +96,14 @@ def test_validate_json_contract_and_summary() -> None:
 
 def test_validate_rejects_a_missing_data_file(tmp_path) -> None:
     assert_one_line_error(run_cli("validate", "--data", str(tmp_path / "none.csv")), "none.csv")
+
+
+def test_memory_margin_turns_a_tight_layout_infeasible() -> None:
+    argv = (*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision", "fp8",
+            "--format", "json")
+    tight = json.loads(run_cli(*argv).out)
+    used = tight["memory_gib_per_gpu"]["total"] / tight["memory_gib_per_gpu"]["capacity"]
+    assert tight["fits"] and used > 0.8
+    strict = json.loads(run_cli(*argv, "--memory-margin", "0.2").out)
+    assert not strict["fits"]
+    assert strict["memory_gib_per_gpu"] == tight["memory_gib_per_gpu"]

@@ -142,6 +142,9 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-dispatcher", choices=("flex", "alltoall"), default="flex",
                        help="flex (default): DeepEP/HybridEP, one network copy per remote "
                        "domain; alltoall: one copy per expert (Megatron-Core default)")
+    group.add_argument("--memory-margin", type=_fraction, default=0.0, metavar="F",
+                       help="share of GPU memory a layout must leave free to count as "
+                       "fitting, e.g. 0.05 (default 0)")
     group.add_argument("--fp8-param-gather", action="store_true",
                        help="FP8 primary weights: no BF16 weight copy, FP8 parameter all-gather")
 
@@ -202,6 +205,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         moe_imbalance=args.moe_imbalance,
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher,
+        memory_margin=args.memory_margin,
         param_gather_bytes=1.0 if args.fp8_param_gather else 2.0,
         memory=MemoryOptions(fp8_param_gather=args.fp8_param_gather,
                              moe_imbalance=args.moe_imbalance or 1.0),

@@ -42,6 +42,7 @@ from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.cost.schedule import pipeline_time
 from parsearch.cost.stages import StageContent, stage_contents
 from parsearch.errors import SpecError
+from parsearch.hardware import GpuProfile
 from parsearch.layout import Layout
 from parsearch.params import parameter_counts
 from parsearch.placement import group_strides
@@ -74,9 +75,16 @@ class CostOptions:
     (formulas.md §7.5/§7.7).  ``moe_dispatcher`` is ``"flex"`` (DeepEP/HybridEP:
     one network copy per remote domain, what NVIDIA's MoE recipes run) or
     ``"alltoall"`` (Megatron-Core's default: one copy per expert).
+    ``memory_margin`` is the share of HBM a layout must leave free to count as
+    fitting (allocator fragmentation and buffers not modelled; default 0).
     """
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.memory_margin < 1.0:
+            raise SpecError(
+                f"memory_margin must be in [0, 1): the share of HBM kept free, got "
+                f"{self.memory_margin!r}"
+            )
         if self.moe_dispatcher not in ("flex", "alltoall"):
             raise SpecError(
                 f"moe_dispatcher must be flex or alltoall, got {self.moe_dispatcher!r}"
@@ -91,6 +99,7 @@ class CostOptions:
     param_gather_bytes: float = 2.0
     fp8_dispatch: bool = False
     moe_dispatcher: str = "flex"
+    memory_margin: float = 0.0
     memory: MemoryOptions = field(default_factory=MemoryOptions)
 
     def resolved(self, profile: EfficiencyProfile) -> CostOptions:
@@ -137,6 +146,12 @@ def build_cost_model(
     if training.precision == "bf16" and options.memory.fp8_param_gather:
         raise SpecError("fp8 parameter gather needs --precision fp8 or fp4")
     return CostModel(model, training, fabric, profile, options)
+
+
+def usable_memory_bytes(gpu: GpuProfile, options: CostOptions | None) -> float:
+    """HBM a layout may fill: capacity less the requested safety margin."""
+    margin = options.memory_margin if options is not None else 0.0
+    return gpu.hbm_bytes * (1.0 - margin)
 
 
 # --- unit prices -------------------------------------------------------------------------
@@ -378,7 +393,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
         tokens_per_s_per_gpu=tokens_per_s / fabric.num_gpus,
         model_tflops_per_gpu=model_flops / 1e12,
         mfu=model_flops / fabric.gpu.peak_flops["bf16"],
-        fits=out["mem_total"] <= capacity if with_memory else np.ones(n, dtype=bool),
+        fits=(out["mem_total"] <= usable_memory_bytes(fabric.gpu, cm.options)
+              if with_memory else np.ones(n, dtype=bool)),
         capacity_bytes=np.full(n, capacity),
         slowest_stage=slowest_stage,
         peak_memory_stage=peak_stage,

@@ -27,7 +27,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parsearch.cost.analytic import GIB, CostOptions, Estimate, build_cost_model, estimate
+from parsearch.cost.analytic import (
+    GIB,
+    CostOptions,
+    Estimate,
+    build_cost_model,
+    estimate,
+    usable_memory_bytes,
+)
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
@@ -375,7 +382,7 @@ def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: Cluster
                       counts: tuple[int, ...], profile: EfficiencyProfile | None,
                       options: CostOptions | None, progress: bool,
                       ) -> tuple[dict[int, Estimate], int, int, int]:
-    hbm = load_gpu_profile(cluster.gpu).hbm_bytes
+    hbm = usable_memory_bytes(load_gpu_profile(cluster.gpu), options)
     memory = (options or CostOptions()).memory
     best: dict[int, Estimate] = {}
     considered = valid = feasible = 0

@@ -24,7 +24,13 @@ from math import prod
 import numpy as np
 
 from parsearch.constraints import rule_context
-from parsearch.cost.analytic import CostModel, Estimate, estimate_from_row, score_columns
+from parsearch.cost.analytic import (
+    CostModel,
+    Estimate,
+    estimate_from_row,
+    score_columns,
+    usable_memory_bytes,
+)
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
 from parsearch.space import AXIS_ORDER, LayoutTable, axis_candidates
@@ -115,7 +121,7 @@ def scan_table(cm: CostModel, table: LayoutTable, *, considered: int | None = No
     rows_out: list[np.ndarray] = []
     tokens_out: list[np.ndarray] = []
     memory_out: list[np.ndarray] = []
-    hbm = cm.fabric.gpu.hbm_bytes
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
     for start in range(0, len(table), chunk_rows):
         stop = min(start + chunk_rows, len(table))
         chunk = {k: v[start:stop] for k, v in table.columns.items()}

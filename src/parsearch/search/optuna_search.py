@@ -44,7 +44,13 @@ import optuna
 from optuna.trial import TrialState
 
 from parsearch.constraints import RECOMPUTE_CODES, RULES, derive_columns, rule_context
-from parsearch.cost.analytic import CostModel, CostOptions, build_cost_model, score_columns
+from parsearch.cost.analytic import (
+    CostModel,
+    CostOptions,
+    build_cost_model,
+    score_columns,
+    usable_memory_bytes,
+)
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.memory import memory_arrays
 from parsearch.errors import SpecError
@@ -272,7 +278,7 @@ def starting_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     if limit < 1 or not counts:
         return []
     domain = cluster.job_domain_size
-    hbm = load_gpu_profile(cluster.gpu).hbm_bytes
+    hbm = usable_memory_bytes(load_gpu_profile(cluster.gpu), options)
     memory_options = (options or CostOptions()).memory
     mbs = min(sets["mbs"])
     modes = [m for m in ("none", "selective", "full") if m in sets["recompute"]]
@@ -422,7 +428,7 @@ def run_study(*, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                         "training setup, cluster or GPU range differ); use another "
                         "--study-name or the original options")
     scorer = _Scorer(model, training, cluster, profile, options,
-                     load_gpu_profile(cluster.gpu).hbm_bytes)
+                     usable_memory_bytes(load_gpu_profile(cluster.gpu), options))
     completed = _completed(study)
     for trial in completed:  # warm the cache: a resumed run repeats no evaluation
         if "cache_key" in trial.user_attrs:
