@@ -23,14 +23,20 @@ def main() -> int:
     for g in report.groups:
         print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
               f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "
-              f"exact {_r(g.exact_rank):>6}/{g.feasible:<7} best {g.best}")
+              f"exact {_r(g.exact_rank):>6}/{g.feasible:<7} gap {_pct(g.gap):>6} best {g.best}")
     summary = report.to_dict()["summary"]
     share = summary["shape_top10"]
     status = "PASS" if share >= TARGET else "FAIL"
     print(f"{status} {summary['groups']} groups: published shape in top 1 / 5 / 10: "
           f"{summary['shape_top1']:.0%} / {summary['shape_top5']:.0%} / {share:.0%} "
-          f"(target >= {TARGET:.0%}); exact layout in top 10: {summary['exact_top10']:.0%}")
+          f"(target >= {TARGET:.0%}); exact layout in top 10: {summary['exact_top10']:.0%}; "
+          f"median predicted gap of the published shape to the best: "
+          f"{_pct(summary['median_gap'])}")
     return 0 if share >= TARGET else 1
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _r(rank: int | None) -> str:

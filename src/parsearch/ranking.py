@@ -55,6 +55,7 @@ class GroupRank:
     shapes: int
     feasible: int
     best: str
+    gap: float | None  # 1 - predicted(published shape's best) / predicted(best); None if absent
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -71,6 +72,12 @@ class RankingReport:
         ranks = [g.exact_rank if exact else g.shape_rank for g in self.groups]
         return sum(1 for r in ranks if r is not None and r <= k) / len(ranks)
 
+    @property
+    def median_gap(self) -> float:
+        """Median predicted shortfall of the published shape behind parsearch's best."""
+        gaps = [g.gap for g in self.groups if g.gap is not None]
+        return float(np.median(gaps)) if gaps else float("nan")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "groups": [g.to_dict() for g in self.groups],
@@ -80,6 +87,7 @@ class RankingReport:
                 "shape_top5": self.share_in_top(5),
                 "shape_top10": self.share_in_top(10),
                 "exact_top10": self.share_in_top(10, exact=True),
+                "median_gap": self.median_gap,
             },
         }
 
@@ -115,10 +123,14 @@ def rank_group(run: PublishedRun, options: CostOptions) -> GroupRank:
         shape_match &= cols[axis][diverse_rows] == published[axis]
     shape = int(np.argmax(shape_match)) + 1 if shape_match.any() else None
     best = table.layout(int(rows[0])).key() if len(rows) else "-"
+    gap = None
+    if shape is not None:
+        tokens = scan.tokens_per_s
+        gap = float(1.0 - tokens[diverse[shape - 1]] / tokens[diverse[0]])
     return GroupRank(
         model=run.model, gpu=run.gpu, num_gpus=run.num_gpus, global_batch=run.global_batch,
         run_id=run.id, published=run.layout.key(), shape_rank=shape, exact_rank=exact,
-        shapes=len(np.unique(codes)), feasible=scan.feasible, best=best,
+        shapes=len(np.unique(codes)), feasible=scan.feasible, best=best, gap=gap,
     )
 
 

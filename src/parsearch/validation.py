@@ -149,8 +149,12 @@ def source_options(run: PublishedRun, base: CostOptions) -> CostOptions:
     NVIDIA's Megatron-Bridge performance recipes reduce gradients in BF16
     (``grad_reduce_in_fp32=False`` in their perf configs) and, for FP8/FP4
     recipes on Blackwell, gather FP8 primary weights; the papers (NAR21, KOR22,
-    Folding) used Megatron's fp32 gradient reduction.
+    Folding) used Megatron's fp32 gradient reduction, and the Folding paper
+    Megatron-Core's all-to-all token dispatcher (no DeepEP deduplication).
     """
+    if run.source_tag == "FOLD":
+        # The Folding paper measured Megatron-Core's all-to-all token dispatcher.
+        return replace(base, moe_dispatcher="alltoall")
     if run.source_tag != "MBRIDGE":
         return base
     memory = base.memory
