@@ -268,7 +268,11 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], links: _Links,
     else:
         blocks = 0.0
     tp_time = blocks * per_block * reduce_scatter_time(links.tp, tp_bytes)
-    tp_exposed = tp_time * np.where(sp, 1.0 - float(opt.tp_overlap or 0.0), 1.0)
+    # TP overlap (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) needs
+    # sequence parallelism and runs over NVLink only: a TP group that crosses NVLink
+    # domains pays its collectives in full.
+    tp_in_domain = np.asarray(links.tp.members_per_domain) >= np.asarray(links.tp.size)
+    tp_exposed = tp_time * np.where(sp & tp_in_domain, 1.0 - float(opt.tp_overlap or 0.0), 1.0)
 
     # CP (formulas.md §7.3, p2p ring): ~3(c-1) transfers of this rank's K/V chunk per layer,
     # hidden behind the attention compute of the same layer when it is long enough.
