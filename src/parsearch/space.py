@@ -233,6 +233,8 @@ def explain_empty_space(
 
     step = next(s for s in steps if s.rows_out == 0)
     binding = [rule_id for rule_id, count in step.removed_by.items() if count]
+    if "R10" in binding:  # rows R9 removes (m not a multiple of pp) break R10 as well
+        binding = ["R10"]
     names = ", ".join(f"{rid} ({RULES_BY_ID[rid].name})" for rid in binding)
     where = f"model {model.name} on {num_gpus} GPUs"
     if "R10" in binding:
