@@ -40,7 +40,7 @@ from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token, stage_flops_core
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.cost.schedule import pipeline_time
-from parsearch.cost.stages import StageContent, stage_contents
+from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.hardware import GpuProfile
 from parsearch.layout import Layout
@@ -368,12 +368,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
 
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)
-    pairs = np.stack([cols["pp"], cols["vpp"]], axis=1)
-    groups, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    for g, (pp, vpp) in enumerate(groups):
-        idx = np.nonzero(inverse == g)[0]
-        feats = _stage_features(model, int(pp), int(vpp), training.pipeline_split)
+    for pp, vpp, idx in rows_by_split(cols["pp"], cols["vpp"]):
+        feats = _stage_features(model, pp, vpp, training.pipeline_split)
         _score_group(cm, cols, idx, feats, prices, params, pp_time, links, out, slowest_stage)
     step = sum(out[f"time_{k}"] for k in TIME_KEYS)
     tokens = float(training.global_batch * training.seq_len)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.stages import StageContent, stage_contents
+from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
 from parsearch.layout import Layout
 from parsearch.params import mlp_matrix_factor
 from parsearch.workload import ModelSpec, TrainingSpec
@@ -513,10 +513,7 @@ def stage_flops_arrays(
     n = tp_a.size
     out = {name: np.zeros(n) for name in _FLOPS_FIELDS}
     stage = np.zeros(n, dtype=np.int64)
-    pairs = np.stack([pp_a, vpp_a], axis=1).astype(np.int64)
-    groups, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    for g, (pp_g, vpp_g) in enumerate(groups):
-        idx = np.nonzero(np.ravel(inverse) == g)[0]
+    for pp_g, vpp_g, idx in rows_by_split(pp_a, vpp_a):
         best = np.full(idx.size, -np.inf)
         for content in stage_contents(model, int(pp_g), int(vpp_g), training.pipeline_split):
             result = stage_flops_core(

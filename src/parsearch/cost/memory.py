@@ -30,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 
 from parsearch.cost.flops import RECOMPUTE_CODES
-from parsearch.cost.stages import StageContent, stage_contents
+from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.params import ParameterCounts, parameter_counts
@@ -679,10 +679,7 @@ def memory_arrays(
     out = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer",
                                           "activations", "other", "total")}
     peak_stage = np.zeros(n, dtype=np.int64)
-    pairs = np.stack([pp_a, vpp_a], axis=1).astype(np.int64)
-    groups, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    for g, (pp_g, vpp_g) in enumerate(groups):
-        idx = np.nonzero(np.ravel(inverse) == g)[0]
+    for pp_g, vpp_g, idx in rows_by_split(pp_a, vpp_a):
         best_total = np.full(idx.size, -np.inf)
         for content in stage_contents(model, int(pp_g), int(vpp_g), training.pipeline_split):
             b = stage_memory_core(

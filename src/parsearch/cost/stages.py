@@ -27,8 +27,11 @@ memoised so a vectorised scorer computes it once per distinct ``(pp, vpp)``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 from parsearch.errors import SpecError
 from parsearch.workload import PIPELINE_SPLITS, ModelSpec, require_choice
@@ -187,3 +190,24 @@ def stage_contents(
             )
         )
     return tuple(result)
+
+
+def rows_by_split(pp: np.ndarray, vpp: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:
+    """``(pp, vpp, row indices)`` for each distinct pipeline split among many layouts.
+
+    Vectorized scorers price a whole column of layouts at once, but the stage
+    contents depend on ``(pp, vpp)``; this groups the rows so each split's
+    stages are built once.
+
+    >>> [(p, v, rows.tolist()) for p, v, rows in rows_by_split(np.array([2, 1, 2]),
+    ...                                                       np.array([1, 1, 1]))]
+    [(1, 1, [1]), (2, 1, [0, 2])]
+    """
+    pairs = np.stack([np.ravel(pp), np.ravel(vpp)], axis=1).astype(np.int64)
+    groups, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    inverse = np.ravel(inverse)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(groups) + 1))
+    for g, (pp_g, vpp_g) in enumerate(groups):
+        yield int(pp_g), int(vpp_g), order[bounds[g]:bounds[g + 1]]
+
