@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
+from parsearch.cost.stages import StageContent, stage_contents
 from parsearch.layout import Layout
 from parsearch.params import mlp_matrix_factor
 from parsearch.workload import ModelSpec, TrainingSpec
@@ -464,71 +464,3 @@ def all_stage_flops(
     """:func:`stage_flops` for every pipeline rank of ``layout``."""
     contents = stage_contents(model, layout.pp, layout.vpp, training.pipeline_split)
     return tuple(stage_flops(model, training, layout, c, causal) for c in contents)
-
-
-@dataclass(frozen=True)
-class StageFlopsArrays:
-    """Vectorised per-micro-batch forward FLOPs of each layout's busiest stage.
-
-    The busiest stage is the one with the largest :attr:`StageFlops.total_flops`
-    (first on ties); ``stage`` is its pipeline rank.
-    """
-
-    dense_gemm_flops: np.ndarray
-    routed_expert_flops: np.ndarray
-    core_attention_flops: np.ndarray
-    logits_flops: np.ndarray
-    recompute_flops: np.ndarray
-    stage: np.ndarray
-
-
-_FLOPS_FIELDS = (
-    "dense_gemm_flops",
-    "routed_expert_flops",
-    "core_attention_flops",
-    "logits_flops",
-    "recompute_flops",
-)
-
-
-def stage_flops_arrays(
-    model: ModelSpec,
-    training: TrainingSpec,
-    *,
-    tp: Num,
-    cp: Num,
-    pp: Num,
-    ep: Num,
-    etp: Num,
-    vpp: Num,
-    mbs: Num,
-    recompute_code: Num,
-    causal: bool = True,
-) -> StageFlopsArrays:
-    """:func:`stage_flops_core` of the busiest stage of many layouts, grouped by ``(pp, vpp)``."""
-    arrays = np.broadcast_arrays(
-        *(np.asarray(x) for x in (tp, cp, pp, ep, etp, vpp, mbs, recompute_code))
-    )
-    tp_a, cp_a, pp_a, ep_a, etp_a, vpp_a, mbs_a, code_a = (np.ravel(a) for a in arrays)
-    n = tp_a.size
-    out = {name: np.zeros(n) for name in _FLOPS_FIELDS}
-    stage = np.zeros(n, dtype=np.int64)
-    for pp_g, vpp_g, idx in rows_by_split(pp_a, vpp_a):
-        best = np.full(idx.size, -np.inf)
-        for content in stage_contents(model, int(pp_g), int(vpp_g), training.pipeline_split):
-            result = stage_flops_core(
-                model, training.seq_len, content,
-                tp=tp_a[idx], cp=cp_a[idx], ep=ep_a[idx], etp=etp_a[idx], mbs=mbs_a[idx],
-                recompute_code=code_a[idx], causal=causal,
-            )
-            total = np.asarray(result.total_flops)
-            better = total > best
-            for name in _FLOPS_FIELDS:
-                out[name][idx[better]] = np.broadcast_to(getattr(result, name), idx.shape)[better]
-            stage[idx[better]] = content.rank
-            best = np.where(better, total, best)
-    shape = arrays[0].shape
-    return StageFlopsArrays(
-        **{name: value.reshape(shape) for name, value in out.items()},
-        stage=stage.reshape(shape),
-    )
