@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.flops import (
-    RECOMPUTE_CODES,
     all_stage_flops,
     hardware_flops_per_token,
     korthikanti_model_flops_per_iteration,
@@ -24,7 +23,7 @@ from parsearch.cost.flops import (
 from parsearch.cost.stages import StageContent, stage_contents
 from parsearch.layout import Layout
 from parsearch.presets import get_preset
-from parsearch.workload import MlaSpec, ModelSpec, MoeSpec, TrainingSpec
+from parsearch.workload import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec
 
 REL = 1e-12
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.flops import RECOMPUTE_CODES
 from parsearch.cost.memory import (
     GIB,
     MemoryOptions,
@@ -24,7 +23,7 @@ from parsearch.cost.memory import (
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.presets import get_preset
-from parsearch.workload import MlaSpec, ModelSpec, MoeSpec, TrainingSpec
+from parsearch.workload import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec
 
 KOR = MemoryOptions(activation_model="korthikanti")
 

@@ -22,11 +22,10 @@ import numpy as np
 
 from parsearch.errors import Violation
 from parsearch.layout import Layout
-from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec
+from parsearch.workload import RECOMPUTE_CODES, RECOMPUTE_MODES, ModelSpec, TrainingSpec
 
 Columns = Mapping[str, np.ndarray]
 
-RECOMPUTE_CODES: dict[str, int] = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
 
 
 @dataclass(frozen=True)

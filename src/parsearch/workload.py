@@ -21,6 +21,8 @@ PipelineSplit = Literal["even", "uneven"]
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+#: Integer code of each recompute mode in numpy columns of layouts.
+RECOMPUTE_CODES: dict[str, int] = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
 PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven")
 SequenceParallelMode = Literal["both", "on", "off"]
 SEQUENCE_PARALLEL_MODES: tuple[str, ...] = ("both", "on", "off")

@@ -29,13 +29,11 @@ import numpy as np
 from parsearch.cost.stages import StageContent, stage_contents
 from parsearch.layout import Layout
 from parsearch.params import mlp_matrix_factor
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats (vectorised scoring).
 Num = Any
 
-#: Integer codes of the recompute modes for vectorised inputs.
-RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 
 
 # ---------------------------------------------------------------------------

@@ -29,12 +29,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from parsearch.cost.flops import RECOMPUTE_CODES
 from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.params import ParameterCounts, parameter_counts
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats.
 Num = Any

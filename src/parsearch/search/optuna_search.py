@@ -48,6 +48,7 @@ from parsearch.cost.analytic import (
     CostModel,
     CostOptions,
     build_cost_model,
+    layout_columns,
     score_columns,
     usable_memory_bytes,
 )
@@ -167,20 +168,11 @@ def candidate_sets(model: ModelSpec, training: TrainingSpec,
     return out
 
 
-def _columns(layouts: Sequence[Layout]) -> dict[str, np.ndarray]:
-    cols = {a: np.asarray([getattr(x, a) for x in layouts], dtype=np.int64)
-            for a in ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")}
-    cols["sp"] = np.asarray([x.sp for x in layouts], dtype=bool)
-    cols["recompute"] = np.asarray([RECOMPUTE_CODES[x.recompute] for x in layouts],
-                                   dtype=np.int64)
-    return cols
-
-
 def rule_violations(model: ModelSpec, training: TrainingSpec, num_gpus: int,
                     layouts: Sequence[Layout]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Broken-rule counts of layouts of one GPU count (vectorized), and their columns."""
     ctx = rule_context(model, training, num_gpus)
-    cols = _columns(layouts)
+    cols = layout_columns(list(layouts))
     cols.update(derive_columns(ctx, cols))
     broken = np.zeros(len(layouts), dtype=np.int64)
     for rule in RULES:
