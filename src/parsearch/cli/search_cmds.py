@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from parsearch.cli.common import (
@@ -62,14 +64,21 @@ def _register_pareto(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "pareto", help="throughput against GPU count",
         description="The best layout at each GPU count from --min-gpus to --max-gpus and the "
-        "Pareto front of throughput against GPUs, with scaling efficiency.")
+        "Pareto front of throughput against GPUs, with scaling efficiency.  Several clusters "
+        "(--cluster a,b): a front per cluster and the overall front (which cluster, and how "
+        "many GPUs).")
     _common(parser)
+    for action in parser._actions:  # pareto also takes several clusters
+        if action.dest == "cluster":
+            action.help = ("cluster preset (see `parsearch clusters`) or path to a cluster YAML "
+                           "file; several separated by commas compare clusters "
+                           "(e.g. dgx-h100,gb200-nvl72)")
     parser.add_argument("--max-gpus", type=positive_int, required=True, metavar="N",
                         help="largest GPU count")
     parser.add_argument("--min-gpus", type=positive_int, default=None, metavar="N",
                         help="smallest GPU count (default: one --gpu-step)")
     parser.add_argument("--gpu-step", type=positive_int, default=None, metavar="S",
-                        help="GPU count step (default: GPUs per node of the cluster)")
+                        help="GPU count step (default: GPUs per node of each cluster)")
     parser.add_argument("--method", choices=METHODS, default="auto",
                         help="exhaustive (exact), optuna (large spaces) or auto (default: "
                         "exhaustive when the space is small enough)")
@@ -177,6 +186,43 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def cluster_names(text: str) -> list[str]:
+    """``--cluster``: one preset or file, or several separated by commas."""
+    if "," not in text or Path(text).is_file():
+        return [text]
+    names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise SpecError(f"--cluster {text!r} has an empty name in its list; separate cluster "
+                        "names with single commas, e.g. --cluster dgx-h100,gb200-nvl72")
+    return names
+
+
+def _multi_cost_inputs(args: argparse.Namespace, model: Any, training: Any,
+                       names: list[str]) -> tuple[list[Any], Any, Any, list[int]]:
+    """Clusters, profile and options of a multi-cluster front, checked on every cluster.
+
+    The options go out unresolved (``None`` where the efficiency profile
+    decides), so each cluster fills them from its own GPU's profile; the
+    profile is ``None`` unless ``--efficiency`` names one for all clusters.
+    """
+    from parsearch.cost.analytic import CostOptions
+    from parsearch.search.api import gpu_counts_by_cluster
+    from parsearch.topology.cluster import load_cluster
+
+    clusters = [load_cluster(name) for name in names]
+    counts_by = gpu_counts_by_cluster(clusters=clusters, max_gpus=args.max_gpus,
+                                      min_gpus=args.min_gpus, gpu_step=args.gpu_step)
+    models = [cost_model_from_args(argparse.Namespace(**{**vars(args), "cluster": name}),
+                                   model, training, counts_by[cluster.name][0])
+              for name, cluster in zip(names, clusters, strict=True)]
+    options = dataclasses.replace(
+        models[0].options, tp_overlap=args.tp_overlap, ep_overlap=args.ep_overlap,
+        pp_overlap=CostOptions().pp_overlap, moe_imbalance=args.moe_imbalance)
+    profile = models[0].profile if args.efficiency else None
+    counts = sorted({n for values in counts_by.values() for n in values})
+    return clusters, profile, options, counts
+
+
 def run_pareto(args: argparse.Namespace) -> int:
     from parsearch.search.api import gpu_counts_for, pareto_front
     from parsearch.search.plot import PLOT_SUFFIXES, write_plot
@@ -190,9 +236,14 @@ def run_pareto(args: argparse.Namespace) -> int:
     training = training_from_args(args)
     from parsearch.topology.cluster import load_cluster
 
-    counts = gpu_counts_for(cluster=load_cluster(args.cluster), max_gpus=args.max_gpus,
-                            min_gpus=args.min_gpus, gpu_step=args.gpu_step)
-    cluster, profile, options = _cost_inputs(args, model, training, counts[0])
+    names = cluster_names(args.cluster)
+    if len(names) > 1:
+        cluster, profile, options, counts = _multi_cost_inputs(args, model, training, names)
+    else:
+        counts = list(gpu_counts_for(cluster=load_cluster(args.cluster),
+                                     max_gpus=args.max_gpus, min_gpus=args.min_gpus,
+                                     gpu_step=args.gpu_step))
+        cluster, profile, options = _cost_inputs(args, model, training, counts[0])
     try:
         with _sigterm_as_interrupt():
             result = pareto_front(
@@ -222,10 +273,23 @@ def run_pareto(args: argparse.Namespace) -> int:
     return 0
 
 
+_PARETO_HEADERS: tuple[str, ...] = ("gpus", "nodes", "tokens/s", "tokens/s/gpu", "mfu%",
+                                     "speedup", "efficiency%", "layout", "bottleneck")
+
+
 def _pareto_table(result: ParetoResult) -> None:
-    headers = ("gpus", "nodes", "tokens/s", "tokens/s/gpu", "mfu%", "speedup", "efficiency%",
-               "layout", "bottleneck")
-    rows = [(p.num_gpus, p.launch.nodes, p.tokens_per_s, p.estimate.tokens_per_s_per_gpu,
-             100 * p.estimate.mfu, p.speedup, 100 * p.scaling_efficiency, p.layout.key(),
-             p.estimate.bottleneck) for p in result.front]
-    print_table(headers, rows)
+    """The front; over several clusters, the overall front then each cluster's."""
+    if not result.multi_cluster:
+        print_table(_PARETO_HEADERS, [_pareto_row(p) for p in result.front])
+        return
+    print_table(("cluster", *_PARETO_HEADERS),
+                [(p.cluster, *_pareto_row(p)) for p in result.front])
+    for name, sub in result.by_cluster.items():
+        print(f"\nfront on {name}:")
+        print_table(_PARETO_HEADERS, [_pareto_row(p) for p in sub.front])
+
+
+def _pareto_row(p: Any) -> tuple[Any, ...]:
+    return (p.num_gpus, p.launch.nodes, p.tokens_per_s, p.estimate.tokens_per_s_per_gpu,
+            100 * p.estimate.mfu, p.speedup, 100 * p.scaling_efficiency, p.layout.key(),
+            p.estimate.bottleneck)

@@ -13,6 +13,14 @@ the CLI's JSON (``shared/spec/cli.md``):
 >>> front = pareto_front(model=toy, training=setup, cluster="dgx-h100", max_gpus=32)
 >>> [p.num_gpus for p in front.front][:1]
 [8]
+
+Several clusters: a front per cluster and one over all of them (which
+cluster, and how many GPUs):
+
+>>> both = pareto_front(model=toy, training=setup, cluster=["dgx-h100", "dgx-a100"],
+...                     max_gpus=16)
+>>> both.clusters, sorted({p.cluster for p in both.points})
+(('dgx-h100', 'dgx-a100'), ['dgx-a100', 'dgx-h100'])
 """
 
 from __future__ import annotations
@@ -20,10 +28,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -54,6 +62,8 @@ from parsearch.topology.fabric import build_fabric
 from parsearch.workload import ModelSpec, TrainingSpec
 
 Method = Literal["exhaustive", "optuna", "auto"]
+#: A cluster: a preset name, a cluster file path, or a :class:`ClusterSpec`.
+ClusterLike = ClusterSpec | str
 METHODS: tuple[str, ...] = ("exhaustive", "optuna", "auto")
 #: ``method="auto"`` scans exhaustively up to this many valid layouts over all GPU counts.
 DEFAULT_EXHAUSTIVE_LIMIT = 5_000_000
@@ -111,7 +121,11 @@ class SearchResult:
 
 @dataclass(frozen=True)
 class ParetoPoint:
-    """The best layout found on one GPU count."""
+    """The best layout found on one GPU count (of one cluster, when several are compared).
+
+    ``cluster`` names the cluster in a result over several clusters; it is
+    ``None`` (and absent from ``to_dict()``) in a single-cluster result.
+    """
 
     num_gpus: int
     estimate: Estimate
@@ -119,6 +133,7 @@ class ParetoPoint:
     on_front: bool
     scaling_efficiency: float
     speedup: float
+    cluster: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -133,6 +148,16 @@ class ParetoPoint:
         out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
                    on_front=self.on_front, scaling_efficiency=self.scaling_efficiency,
                    speedup=self.speedup, nodes=self.launch.nodes, launch=self.launch.to_dict())
+        if self.cluster is not None:
+            out["cluster"] = self.cluster
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The short form listed under ``"points"``."""
+        out: dict[str, Any] = {"num_gpus": self.num_gpus, "tokens_per_s": self.tokens_per_s,
+                               "on_front": self.on_front, "key": self.layout.key()}
+        if self.cluster is not None:
+            out["cluster"] = self.cluster
         return out
 
 
@@ -144,6 +169,11 @@ class ParetoResult:
     count (sorted by GPU count); ``points`` the best layout found at every
     GPU count where one fits.  Scaling efficiency and speedup are against
     the smallest point of the front.
+
+    Over several clusters, ``points`` holds the best layout of every
+    (cluster, GPU count) pair, ``front`` the overall front (each point names
+    its cluster), ``clusters`` the cluster names and ``per_cluster`` one
+    single-cluster result per cluster, in the same order.
     """
 
     query: dict[str, Any]
@@ -158,26 +188,48 @@ class ParetoResult:
     hypervolume_reference: tuple[float, float]
     elapsed_s: float
     study: dict[str, Any] | None = None
+    clusters: tuple[str, ...] = ()
+    per_cluster: tuple[ParetoResult, ...] = ()
     front: tuple[ParetoPoint, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "front", tuple(p for p in self.points if p.on_front))
+
+    @property
+    def multi_cluster(self) -> bool:
+        """True for a result over several clusters."""
+        return len(self.per_cluster) > 1
+
+    @property
+    def by_cluster(self) -> dict[str, ParetoResult]:
+        """The single-cluster result of each cluster, by name (empty for one cluster)."""
+        return {r.clusters[0]: r for r in self.per_cluster}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "query": dict(self.query), "method": self.method, "considered": self.considered,
             "valid": self.valid, "feasible": self.feasible, "evaluations": self.evaluations,
             "front": [p.to_dict() for p in self.front],
-            "points": [{"num_gpus": p.num_gpus, "tokens_per_s": p.tokens_per_s,
-                        "on_front": p.on_front, "key": p.layout.key()} for p in self.points],
+            "points": [p.summary() for p in self.points],
             "hypervolume": self.hypervolume,
             "hypervolume_reference": {"num_gpus": self.hypervolume_reference[0],
                                       "tokens_per_s": self.hypervolume_reference[1]},
             "elapsed_s": self.elapsed_s,
         }
+        if self.multi_cluster:
+            out["by_cluster"] = {name: _cluster_dict(r) for name, r in self.by_cluster.items()}
         if self.study is not None:
             out["study"] = dict(self.study)
         return out
+
+
+def _cluster_dict(result: ParetoResult) -> dict[str, Any]:
+    """One cluster's part of a multi-cluster document (its run time is the whole run's)."""
+    out = result.to_dict()
+    out.pop("elapsed_s", None)
+    out.pop("study", None)
+    out["gpu_counts"] = list(result.gpu_counts)
+    return out
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -214,10 +266,11 @@ def _check_size(cluster: ClusterSpec, num_gpus: int, option: str) -> None:
                         f"{cluster.name} supports (max_gpus); use at most {cluster.max_gpus}")
 
 
-def _query(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+def _query(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | str,
            **extra: Any) -> dict[str, Any]:
+    name = cluster.name if isinstance(cluster, ClusterSpec) else cluster
     return {
-        "model": model.name, "cluster": cluster.name, **extra,
+        "model": model.name, "cluster": name, **extra,
         "global_batch": training.global_batch, "seq_len": training.seq_len,
         "precision": training.precision,
         "micro_batch_sizes": list(training.micro_batch_sizes),
@@ -319,8 +372,81 @@ def gpu_counts_for(*, cluster: ClusterSpec | str, max_gpus: int, min_gpus: int |
     return tuple(range(low, max_gpus + 1, step))
 
 
-def pareto_front(*, model: ModelSpec | str, training: TrainingSpec, cluster: ClusterSpec | str,
-                 max_gpus: int, min_gpus: int | None = None, gpu_step: int | None = None,
+def gpu_counts_by_cluster(*, clusters: Sequence[ClusterLike], max_gpus: int,
+                          min_gpus: int | None = None,
+                          gpu_step: int | None = None) -> dict[str, tuple[int, ...]]:
+    """The GPU counts of each cluster of a multi-cluster front, by cluster name.
+
+    Each cluster steps by ``gpu_step`` (default: its own GPUs per node) from
+    ``min_gpus`` (default: one step) and stops at ``max_gpus`` or at its own
+    ``max_gpus``, whichever is smaller.
+
+    >>> gpu_counts_by_cluster(clusters=["dgx-h100", "gb200-nvl72"], max_gpus=16)
+    {'dgx-h100': (8, 16), 'gb200-nvl72': (4, 8, 12, 16)}
+    """
+    specs = _clusters(clusters)
+    _positive("max_gpus", max_gpus)
+    out: dict[str, tuple[int, ...]] = {}
+    for c in specs:
+        step = c.gpus_per_node if gpu_step is None else _positive("gpu_step", gpu_step)
+        low = step if min_gpus is None else _positive("min_gpus", min_gpus)
+        top = max_gpus if c.max_gpus is None else min(max_gpus, c.max_gpus)
+        if max_gpus < low:
+            raise SpecError(f"--max-gpus {max_gpus} is below --min-gpus {low}; "
+                            f"give --max-gpus >= {low}")
+        if top < low:
+            raise SpecError(f"cluster {c.name} supports at most {c.max_gpus} GPUs (max_gpus), "
+                            f"below --min-gpus {low}; lower --min-gpus or drop {c.name} "
+                            "from --cluster")
+        out[c.name] = tuple(range(low, top + 1, step))
+    return out
+
+
+def _clusters(cluster: ClusterLike | Sequence[ClusterLike]) -> tuple[ClusterSpec, ...]:
+    """One cluster or a non-empty sequence of distinct clusters, loaded."""
+    if isinstance(cluster, ClusterSpec | str):
+        return (_cluster(cluster),)
+    if not isinstance(cluster, Sequence):
+        raise SpecError(f"cluster must be a ClusterSpec, a preset name/path or a sequence of "
+                        f"them, got {type(cluster).__name__}")
+    if not cluster:
+        raise SpecError("cluster: give at least one cluster")
+    specs = tuple(_cluster(c) for c in cluster)
+    names = [c.name for c in specs]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise SpecError(f"--cluster names {twice} twice; give each cluster once")
+    return specs
+
+
+class _StudyArgs(NamedTuple):
+    n_trials: int | None
+    seed: int | None
+    storage: str | None
+    study_name: str | None
+    sampler: str
+    stop_after: int | None
+
+
+class _Stats(NamedTuple):
+    considered: int
+    valid: int
+    feasible: int
+    evaluations: int
+
+
+class _Found(NamedTuple):
+    """What a method found: the best estimate per cluster and GPU count, and the counts."""
+
+    best: dict[str, dict[int, Estimate]]
+    stats: dict[str, _Stats]
+    evaluations: int
+    study: dict[str, Any] | None
+
+
+def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
+                 cluster: ClusterLike | Sequence[ClusterLike], max_gpus: int,
+                 min_gpus: int | None = None, gpu_step: int | None = None,
                  method: Method | str = "auto", n_trials: int | None = None,
                  seed: int | None = None, storage: str | None = None,
                  study_name: str | None = None, sampler: str = "nsga2",
@@ -334,59 +460,102 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec, cluster: Clu
     ``storage``/``study_name`` to persist and resume, ``sampler``);
     ``auto`` scans exhaustively when all GPU counts together have at most
     ``exhaustive_limit`` valid layouts, else uses optuna.
+
+    ``cluster``: one cluster, or a sequence of clusters.  Several clusters
+    each get their own GPU counts (:func:`gpu_counts_by_cluster`); the
+    result holds the front of each (``per_cluster``) and the overall front
+    over all of them, every point naming its cluster.  ``exhaustive`` scans
+    cluster after cluster; ``optuna`` runs one study with the cluster as an
+    axis; ``auto`` counts the valid layouts of every (cluster, GPU count)
+    pair.  ``profile`` (default: the one covering each cluster's GPU)
+    applies to every cluster.
     """
     start = time.perf_counter()
-    model, cluster = _model(model), _cluster(cluster)
+    model, clusters = _model(model), _clusters(cluster)
     if method not in METHODS:
         raise SpecError(f"--method must be one of {', '.join(METHODS)}; got {method!r}")
-    counts = gpu_counts_for(cluster=cluster, max_gpus=max_gpus, min_gpus=min_gpus,
-                            gpu_step=gpu_step)
-    _positive("exhaustive_limit", exhaustive_limit)
-    if profile is None:  # resolve once, not once per GPU count
-        from parsearch.cost.efficiency import efficiency_for_gpu
-
-        profile = efficiency_for_gpu(load_gpu_profile(cluster.gpu).name)
-    if method == "auto":
-        method = "exhaustive" if _total_valid(model, training, counts,
-                                              exhaustive_limit) <= exhaustive_limit else "optuna"
-    study: dict[str, Any] | None = None
-    if method == "exhaustive":
-        best, considered, valid, feasible = _exhaustive_bests(
-            model, training, cluster, counts, profile, options, progress)
-        evaluations = valid
+    if len(clusters) == 1:
+        counts_by = {clusters[0].name: gpu_counts_for(
+            cluster=clusters[0], max_gpus=max_gpus, min_gpus=min_gpus, gpu_step=gpu_step)}
     else:
-        best, considered, valid, feasible, evaluations, study = _optuna_bests(
-            model, training, cluster, counts, profile, options, progress,
-            n_trials=n_trials, seed=seed, storage=storage, study_name=study_name,
-            sampler=sampler, stop_after=stop_after)
-    points, hv, ref = _points(model, training, cluster, counts, best)
-    query = _query(model, training, cluster, min_gpus=counts[0], max_gpus=max_gpus,
-                   gpu_step=counts[1] - counts[0] if len(counts) > 1 else (gpu_step or 0))
-    return ParetoResult(query=query, method=method, gpu_counts=counts, points=points,
-                        considered=considered, valid=valid, feasible=feasible,
-                        evaluations=evaluations, hypervolume=hv, hypervolume_reference=ref,
-                        elapsed_s=time.perf_counter() - start, study=study)
+        counts_by = gpu_counts_by_cluster(clusters=clusters, max_gpus=max_gpus,
+                                          min_gpus=min_gpus, gpu_step=gpu_step)
+    _positive("exhaustive_limit", exhaustive_limit)
+    for c in clusters:
+        _check_precision(training, c)
+    # resolve once per cluster, not once per GPU count
+    profiles = {c.name: profile if profile is not None else _default_profile(c)
+                for c in clusters}
+    if method == "auto":
+        method = _auto_method(model, training, counts_by, exhaustive_limit)
+    if method == "exhaustive":
+        found = _exhaustive_found(model, training, clusters, counts_by, profiles, options,
+                                  progress)
+    else:
+        found = _optuna_found(model, training, clusters, counts_by, profiles, options,
+                              progress, _StudyArgs(n_trials, seed, storage, study_name,
+                                                   sampler, stop_after))
+    if len(clusters) == 1:
+        return _cluster_result(model, training, clusters[0], counts_by[clusters[0].name],
+                               found, method=method, max_gpus=max_gpus, gpu_step=gpu_step,
+                               start=start, label=False)
+    return _multi_result(model, training, clusters, counts_by, found, method=method,
+                         max_gpus=max_gpus, gpu_step=gpu_step, start=start)
 
 
-def _total_valid(model: ModelSpec, training: TrainingSpec, counts: tuple[int, ...],
-                 limit: int) -> int:
+def _default_profile(cluster: ClusterSpec) -> EfficiencyProfile:
+    from parsearch.cost.efficiency import efficiency_for_gpu
+
+    return efficiency_for_gpu(load_gpu_profile(cluster.gpu).name)
+
+
+def _check_precision(training: TrainingSpec, cluster: ClusterSpec) -> None:
+    gpu = load_gpu_profile(cluster.gpu)
+    if training.precision not in gpu.peak_flops:
+        have = ", ".join(sorted(gpu.peak_flops))
+        raise SpecError(f"precision {training.precision} is not supported by {gpu.name} "
+                        f"(cluster {cluster.name}); it supports {have}")
+
+
+def _auto_method(model: ModelSpec, training: TrainingSpec,
+                 counts_by: dict[str, tuple[int, ...]], limit: int) -> str:
+    """``exhaustive`` when all (cluster, GPU count) pairs have at most ``limit`` valid layouts."""
+    sizes: dict[int, int] = {}  # the valid layouts of a count do not depend on the cluster
     total = 0
-    for n in counts:
-        total += len(enumerate_layouts(model, training, n))
-        if total > limit:
-            break
-    return total
+    for counts in counts_by.values():
+        for n in counts:
+            if n not in sizes:
+                sizes[n] = len(enumerate_layouts(model, training, n))
+            total += sizes[n]
+            if total > limit:
+                return "optuna"
+    return "exhaustive"
+
+
+def _exhaustive_found(model: ModelSpec, training: TrainingSpec,
+                      clusters: tuple[ClusterSpec, ...], counts_by: dict[str, tuple[int, ...]],
+                      profiles: dict[str, EfficiencyProfile], options: CostOptions | None,
+                      progress: bool) -> _Found:
+    best: dict[str, dict[int, Estimate]] = {}
+    stats: dict[str, _Stats] = {}
+    for c in clusters:
+        desc = "pareto (exhaustive)" if len(clusters) == 1 else f"pareto (exhaustive, {c.name})"
+        best[c.name], considered, valid, feasible = _exhaustive_bests(
+            model, training, c, counts_by[c.name], profiles[c.name], options, progress, desc)
+        stats[c.name] = _Stats(considered, valid, feasible, valid)
+    return _Found(best, stats, sum(s.valid for s in stats.values()), None)
 
 
 def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                       counts: tuple[int, ...], profile: EfficiencyProfile | None,
                       options: CostOptions | None, progress: bool,
+                      desc: str = "pareto (exhaustive)",
                       ) -> tuple[dict[int, Estimate], int, int, int]:
     hbm = usable_memory_bytes(load_gpu_profile(cluster.gpu), options)
     memory = (options or CostOptions()).memory
     best: dict[int, Estimate] = {}
     considered = valid = feasible = 0
-    with _progress_bar(progress, len(counts), "counts", "pareto (exhaustive)") as advance:
+    with _progress_bar(progress, len(counts), "counts", desc) as advance:
         for n in counts:
             table = enumerate_layouts(model, training, n)
             considered += considered_count(model, training, n)
@@ -404,23 +573,41 @@ def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     return best, considered, valid, feasible
 
 
-def _optuna_bests(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                  counts: tuple[int, ...], profile: EfficiencyProfile | None,
-                  options: CostOptions | None, progress: bool, *, n_trials: int | None,
-                  seed: int | None, storage: str | None, study_name: str | None, sampler: str,
-                  stop_after: int | None,
-                  ) -> tuple[dict[int, Estimate], int, int, int, int, dict[str, Any]]:
+def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
+                  counts_by: dict[str, tuple[int, ...]],
+                  profiles: dict[str, EfficiencyProfile], options: CostOptions | None,
+                  progress: bool, study_args: _StudyArgs) -> _Found:
+    """One study over every cluster (a ``cluster`` axis when there are several)."""
     from parsearch.search.optuna_search import run_study
 
-    budget = 2000 if n_trials is None else _positive("n_trials", n_trials)
+    a = study_args
+    budget = 2000 if a.n_trials is None else _positive("n_trials", a.n_trials)
+    single = len(clusters) == 1
     with _progress_bar(progress, budget, "trials", "pareto (optuna)") as advance:
-        outcome = run_study(model=model, training=training, cluster=cluster, gpu_counts=counts,
-                            n_trials=budget, seed=seed, storage=storage, study_name=study_name,
-                            sampler=sampler, profile=profile, options=options,
-                            on_trials=advance, stop_after=stop_after)
+        outcome = run_study(
+            model=model, training=training, cluster=clusters[0] if single else clusters,
+            gpu_counts=counts_by[clusters[0].name] if single else counts_by, n_trials=budget,
+            seed=a.seed, storage=a.storage, study_name=a.study_name, sampler=a.sampler,
+            profile=profiles[clusters[0].name] if single else profiles, options=options,
+            on_trials=advance, stop_after=a.stop_after)
+    best: dict[str, dict[int, Estimate]] = {}
+    stats: dict[str, _Stats] = {}
+    for c in clusters:
+        records = [r for r in outcome.records if r.cluster == c.name]
+        best[c.name] = _best_of_records(model, training, c, records, profiles[c.name], options)
+        stats[c.name] = _Stats(len(records), sum(r.valid for r in records),
+                               sum(r.valid and r.fits for r in records),
+                               outcome.evaluations_by_cluster.get(c.name, 0))
+    return _Found(best, stats, outcome.evaluations, outcome.to_dict())
+
+
+def _best_of_records(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                     records: Sequence[Any], profile: EfficiencyProfile,
+                     options: CostOptions | None) -> dict[int, Estimate]:
+    """The full estimate of the fastest fitting layout tried at each GPU count."""
     chosen: dict[int, Layout] = {}
     tokens: dict[int, float] = {}
-    for rec in outcome.records:
+    for rec in records:
         if rec.valid and rec.fits and rec.tokens_per_s > tokens.get(rec.layout.num_gpus, 0.0):
             chosen[rec.layout.num_gpus] = rec.layout
             tokens[rec.layout.num_gpus] = rec.tokens_per_s
@@ -429,44 +616,94 @@ def _optuna_bests(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec
         cm = build_cost_model(model, training, build_fabric(cluster, n), profile=profile,
                               options=options)
         best[n] = estimate(cm, lay)
-    records = outcome.records
-    valid = sum(r.valid for r in records)
-    feasible = sum(r.valid and r.fits for r in records)
-    return best, len(records), valid, feasible, outcome.evaluations, outcome.to_dict()
+    return best
 
 
-def _points(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-            counts: tuple[int, ...], best: dict[int, Estimate],
-            ) -> tuple[tuple[ParetoPoint, ...], float, tuple[float, float]]:
+def _reference_gpus(counts: tuple[int, ...]) -> float:
+    """One step past the largest count: the GPU side of the hypervolume reference."""
     step = counts[1] - counts[0] if len(counts) > 1 else counts[0]
-    ref = (float(counts[-1] + step), 0.0)
-    ns = sorted(best)
-    if not ns:
+    return float(counts[-1] + step)
+
+
+def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                    counts: tuple[int, ...], found: _Found, *, method: str, max_gpus: int,
+                    gpu_step: int | None, start: float, label: bool) -> ParetoResult:
+    """The front of one cluster (the whole result when there is one cluster)."""
+    best = found.best[cluster.name]
+    stats = found.stats[cluster.name]
+    items = [(cluster, n, best[n]) for n in sorted(best)]
+    points, hv, ref = _points(model, training, items, _reference_gpus(counts), label=label)
+    top = max_gpus if cluster.max_gpus is None or not label else min(max_gpus, cluster.max_gpus)
+    query = _query(model, training, cluster, min_gpus=counts[0], max_gpus=top,
+                   gpu_step=counts[1] - counts[0] if len(counts) > 1 else (gpu_step or 0))
+    return ParetoResult(query=query, method=method, gpu_counts=counts, points=points,
+                        considered=stats.considered, valid=stats.valid,
+                        feasible=stats.feasible,
+                        evaluations=found.evaluations if not label else stats.evaluations,
+                        hypervolume=hv, hypervolume_reference=ref,
+                        elapsed_s=time.perf_counter() - start,
+                        study=None if label else found.study, clusters=(cluster.name,))
+
+
+def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
+                  counts_by: dict[str, tuple[int, ...]], found: _Found, *, method: str,
+                  max_gpus: int, gpu_step: int | None, start: float) -> ParetoResult:
+    """Per-cluster fronts and the overall front (which cluster, and how many GPUs)."""
+    per_cluster = tuple(
+        _cluster_result(model, training, c, counts_by[c.name], found, method=method,
+                        max_gpus=max_gpus, gpu_step=gpu_step, start=start, label=True)
+        for c in clusters)
+    items = [(c, n, e) for c in clusters for n, e in sorted(found.best[c.name].items())]
+    reference = max(_reference_gpus(counts) for counts in counts_by.values())
+    points, hv, ref = _points(model, training, items, reference, label=True)
+    names = tuple(c.name for c in clusters)
+    query = _query(model, training, ",".join(names), clusters=list(names),
+                   min_gpus=min(counts[0] for counts in counts_by.values()),
+                   max_gpus=max_gpus, gpu_step=gpu_step)
+    union = tuple(sorted({n for counts in counts_by.values() for n in counts}))
+    return ParetoResult(
+        query=query, method=method, gpu_counts=union, points=points,
+        considered=sum(s.considered for s in found.stats.values()),
+        valid=sum(s.valid for s in found.stats.values()),
+        feasible=sum(s.feasible for s in found.stats.values()),
+        evaluations=found.evaluations, hypervolume=hv, hypervolume_reference=ref,
+        elapsed_s=time.perf_counter() - start, study=found.study, clusters=names,
+        per_cluster=per_cluster)
+
+
+def _points(model: ModelSpec, training: TrainingSpec,
+            items: Sequence[tuple[ClusterSpec, int, Estimate]], reference_gpus: float, *,
+            label: bool) -> tuple[tuple[ParetoPoint, ...], float, tuple[float, float]]:
+    """Points sorted by GPU count (ties in the given cluster order), front and hypervolume."""
+    ref = (reference_gpus, 0.0)
+    items = sorted(items, key=lambda item: item[1])
+    if not items:
         return (), 0.0, ref
-    values = np.array([[n, best[n].tokens_per_s] for n in ns], dtype=np.float64)
+    values = np.array([[n, e.tokens_per_s] for _, n, e in items], dtype=np.float64)
     on_front = pareto_mask(values, minimize=(True, False))
     hv = hypervolume(values, reference=ref, minimize=(True, False))
-    base_n = next(n for n, f in zip(ns, on_front, strict=True) if f)
-    base = best[base_n].tokens_per_s
+    first = int(np.nonzero(on_front)[0][0])
+    base_n, base = items[first][1], items[first][2].tokens_per_s
     points = []
-    for n, front in zip(ns, on_front, strict=True):
-        e = best[n]
+    for (c, n, e), front in zip(items, on_front, strict=True):
         speedup = e.tokens_per_s / base
         points.append(ParetoPoint(
             num_gpus=n, estimate=e, on_front=bool(front), speedup=speedup,
             scaling_efficiency=speedup * base_n / n if n else math.nan,
-            launch=launch_settings(model, training, e.layout,
-                                   gpus_per_node=cluster.gpus_per_node)))
+            launch=launch_settings(model, training, e.layout, gpus_per_node=c.gpus_per_node),
+            cluster=c.name if label else None))
     return tuple(points), hv, ref
 
 
 __all__ = [
     "DEFAULT_EXHAUSTIVE_LIMIT",
     "METHODS",
+    "ClusterLike",
     "ParetoPoint",
     "ParetoResult",
     "SearchEntry",
     "SearchResult",
+    "gpu_counts_by_cluster",
     "gpu_counts_for",
     "pareto_front",
     "search_layouts",

@@ -1,7 +1,8 @@
 """Multi-objective optuna search over GPU count and layout (the only module importing optuna).
 
 For spaces too large to scan: many GPU counts, many micro-batch and
-recompute options.  The study maximizes tokens/s and minimizes GPUs.
+recompute options, several clusters.  The study maximizes tokens/s and
+minimizes GPUs.
 
 * Static search space: every trial suggests every axis (GPU count, tp, pp,
   cp, ep, etp, vpp, mbs, sp, recompute) from a fixed candidate set
@@ -12,12 +13,19 @@ recompute options.  The study maximizes tokens/s and minimizes GPUs.
   and positive constraint values (``trial.set_constraint``): ``rules`` is 10
   per broken layout rule, ``memory`` the relative excess over the GPU's
   memory (capped below 10, so a valid layout always beats an invalid one).
+* Several clusters: one study, with the cluster as one more categorical
+  axis (``cluster``, the fixed list, suggested in every trial) and the GPU
+  count candidates the union of every cluster's counts.  A count that is
+  not one of the chosen cluster's counts (above its ``max_gpus``, or off its
+  node step) is a completed trial with throughput 0 and a third constraint,
+  ``gpus`` (10).  With one cluster there is no ``cluster`` axis and no
+  ``gpus`` constraint, so single-cluster studies are unchanged.
 * Trials are asked in batches and scored together with the vectorized
-  scorer; scores are cached by GPU count and layout key for the run (the
-  cache is warmed from the completed trials of a resumed study).
-* Known-good layouts are enqueued when a study starts: tensor parallel
-  inside the NVLink domain, pipeline parallel across nodes as far as memory
-  needs, data parallel to fill.
+  scorer; scores are cached by cluster, GPU count and layout key for the
+  run (the cache is warmed from the completed trials of a resumed study).
+* Known-good layouts are enqueued when a study starts, for every cluster:
+  tensor parallel inside the NVLink domain, pipeline parallel across nodes
+  as far as memory needs, data parallel to fill.
 * Storage: in memory by default, or any optuna storage URL
   (``sqlite:///file.db``, ``postgresql://...``) or a journal file
   (``journal:PATH`` or a path ending in ``.log``/``.journal``).  The study
@@ -34,7 +42,7 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +73,8 @@ from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec
 SAMPLERS: tuple[str, ...] = ("nsga2", "tpe")
 AXES: tuple[str, ...] = ("num_gpus", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "sp",
                          "recompute")
+#: The extra categorical axis of a study over several clusters.
+CLUSTER_AXIS = "cluster"
 RULE_PENALTY = 10.0
 _MAX_MEMORY_PENALTY = 9.0
 _QUERY_ATTR = "parsearch_query"
@@ -80,6 +90,7 @@ class TrialRecord:
     valid: bool
     fits: bool
     tokens_per_s: float
+    cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,12 @@ class StudyOutcome:
     cache_hits: int
     enqueued: int
     candidate_sets: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    clusters: tuple[str, ...] = ()
+    evaluations_by_cluster: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def multi_cluster(self) -> bool:
+        return len(self.clusters) > 1
 
     @property
     def trials_completed(self) -> int:
@@ -112,7 +129,7 @@ class StudyOutcome:
             "evaluations": self.evaluations,
             "cache_hits": self.cache_hits,
             "enqueued": self.enqueued,
-        }
+        } | ({"clusters": list(self.clusters)} if self.multi_cluster else {})
 
 
 # --- the search space ---------------------------------------------------------------------
@@ -248,9 +265,77 @@ class _Scorer:
             self.cache[key] = out
 
 
-def cache_key(layout: Layout) -> str:
-    """``"<num_gpus>:<layout key>"``: what the score cache and the trial attributes use."""
-    return f"{layout.num_gpus}:{layout.key()}"
+def cache_key(layout: Layout, cluster: str | None = None) -> str:
+    """``"<num_gpus>:<layout key>"``: what the score cache and the trial attributes use.
+
+    With ``cluster`` (studies over several clusters): ``"<cluster>/<num_gpus>:<key>"``.
+    """
+    key = f"{layout.num_gpus}:{layout.key()}"
+    return key if cluster is None else f"{cluster}/{key}"
+
+
+def _count_violations(model: ModelSpec, training: TrainingSpec, num_gpus: int,
+                      layouts: Sequence[Layout]) -> list[dict[str, Any]]:
+    """Outcomes of layouts on a GPU count their cluster does not offer (not scored).
+
+    The ``gpus`` violation comes on top of the layout-rule violations, so
+    such a layout never ranks above the same layout on an allowed count
+    (a flat penalty alone would beat layouts that break two rules and pull
+    the sampler towards counts the cluster does not have).
+    """
+    broken, _ = rule_violations(model, training, num_gpus, layouts)
+    return [{"valid": False, "fits": False, "tokens_per_s": 0.0,
+             "rules": RULE_PENALTY * float(b), "memory": 0.0, "gpus": RULE_PENALTY}
+            for b in broken]
+
+
+@dataclass
+class _Router:
+    """One scorer (and cache) per cluster; GPU counts a cluster does not offer are violations."""
+
+    scorers: dict[str, _Scorer]
+    allowed: dict[str, frozenset[int]]
+
+    @property
+    def evaluations(self) -> int:
+        return sum(s.evaluations for s in self.scorers.values())
+
+    @property
+    def cache_hits(self) -> int:
+        return sum(s.cache_hits for s in self.scorers.values())
+
+    def score(self, pairs: Sequence[tuple[str, Layout]]) -> list[dict[str, Any]]:
+        """Outcome per (cluster name, layout), with a ``gpus`` violation (0 when allowed)."""
+        out: list[dict[str, Any]] = [{} for _ in pairs]
+        scored: dict[str, list[int]] = {}
+        refused: dict[int, list[int]] = {}
+        for i, (name, lay) in enumerate(pairs):
+            if lay.num_gpus in self.allowed[name]:
+                scored.setdefault(name, []).append(i)
+            else:
+                refused.setdefault(lay.num_gpus, []).append(i)
+        for name, idx in scored.items():
+            results = self.scorers[name].score([pairs[i][1] for i in idx])
+            for i, result in zip(idx, results, strict=True):
+                out[i] = {**result, "gpus": 0.0}
+        any_scorer = next(iter(self.scorers.values()))
+        for num_gpus, idx in refused.items():
+            results = _count_violations(any_scorer.model, any_scorer.training, num_gpus,
+                                        [pairs[i][1] for i in idx])
+            for i, result in zip(idx, results, strict=True):
+                out[i] = result
+        return out
+
+    def warm(self, trials: Sequence[optuna.trial.FrozenTrial], default: str) -> None:
+        """Fill the caches from completed trials: a resumed run repeats no evaluation."""
+        for trial in trials:
+            attrs = trial.user_attrs
+            if "cache_key" not in attrs or attrs.get("gpus", 0.0) > 0:
+                continue
+            name = str(trial.params.get(CLUSTER_AXIS, default))
+            if name in self.scorers:
+                key = cache_key(_layout_from_params(trial.params))
+                self.scorers[name].cache[key] = {k: attrs[k] for k in _OUTCOME_KEYS}
 
 
 # --- known-good starting layouts --------------------------------------------------------------
@@ -307,12 +392,17 @@ def starting_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                 found.append(candidates[int(valid[best])])
         per_count.append(found)
     # round-robin over GPU counts (largest tp first), so a small limit still spans the range
-    out: list[Layout] = []
+    return _round_robin(per_count, limit)
+
+
+def _round_robin(lists: Sequence[Sequence[Any]], limit: int) -> list[Any]:
+    """The first of every list, then the second of every list, ... up to ``limit`` items."""
+    out: list[Any] = []
     depth = 0
-    while len(out) < limit and any(depth < len(f) for f in per_count):
-        for found in per_count:
-            if depth < len(found) and len(out) < limit:
-                out.append(found[depth])
+    while len(out) < limit and any(depth < len(items) for items in lists):
+        for items in lists:
+            if depth < len(items) and len(out) < limit:
+                out.append(items[depth])
         depth += 1
     return out
 
@@ -344,11 +434,22 @@ def make_storage(url: str | None) -> Any:
                         f"{str(error).splitlines()[0]}") from None
 
 
-def query_fingerprint(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                      sets: dict[str, tuple[Any, ...]]) -> str:
-    """A stable text naming what a study optimizes (model, setup, cluster, space)."""
-    document = {"model": repr(model), "training": repr(training), "cluster": repr(cluster),
-                "space": {k: list(v) for k, v in sets.items()}}
+def query_fingerprint(model: ModelSpec, training: TrainingSpec,
+                      cluster: ClusterSpec | Sequence[ClusterSpec],
+                      sets: dict[str, tuple[Any, ...]],
+                      cluster_counts: Mapping[str, Sequence[int]] | None = None) -> str:
+    """A stable text naming what a study optimizes (model, setup, cluster(s), space).
+
+    Several clusters: their list (in order) and each one's GPU counts are
+    part of it, so a study cannot be resumed with another cluster list.
+    """
+    clusters: Any = (repr(cluster) if isinstance(cluster, ClusterSpec)
+                     else [repr(c) for c in cluster])
+    document: dict[str, Any] = {"model": repr(model), "training": repr(training),
+                                "cluster": clusters,
+                                "space": {k: list(v) for k, v in sets.items()}}
+    if cluster_counts is not None:
+        document["cluster_gpu_counts"] = {k: list(v) for k, v in cluster_counts.items()}
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     return digest[:16]
 
@@ -373,102 +474,241 @@ def _completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
 
 
-def _record(trial: optuna.trial.FrozenTrial) -> TrialRecord:
+def _record(trial: optuna.trial.FrozenTrial, default_cluster: str) -> TrialRecord:
     attrs = trial.user_attrs
     return TrialRecord(number=trial.number, layout=_layout_from_params(trial.params),
                        valid=bool(attrs.get("valid")), fits=bool(attrs.get("fits")),
-                       tokens_per_s=float(attrs.get("tokens_per_s", 0.0)))
+                       tokens_per_s=float(attrs.get("tokens_per_s", 0.0)),
+                       cluster=str(trial.params.get(CLUSTER_AXIS, default_cluster)))
 
 
-def run_study(*, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-              gpu_counts: Sequence[int], n_trials: int, seed: int | None = None,
-              storage: str | None = None, study_name: str | None = None,
-              sampler: str = "nsga2", population_size: int | None = None,
-              enqueue: bool = True, profile: EfficiencyProfile | None = None,
+# --- one cluster or several ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Space:
+    """The clusters a study covers and the GPU counts each one offers (sorted)."""
+
+    clusters: tuple[ClusterSpec, ...]
+    counts: dict[str, tuple[int, ...]]
+
+    @property
+    def multi(self) -> bool:
+        return len(self.clusters) > 1
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.clusters)
+
+    @property
+    def union(self) -> tuple[int, ...]:
+        return tuple(sorted({n for counts in self.counts.values() for n in counts}))
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return ((CLUSTER_AXIS,) if self.multi else ()) + AXES
+
+    @property
+    def outcome_keys(self) -> tuple[str, ...]:
+        return _OUTCOME_KEYS + (("gpus",) if self.multi else ())
+
+    def cluster_of(self, params: dict[str, Any]) -> str:
+        return str(params.get(CLUSTER_AXIS, self.names[0]))
+
+    def fingerprint(self, model: ModelSpec, training: TrainingSpec,
+                    sets: dict[str, tuple[Any, ...]]) -> str:
+        if not self.multi:  # exactly the single-cluster fingerprint of earlier releases
+            return query_fingerprint(model, training, self.clusters[0], sets)
+        return query_fingerprint(model, training, self.clusters, sets, self.counts)
+
+
+def _space(cluster: ClusterSpec | Sequence[ClusterSpec],
+           gpu_counts: Sequence[int] | Mapping[str, Sequence[int]]) -> _Space:
+    if isinstance(cluster, ClusterSpec):
+        clusters: tuple[ClusterSpec, ...] = (cluster,)
+    elif (isinstance(cluster, Sequence) and not isinstance(cluster, str) and cluster
+          and all(isinstance(c, ClusterSpec) for c in cluster)):
+        clusters = tuple(cluster)
+    else:
+        raise SpecError("optuna search: cluster must be a ClusterSpec or a non-empty sequence "
+                        f"of them, got {cluster!r}")
+    names = [c.name for c in clusters]
+    if len(set(names)) != len(names):
+        raise SpecError(f"optuna search: cluster names must be distinct, got {', '.join(names)}")
+    if isinstance(gpu_counts, Mapping):
+        missing = [n for n in names if n not in gpu_counts]
+        if missing:
+            raise SpecError(f"optuna search: no GPU counts given for cluster {missing[0]!r}")
+        counts = {n: tuple(sorted(set(gpu_counts[n]))) for n in names}
+    else:
+        counts = {n: tuple(sorted(set(gpu_counts))) for n in names}
+    for name, values in counts.items():
+        if not values:
+            where = f" for cluster {name!r}" if len(names) > 1 else ""
+            raise SpecError(f"optuna search: give at least one GPU count{where}")
+    return _Space(clusters, counts)
+
+
+def _study_sets(model: ModelSpec, training: TrainingSpec,
+                space: _Space) -> dict[str, tuple[Any, ...]]:
+    sets = candidate_sets(model, training, space.union)
+    if space.multi:
+        sets[CLUSTER_AXIS] = space.names
+    return sets
+
+
+def _profile_of(profile: EfficiencyProfile | Mapping[str, EfficiencyProfile | None] | None,
+                name: str) -> EfficiencyProfile | None:
+    return profile.get(name) if isinstance(profile, Mapping) else profile
+
+
+def _router(model: ModelSpec, training: TrainingSpec, space: _Space,
+            profile: EfficiencyProfile | Mapping[str, EfficiencyProfile | None] | None,
+            options: CostOptions | None) -> _Router:
+    scorers = {
+        c.name: _Scorer(model, training, c, _profile_of(profile, c.name), options,
+                        usable_memory_bytes(load_gpu_profile(c.gpu), options))
+        for c in space.clusters}
+    return _Router(scorers, {n: frozenset(v) for n, v in space.counts.items()})
+
+
+def _starting_params(model: ModelSpec, training: TrainingSpec, space: _Space,
+                     sets: dict[str, tuple[Any, ...]], *, limit: int,
+                     options: CostOptions | None) -> list[dict[str, Any]]:
+    """Known-good layouts of every cluster (each on its own GPU counts), as trial params."""
+    share = limit
+    per_cluster: list[list[dict[str, Any]]] = []
+    for c in space.clusters:
+        own = {**sets, "num_gpus": space.counts[c.name]}
+        found = []
+        for lay in starting_layouts(model, training, c, own, limit=share, options=options):
+            params = {a: getattr(lay, a) for a in AXES}
+            if space.multi:
+                params[CLUSTER_AXIS] = c.name
+            found.append(params)
+        per_cluster.append(found)
+    return _round_robin(per_cluster, limit)
+
+
+def _enqueue_limit(n_trials: int, space: _Space) -> int:
+    """A quarter of the budget per cluster, at most half of it in all."""
+    per_cluster = max(1, n_trials // 4)
+    return per_cluster if not space.multi else max(1, min(n_trials // 2,
+                                                          per_cluster * len(space.clusters)))
+
+
+def _open_study(model: ModelSpec, training: TrainingSpec, space: _Space,
+                sets: dict[str, tuple[Any, ...]], *, storage: str | None,
+                study_name: str | None, sampler: optuna.samplers.BaseSampler,
+                ) -> optuna.Study:
+    """Create or load the study; refuse one made for another query (or cluster list)."""
+    fingerprint = space.fingerprint(model, training, sets)
+    name = study_name or f"parsearch-{model.name}-{fingerprint}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=make_storage(storage), study_name=name,
+                                directions=["maximize", "minimize"], sampler=sampler,
+                                load_if_exists=True)
+    stored = study.user_attrs.get(_QUERY_ATTR)
+    if stored is None and not study.get_trials(deepcopy=False):
+        study.set_user_attr(_QUERY_ATTR, fingerprint)
+    elif stored is not None and stored != fingerprint:
+        raise SpecError(f"study {name!r} in {storage} was created for another query (model, "
+                        "training setup, cluster list or GPU range differ); use another "
+                        "--study-name or the original options")
+    return study
+
+
+def _tell_batch(study: optuna.Study, batch: list[optuna.trial.Trial], router: _Router,
+                space: _Space) -> None:
+    """Score a batch of asked trials together and tell the study every result."""
+    told = 0
+    try:
+        pairs = [(space.cluster_of(t.params), _layout_from_params(t.params)) for t in batch]
+        outcomes = router.score(pairs)
+        for trial, (name, lay), out in zip(batch, pairs, outcomes, strict=True):
+            trial.set_constraint("rules", out["rules"])
+            trial.set_constraint("memory", out["memory"])
+            if space.multi:
+                trial.set_constraint("gpus", out["gpus"])
+            trial.set_user_attr("cache_key", cache_key(lay, name if space.multi else None))
+            for key in space.outcome_keys:
+                trial.set_user_attr(key, out[key])
+            study.tell(trial, [out["tokens_per_s"], float(lay.num_gpus)])
+            told += 1
+    except BaseException:
+        for trial in batch[told:]:  # leave no trial RUNNING behind in a shared storage
+            with contextlib.suppress(Exception):
+                study.tell(trial, state=TrialState.FAIL)
+        raise
+
+
+def _check_run_args(n_trials: object, sampler: str) -> None:
+    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
+        raise SpecError(f"optuna search: n_trials must be a positive integer, got {n_trials!r}")
+    if sampler not in SAMPLERS:
+        raise SpecError(f"optuna search: sampler must be one of {', '.join(SAMPLERS)}; "
+                        f"got {sampler!r}")
+
+
+def run_study(*, model: ModelSpec, training: TrainingSpec,
+              cluster: ClusterSpec | Sequence[ClusterSpec],
+              gpu_counts: Sequence[int] | Mapping[str, Sequence[int]], n_trials: int,
+              seed: int | None = None, storage: str | None = None,
+              study_name: str | None = None, sampler: str = "nsga2",
+              population_size: int | None = None, enqueue: bool = True,
+              profile: EfficiencyProfile | Mapping[str, EfficiencyProfile | None] | None = None,
               options: CostOptions | None = None,
               on_trials: Callable[[int], None] | None = None,
               stop_after: int | None = None) -> StudyOutcome:
     """Run (or resume) the study until it holds ``n_trials`` completed trials.
 
+    ``cluster``: one cluster, or several (one study with a ``cluster`` axis);
+    ``gpu_counts``: the GPU counts, or a mapping from cluster name to that
+    cluster's counts; ``profile``: one profile for all clusters, or one per
+    cluster name (``None``: the one covering each cluster's GPU).
     ``on_trials(k)`` is called after each batch of ``k`` completed trials
     (progress).  ``stop_after`` ends this run after that many new trials
     (a controlled interruption, for tests and time-boxed workers).
     """
-    if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-        raise SpecError(f"optuna search: n_trials must be a positive integer, got {n_trials!r}")
-    if not gpu_counts:
-        raise SpecError("optuna search: give at least one GPU count")
-    if sampler not in SAMPLERS:
-        raise SpecError(f"optuna search: sampler must be one of {', '.join(SAMPLERS)}; "
-                        f"got {sampler!r}")
+    _check_run_args(n_trials, sampler)
+    space = _space(cluster, gpu_counts)
     pop = population_size or int(min(100, max(16, n_trials // 25)))
     if pop < 2:
         raise SpecError(f"optuna search: population_size must be >= 2, got {pop}")
-    sets = candidate_sets(model, training, gpu_counts)
-    fingerprint = query_fingerprint(model, training, cluster, sets)
-    name = study_name or f"parsearch-{model.name}-{fingerprint}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=make_storage(storage), study_name=name,
-                                directions=["maximize", "minimize"],
-                                sampler=_sampler(sampler, seed, pop), load_if_exists=True)
+    sets = _study_sets(model, training, space)
+    study = _open_study(model, training, space, sets, storage=storage, study_name=study_name,
+                        sampler=_sampler(sampler, seed, pop))
     existing = study.get_trials(deepcopy=False)
-    stored = study.user_attrs.get(_QUERY_ATTR)
-    if stored is None and not existing:
-        study.set_user_attr(_QUERY_ATTR, fingerprint)
-    elif stored is not None and stored != fingerprint:
-        raise SpecError(f"study {name!r} in {storage} was created for another query (model, "
-                        "training setup, cluster or GPU range differ); use another "
-                        "--study-name or the original options")
-    scorer = _Scorer(model, training, cluster, profile, options,
-                     usable_memory_bytes(load_gpu_profile(cluster.gpu), options))
+    router = _router(model, training, space, profile, options)
     completed = _completed(study)
-    for trial in completed:  # warm the cache: a resumed run repeats no evaluation
-        if "cache_key" in trial.user_attrs:
-            scorer.cache[trial.user_attrs["cache_key"]] = {
-                k: trial.user_attrs[k] for k in _OUTCOME_KEYS}
+    router.warm(completed, space.names[0])
     enqueued = 0
     if enqueue and not existing:
-        for lay in starting_layouts(model, training, cluster, sets, limit=max(1, n_trials // 4),
-                                    options=options):
-            study.enqueue_trial({a: getattr(lay, a) if a != "num_gpus" else lay.num_gpus
-                                 for a in AXES}, skip_if_exists=True)
+        for params in _starting_params(model, training, space, sets,
+                                       limit=_enqueue_limit(n_trials, space), options=options):
+            study.enqueue_trial(params, skip_if_exists=True)
             enqueued += 1
-    before = len(completed)
-    run = 0
-    distributions = {a: optuna.distributions.CategoricalDistribution(sets[a]) for a in AXES}
+    before, run = len(completed), 0
+    distributions = {a: optuna.distributions.CategoricalDistribution(sets[a])
+                     for a in space.axes}
     while True:
-        done = len(_completed(study))
-        left = n_trials - done
+        left = n_trials - len(_completed(study))
         if stop_after is not None:
             left = min(left, stop_after - run)
         if left <= 0:
             break
         batch = [study.ask(distributions) for _ in range(min(pop, left))]
-        told = 0
-        try:
-            layouts = [_layout_from_params(t.params) for t in batch]
-            outcomes = scorer.score(layouts)
-            for trial, lay, out in zip(batch, layouts, outcomes, strict=True):
-                trial.set_constraint("rules", out["rules"])
-                trial.set_constraint("memory", out["memory"])
-                trial.set_user_attr("cache_key", cache_key(lay))
-                for key in _OUTCOME_KEYS:
-                    trial.set_user_attr(key, out[key])
-                study.tell(trial, [out["tokens_per_s"], float(lay.num_gpus)])
-                told += 1
-        except BaseException:
-            for trial in batch[told:]:  # leave no trial RUNNING behind in a shared storage
-                with contextlib.suppress(Exception):
-                    study.tell(trial, state=TrialState.FAIL)
-            raise
-        run += len(layouts)
+        _tell_batch(study, batch, router, space)
+        run += len(batch)
         if on_trials is not None:
-            on_trials(len(layouts))
-    records = tuple(_record(t) for t in _completed(study))
+            on_trials(len(batch))
+    records = tuple(_record(t, space.names[0]) for t in _completed(study))
     return StudyOutcome(
-        study_name=name, storage=_redact(storage), n_trials=n_trials, records=records,
-        trials_before=before, trials_run=run, evaluations=scorer.evaluations,
-        cache_hits=scorer.cache_hits, enqueued=enqueued, candidate_sets=sets)
+        study_name=study.study_name, storage=_redact(storage), n_trials=n_trials,
+        records=records, trials_before=before, trials_run=run, evaluations=router.evaluations,
+        cache_hits=router.cache_hits, enqueued=enqueued, candidate_sets=sets,
+        clusters=space.names,
+        evaluations_by_cluster={n: s.evaluations for n, s in router.scorers.items()})
 
 
 def _redact(url: str | None) -> str:
