@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_explain(args: argparse.Namespace) -> int:
     from parsearch.constraints import check_layout
     from parsearch.cost.analytic import estimate
+    from parsearch.soft_rules import soft_rule_flags
 
     model = model_from_args(args)
     training = training_from_args(args)
@@ -81,6 +82,7 @@ def run_explain(args: argparse.Namespace) -> int:
     document["bottleneck"] = result.bottleneck
     document["slowest_stage"] = result.slowest_stage
     document["peak_memory_stage"] = result.peak_memory_stage
+    document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
     if args.format == "json":
         print_json(document)
         return 0
@@ -108,6 +110,8 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
                 [(k, f"{mem[k]:.2f}") for k in ("weights", "gradients", "optimizer",
                                                  "activations", "other", "total")])
     print(f"  bottleneck: {d['bottleneck']}; slowest pipeline stage: {d['slowest_stage']}")
+    for flag in d["flags"]:
+        print(f"  note: {flag}")
 
 
 def run_validate(args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ from parsearch.search.exhaustive import (
 )
 from parsearch.search.launch import LaunchSettings, launch_settings
 from parsearch.search.pareto import hypervolume, pareto_mask
+from parsearch.soft_rules import soft_rule_flags
 from parsearch.space import enumerate_layouts, require_layouts
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 from parsearch.topology.fabric import build_fabric
@@ -79,6 +80,7 @@ class SearchEntry:
     rank: int
     estimate: Estimate
     launch: LaunchSettings
+    flags: tuple[str, ...] = ()  # soft rules of the layout spec it breaks
 
     @property
     def layout(self) -> Layout:
@@ -93,7 +95,7 @@ class SearchEntry:
         out = {"rank": self.rank, **self.estimate.to_dict()}
         out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
                    headroom_gib_per_gpu=self.headroom_bytes / GIB, nodes=self.launch.nodes,
-                   launch=self.launch.to_dict())
+                   launch=self.launch.to_dict(), flags=list(self.flags))
         return out
 
 
@@ -328,7 +330,8 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_settings(model, training, e.layout,
-                                           gpus_per_node=cluster.gpus_per_node))
+                                           gpus_per_node=cluster.gpus_per_node),
+                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)))
         for i, e in enumerate(estimates))
     smallest = None
     if not scan.feasible:

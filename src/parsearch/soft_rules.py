@@ -1,0 +1,54 @@
+"""The layout-space spec's soft rules: legal layouts that are likely slow, as flags.
+
+``shared/spec/layout-space.md`` ("Soft rules") lists choices that are valid
+but costly; the cost model prices them, and reports name them so a user sees
+*why* a layout ranks low:
+
+* TP (or ETP) spanning more than one NVLink domain;
+* fewer micro-batches than pipeline stages (``m < pp``: more bubble than
+  work), and no interleaving on a deep pipeline;
+* EP groups that cross the network.
+"""
+
+from __future__ import annotations
+
+from parsearch.layout import Layout
+from parsearch.placement import group_strides
+from parsearch.topology.fabric import Fabric
+
+#: Pipelines at least this deep without interleaving are flagged.
+DEEP_PIPELINE = 8
+
+
+def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int) -> list[str]:
+    """One sentence per soft rule ``layout`` breaks on ``fabric`` (empty: none).
+
+    >>> from parsearch.topology.cluster import load_cluster
+    >>> from parsearch.topology.fabric import build_fabric
+    >>> fabric = build_fabric(load_cluster("dgx-h100"), 64)
+    >>> soft_rule_flags(Layout(64, tp=16, pp=4), fabric, global_batch=4)
+    ['tp=16 spans 2 NVLink domains: its collectives run over the network', \
+'m=4 micro-batches for pp=4 stages: the pipeline bubble is as large as the work']
+    """
+    flags: list[str] = []
+    strides = group_strides(layout.tp, layout.cp, layout.pp, layout.ep, layout.etp,
+                            layout.num_gpus)
+    for kind in ("tp", "etp"):
+        stride, size = strides[kind]
+        if size > 1:
+            link = fabric.group_link(int(stride), int(size))
+            if link.nvlink_domains_spanned > 1:
+                flags.append(f"{kind}={size} spans {link.nvlink_domains_spanned} NVLink "
+                             "domains: its collectives run over the network")
+    dp = layout.dp
+    m = global_batch // (layout.mbs * dp) if dp else 0
+    if layout.pp > 1 and 0 < m <= layout.pp:
+        flags.append(f"m={m} micro-batches for pp={layout.pp} stages: the pipeline bubble is "
+                     "as large as the work")
+    if layout.pp >= DEEP_PIPELINE and layout.vpp == 1:
+        flags.append(f"pp={layout.pp} without interleaving (vpp=1): a deep pipeline pays its "
+                     "full bubble")
+    stride, size = strides["ep"]
+    if size > 1 and fabric.group_link(int(stride), int(size)).tier == "network":
+        flags.append(f"ep={size} crosses the network: token all-to-all leaves the NVLink domain")
+    return flags
