@@ -26,7 +26,12 @@ from scipy.optimize import minimize
 from parsearch.cost.analytic import CostOptions, layout_columns, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_dir, efficiency_for_gpu
 from parsearch.published_runs import load_published_runs
-from parsearch.validation import _cost_model, _fabric, memory_saving_candidates, validate_runs
+from parsearch.validation import (
+    fabric_for,
+    memory_saving_candidates,
+    run_cost_model,
+    validate_runs,
+)
 
 # Fields fitted (in log space) and their bounds.
 FIELDS: dict[str, tuple[float, float]] = {
@@ -73,12 +78,12 @@ def prepared_rows(generation: str):  # type: ignore[no-untyped-def]
     rows = []
     for row_id, row in by_id.items():
         run = runs[row_id]
-        fabric = _fabric(fabrics, run.cluster, run.num_gpus)
+        fabric = fabric_for(fabrics, run.cluster, run.num_gpus)
         if efficiency_for_gpu(fabric.gpu.name).name != generation:
             continue
         for training, layout, note in memory_saving_candidates(run):
             if note == row.assumed:
-                cm = _cost_model(run, fabric, CostOptions(), training)
+                cm = run_cost_model(run, fabric, CostOptions(), training)
                 rows.append((cm, layout_columns([layout]), row.measured_tokens_per_s_per_gpu,
                              run.precision))
                 break

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.layout import Layout
@@ -193,28 +194,24 @@ def _text(row: Row, column: str) -> str:
     return (row.get(column) or "").strip()
 
 
-def _int(row: Row, column: str) -> int | None:
+def _parsed(row: Row, column: str, kind: type[int] | type[float], what: str) -> Any:
     text = _text(row, column)
     if not text:
         return None
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
         raise SpecError(
-            f"published run {row.get('id')}: {column}={text!r} is not an integer"
+            f"published run {row.get('id')}: {column}={text!r} is not {what}"
         ) from None
+
+
+def _int(row: Row, column: str) -> int | None:
+    return _parsed(row, column, int, "an integer")
 
 
 def _float(row: Row, column: str) -> float | None:
-    text = _text(row, column)
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise SpecError(
-            f"published run {row.get('id')}: {column}={text!r} is not a number"
-        ) from None
+    return _parsed(row, column, float, "a number")
 
 
 def _required_int(row: Row, column: str) -> int:

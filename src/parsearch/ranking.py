@@ -34,7 +34,9 @@ from parsearch.cost.analytic import CostOptions
 from parsearch.published_runs import PublishedRun, dedupe, dev_rows, group_key
 from parsearch.search.exhaustive import rank_feasible, scan_table, shape_codes
 from parsearch.space import enumerate_layouts
-from parsearch.validation import _cost_model, _fabric, best_reading
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
+from parsearch.validation import best_reading, run_cost_model
 from parsearch.workload import RECOMPUTE_MODES
 
 MATCH_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
@@ -99,12 +101,12 @@ def _expert_pick(runs: list[PublishedRun]) -> PublishedRun:
 def rank_group(run: PublishedRun, options: CostOptions) -> GroupRank:
     """Rank ``run``'s layout among all feasible layouts of its job."""
     assert run.model_spec is not None and run.cluster is not None
-    fabric = _fabric({}, run.cluster, run.num_gpus)
+    fabric = build_fabric(load_cluster(run.cluster), run.num_gpus)
     reading = best_reading(run, fabric, options)
     mbs = tuple(sorted({1, 2, 4, 8, run.layout.mbs}))
     training = replace(reading.training, micro_batch_sizes=mbs,
                        recompute_modes=RECOMPUTE_MODES, sequence_parallel="on")
-    cm = _cost_model(run, fabric, options, training)
+    cm = run_cost_model(run, fabric, options, training)
     table = enumerate_layouts(run.model_spec, training, run.num_gpus)
     scan = scan_table(cm, table)
     cols = table.columns

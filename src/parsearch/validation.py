@@ -143,42 +143,41 @@ class ValidationReport:
         }
 
 
-def source_options(run: PublishedRun, base: CostOptions) -> CostOptions:
-    """Accounting a source's runs used, where it differs from parsearch's defaults.
+def source_accounting(run: PublishedRun, training: TrainingSpec,
+                      options: CostOptions) -> tuple[TrainingSpec, CostOptions]:
+    """The run's setup with the accounting its source used, where it differs from ours.
 
-    NVIDIA's Megatron-Bridge performance recipes reduce gradients in BF16
-    (``grad_reduce_in_fp32=False`` in their perf configs) and, for FP8/FP4
-    recipes on Blackwell, gather FP8 primary weights; the papers (NAR21, KOR22,
-    Folding) used Megatron's fp32 gradient reduction, and the Folding paper
-    Megatron-Core's all-to-all token dispatcher (no DeepEP deduplication).
+    NVIDIA's Megatron-Bridge performance recipes reduce (and keep) gradients in
+    BF16 (``grad_reduce_in_fp32=False`` in their perf configs) and, for FP8/FP4
+    recipes, gather FP8 primary weights; the papers (NAR21, KOR22, Folding) used
+    Megatron's fp32 gradients, and the Folding paper Megatron-Core's all-to-all
+    token dispatcher (no DeepEP deduplication).
     """
     if run.source_tag == "FOLD":
-        # The Folding paper measured Megatron-Core's all-to-all token dispatcher.
-        return replace(base, moe_dispatcher="alltoall")
+        return training, replace(options, moe_dispatcher="alltoall")
     if run.source_tag != "MBRIDGE":
-        return base
-    memory = base.memory
-    if run.precision != "bf16":
-        memory = replace(memory, fp8_param_gather=True)
-    return replace(base, grad_reduce_bytes=2.0, memory=memory,
-                   param_gather_bytes=1.0 if run.precision != "bf16" else 2.0)
+        return training, options
+    low_precision = run.precision != "bf16"
+    memory = replace(options.memory, fp8_param_gather=True) if low_precision else options.memory
+    options = replace(options, grad_reduce_bytes=2.0, memory=memory,
+                      param_gather_bytes=1.0 if low_precision else 2.0)
+    return replace(training, grad_bytes=2.0), options
 
 
-def _fabric(cache: dict[tuple[str, int], Fabric], cluster: str, num_gpus: int) -> Fabric:
+def fabric_for(cache: dict[tuple[str, int], Fabric], cluster: str, num_gpus: int) -> Fabric:
+    """The fabric of ``cluster`` on ``num_gpus`` GPUs, built once per ``cache``."""
     key = (cluster, num_gpus)
     if key not in cache:
         cache[key] = build_fabric(load_cluster(cluster), num_gpus)
     return cache[key]
 
 
-def _cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
-                training: TrainingSpec) -> CostModel:
+def run_cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
+                   training: TrainingSpec) -> CostModel:
+    """The cost model for ``run`` under ``training``, with its source's accounting."""
     assert run.model_spec is not None
-    # Megatron-Bridge memory accounting where the source says so (see source_options).
-    rows_options = source_options(run, options)
-    if rows_options.grad_reduce_bytes == 2.0:
-        training = replace(training, grad_bytes=2.0)
-    return build_cost_model(run.model_spec, training, fabric, options=rows_options)
+    training, options = source_accounting(run, training, options)
+    return build_cost_model(run.model_spec, training, fabric, options=options)
 
 
 def memory_saving_candidates(run: PublishedRun) -> list[tuple[TrainingSpec, Layout, str]]:
@@ -219,7 +218,7 @@ def best_reading(run: PublishedRun, fabric: Fabric, options: CostOptions) -> Rea
     """The first memory-saving reading that fits (else the stated one), with its estimate."""
     first: Reading | None = None
     for training, layout, note in memory_saving_candidates(run):
-        est = estimate(_cost_model(run, fabric, options, training), layout)
+        est = estimate(run_cost_model(run, fabric, options, training), layout)
         reading = Reading(training, layout, note, est)
         if first is None:
             first = reading
@@ -266,7 +265,7 @@ def validate_runs(
             skipped.append((run.id, f"layout breaks {violations[0].rule}"))
             continue
         try:
-            fabric = _fabric(fabrics, run.cluster, run.num_gpus)
+            fabric = fabric_for(fabrics, run.cluster, run.num_gpus)
             reading = best_reading(run, fabric, options)
             est, assumed = reading.estimate, reading.note
         except ParsearchError as error:
