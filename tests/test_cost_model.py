@@ -112,13 +112,19 @@ def test_more_bandwidth_is_never_slower(factor: float, which: str, cluster: str,
 
 @pytest.mark.parametrize("model", [DENSE, MOE], ids=["dense", "moe"])
 def test_fp8_compute_is_never_slower_than_bf16(model: ModelSpec) -> None:
+    """FP8 GEMMs are never slower; FP8 costs only its casts (memory-bound work), its extra
+    kernels and the communication the faster GEMMs no longer hide."""
     table = enumerate_layouts(model, TRAINING, 16)
     fabric = build_fabric(load_cluster("dgx-h100"), 16)
     bf16 = score_columns(build_cost_model(model, TRAINING, fabric), table.columns)
     fp8 = score_columns(
         build_cost_model(model, replace(TRAINING, precision="fp8"), fabric), table.columns)
     assert np.all(fp8["time_compute"] <= bf16["time_compute"] * (1 + 1e-12))
-    assert np.all(fp8["step_time_s"] <= bf16["step_time_s"] * (1 + 1e-12))
+    extra = sum(np.maximum(0.0, fp8[f"time_{k}"] - bf16[f"time_{k}"])
+                for k in ("memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm",
+                          "pp_p2p", "pp_bubble", "stage_imbalance", "dp_comm"))
+    assert np.all(fp8["step_time_s"] <= bf16["step_time_s"] + extra + 1e-12)
+    assert np.any(fp8["step_time_s"] < bf16["step_time_s"])
 
 
 def test_nvlink_tp_beats_network_tp_for_the_same_degrees() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def spec_valid(model: ModelSpec, training: TrainingSpec, lay: Layout) -> bool:
     stages = lay.pp * lay.vpp  # R8
     if training.pipeline_split == "even" and model.num_layers % stages:
         return False
-    if stages > model.num_layers:
+    if stages > model.num_layers + 2:  # uneven: embedding and loss may take a stage each
         return False
     if training.global_batch % (lay.mbs * dp):  # R10
         return False
@@ -72,7 +73,7 @@ def brute_force_keys(model: ModelSpec, training: TrainingSpec, n: int) -> set[st
         "cp": range(1, n + 1),
         "ep": range(1, n + 1),
         "etp": range(1, n + 1),
-        "vpp": range(1, model.num_layers + 1),
+        "vpp": range(1, model.num_layers + 3),
         "mbs": training.micro_batch_sizes,
         "sp": (0, 1),
         "recompute": range(len(RECOMPUTE_MODES)),
@@ -206,3 +207,21 @@ def test_products_of_small_grid_are_all_considered() -> None:
                             recompute_modes=("none", "full"))
     got = {(x.mbs, x.recompute) for x in enumerate_layouts(model, training, 1)}
     assert got == set(itertools.product((1, 2, 4), ("none", "full")))
+
+
+def test_uneven_split_admits_embedding_and_loss_stages() -> None:
+    """R8 uneven: pp*vpp <= L + 2 (the embedding and the loss may take a stage each)."""
+    model = ModelSpec("m", 6, 128, 512, 4, 4, 32, 1000)
+    training = TrainingSpec(seq_len=64, global_batch=64, micro_batch_sizes=(1,),
+                            recompute_modes=("none",), sequence_parallel="off")
+    stages = {x.pp * x.vpp for x in enumerate_layouts(model, training, 8)}
+    assert max(stages) == 8  # pp=4 x vpp=2, or pp=8: L + 2
+    seven = {x.pp for x in enumerate_layouts(model, training, 7)}
+    assert seven == {7}  # pp = L + 1 = 7 (the loss alone on the last stage); dp=7 fails R10
+    assert check_layout(model, training, Layout(8, pp=4, vpp=2)) == []
+    (violation,) = check_layout(model, training, Layout(8, pp=2, vpp=5))
+    assert violation.rule == "R8"
+    assert "pp*vpp=2*5=10 exceeds num_layers+2=6+2=8" in violation.message
+    assert "at most 4 with pp=2" in violation.message
+    even = replace(training, pipeline_split="even")
+    assert max(x.pp * x.vpp for x in enumerate_layouts(model, even, 8)) == 6

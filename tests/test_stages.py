@@ -13,6 +13,7 @@ from parsearch.cost.stages import (
 )
 from parsearch.errors import SpecError
 from parsearch.presets import get_preset
+from parsearch.workload import ModelSpec
 
 
 @st.composite
@@ -64,8 +65,10 @@ def test_examples() -> None:
 
 
 def test_errors_name_the_values() -> None:
-    with pytest.raises(SpecError, match="pp\\*vpp=12"):
-        stage_layer_counts(10, 4, 3)
+    with pytest.raises(SpecError, match=r"pp\*vpp=13 .*num_layers\+2=12"):
+        stage_layer_counts(10, 13, 1)
+    with pytest.raises(SpecError, match=r"pp\*vpp=16"):
+        stage_layer_counts(10, 4, 4)
     with pytest.raises(SpecError, match="split"):
         stage_layer_counts(10, 2, 1, "weird")
     with pytest.raises(SpecError, match="pp"):
@@ -103,3 +106,79 @@ def test_single_stage_holds_everything() -> None:
     assert only.is_first and only.is_last
     assert only.num_layers == model.num_layers
     assert only.num_moe_layers == 32
+
+
+# --- R8 uneven up to pp*vpp = L + 2: the embedding and the loss take a stage each --------
+
+
+@st.composite
+def wide_splits(draw: st.DrawFn) -> tuple[int, int, int]:
+    """(L, pp, vpp) with pp*vpp <= L + 2, biased towards the L+1 / L+2 edge."""
+    layers = draw(st.integers(1, 130))
+    pp = draw(st.integers(1, min(layers + 2, 16)))
+    top = (layers + 2) // pp
+    vpp = draw(st.one_of(st.just(top), st.integers(1, max(1, min(top, 8)))))
+    return layers, pp, vpp
+
+
+@given(wide_splits())
+@settings(max_examples=400, deadline=None)
+def test_every_virtual_stage_holds_a_unit_and_layers_are_conserved(
+    case: tuple[int, int, int],
+) -> None:
+    layers, pp, vpp = case
+    stages = pp * vpp
+    counts = virtual_stage_layer_counts(layers, pp, vpp, "uneven")
+    assert len(counts) == stages and sum(counts) == layers
+    # Units per virtual stage: layers, plus the embedding on the first, the loss on the last.
+    units = list(counts)
+    units[0] += 1
+    units[-1] += 1
+    assert min(units) >= 1
+    # Only the first (embedding-only) and last (loss-only) virtual stage may be empty.
+    assert all(c >= 1 for c in counts[1:-1])
+    assert (counts[0] == 0) == (stages == layers + 2 and stages > 1)
+    assert (counts[-1] == 0) == (stages >= layers + 1 and stages > 1)
+    assert max(counts) - min(counts) <= 1
+    # Per pipeline rank and per chunk, the same layers in model order.
+    model = ModelSpec("toy", layers, 64, 128, 4, 4, 16, 1000)
+    contents = stage_contents(model, pp, vpp, "uneven")
+    flat = sorted(i for c in contents for i in c.layer_indices)
+    assert flat == list(range(layers))
+    for c in contents:
+        for chunk, indices in enumerate(c.chunk_layer_indices):
+            assert len(indices) == counts[chunk * pp + c.rank]
+            if not indices:  # an empty chunk is the embedding-only or the loss-only stage
+                assert (c.rank, chunk) in {(0, 0), (pp - 1, vpp - 1)}
+                assert c.has_embedding if (c.rank, chunk) == (0, 0) else c.has_output
+    assert [c.has_embedding for c in contents] == [r == 0 for r in range(pp)]
+    assert [c.has_output for c in contents] == [r == pp - 1 for r in range(pp)]
+
+
+@given(wide_splits())
+@settings(max_examples=300, deadline=None)
+def test_megatron_accounting_where_it_divides(case: tuple[int, int, int]) -> None:
+    """--account-for-embedding/loss-in-pipeline-split: L+2 (or L+1) units split evenly."""
+    layers, pp, vpp = case
+    stages = pp * vpp
+    counts = virtual_stage_layer_counts(layers, pp, vpp, "uneven")
+    if stages >= 2 and (layers + 2) % stages == 0:
+        per = (layers + 2) // stages
+        assert counts == (per - 1,) + (per,) * (stages - 2) + (per - 1,)
+    elif stages >= 2 and (layers + 1) % stages == 0:
+        per = (layers + 1) // stages
+        assert counts == (per,) * (stages - 1) + (per - 1,)
+
+
+def test_llama_405b_pp16_vpp8_gives_embedding_and_loss_a_stage_each() -> None:
+    model = get_preset("llama3.1-405b")  # 126 layers
+    counts = virtual_stage_layer_counts(model.num_layers, 16, 8, "uneven")
+    assert counts == (0,) + (1,) * 126 + (0,)
+    contents = stage_contents(model, 16, 8, "uneven")
+    assert contents[0].chunk_layer_indices[0] == ()  # virtual stage 0: embedding only
+    assert contents[0].chunk_layer_indices[1] == (15,)  # virtual stage 16
+    assert contents[-1].chunk_layer_indices[-1] == ()  # virtual stage 127: loss only
+    assert [c.num_layers for c in contents] == [7] + [8] * 14 + [7]
+    assert virtual_stage_layer_counts(126, 16, 1) == (7,) + (8,) * 14 + (7,)
+    with pytest.raises(SpecError, match="R8"):
+        virtual_stage_layer_counts(126, 16, 9)

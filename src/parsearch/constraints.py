@@ -243,7 +243,9 @@ def _r8_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
     stages = np.asarray(c["pp"]) * c["vpp"]
     if ctx.pipeline_split == "even":
         return _divides(stages, ctx.num_layers)
-    return stages <= ctx.num_layers
+    # layout-space R8 uneven: the embedding and the loss may each take a virtual stage of
+    # their own (Megatron account_for_embedding/loss_in_pipeline_split), so pp*vpp <= L+2.
+    return stages <= ctx.num_layers + 2
 
 
 def _r8_message(ctx: RuleContext, c: Columns) -> str:
@@ -255,9 +257,13 @@ def _r8_message(ctx: RuleContext, c: Columns) -> str:
             f"{ctx.model_name} with --pipeline-split even; valid pp (vpp={vpp}): {valid}; "
             "or use --pipeline-split uneven"
         )
+    limit = ctx.num_layers + 2
+    valid = _valid_values(limit, lambda p: p * vpp <= limit)
     return (
-        f"pp*vpp={pp}*{vpp}={pp * vpp} exceeds num_layers={ctx.num_layers} of model "
-        f"{ctx.model_name}: every pipeline stage needs at least one layer"
+        f"pp*vpp={pp}*{vpp}={pp * vpp} exceeds num_layers+2={ctx.num_layers}+2={limit} of "
+        f"model {ctx.model_name}: every virtual pipeline stage needs at least one unit "
+        f"(a layer, the embedding or the loss); valid pp (vpp={vpp}): {valid}, "
+        f"or a smaller vpp (at most {max(limit // pp, 1)} with pp={pp})"
     )
 
 

@@ -9,9 +9,10 @@ candidates, and the verdict is joined back onto the rows.  The result is a
 arrays, not millions of objects.
 
 Candidate values per axis are the divisors of the GPU count for the degrees
-(R2/R3 make every degree divide N), ``1..L`` for ``vpp`` (R8 bounds
-``pp*vpp`` by L), the user's candidate sets for ``mbs`` and ``recompute``
-(R11) and both values for ``sp``.
+(R2/R3 make every degree divide N), ``1..L+2`` for ``vpp`` (R8 bounds
+``pp*vpp`` by L+2: the embedding and the loss may each take a virtual stage),
+the user's candidate sets for ``mbs`` and ``recompute`` (R11) and both values
+for ``sp``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def axis_candidates(ctx: RuleContext, axis: str) -> np.ndarray:
     if axis in ("tp", "pp", "cp", "ep", "etp"):
         values: list[int] = divisors(ctx.num_gpus)
     elif axis == "vpp":
-        values = list(range(1, ctx.num_layers + 1))
+        values = list(range(1, ctx.num_layers + 3))  # R8: pp*vpp <= L + 2
     elif axis == "mbs":
         values = sorted(set(ctx.micro_batch_sizes))
     elif axis == "sp":

@@ -26,6 +26,11 @@ RECOMPUTE_CODES: dict[str, int] = {mode: code for code, mode in enumerate(RECOMP
 PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven")
 SequenceParallelMode = Literal["both", "on", "off"]
 SEQUENCE_PARALLEL_MODES: tuple[str, ...] = ("both", "on", "off")
+#: Megatron-Core ``--recompute-modules`` names (``transformer_config.py::recompute_modules``)
+#: that parsearch models; what each drops is in :mod:`parsearch.cost.activations`.
+RECOMPUTE_MODULES: tuple[str, ...] = (
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+)
 
 
 def require_positive_int(owner: str, name: str, value: object) -> int:
@@ -226,6 +231,29 @@ class TrainingSpec:
     (Megatron-FSDP ``optim_grads_params``, ZeRO-3): weights, gradients and
     optimizer state are all sharded, and parameters are all-gathered for every
     forward and backward pass.
+
+    ``grad_bytes`` sizes the gradient buffer of the memory model: 4 for fp32
+    main gradients (Megatron default), 2 for BF16 main gradients
+    (``--grad-reduce-in-bf16`` / Megatron-Bridge ``grad_reduce_in_fp32=False``).
+
+    Activation memory options (Megatron-Core ``TransformerConfig``):
+
+    * ``recompute_num_layers`` — with a layout's ``recompute="full"``,
+      ``--recompute-method block --recompute-num-layers N``: only the first N
+      transformer layers of each model chunk (virtual pipeline stage) are
+      fully recomputed, the others keep their activations
+      (``megatron/core/recompute.py`` block branch); ``None``: every layer.
+    * ``recompute_modules`` — with ``recompute="selective"``,
+      ``--recompute-modules`` (any of ``RECOMPUTE_MODULES``; default
+      ``core_attn``, as Megatron).  ``mla_up_proj`` has an effect only on MLA
+      models and ``moe_act``/``moe``/``shared_experts`` only on MoE layers.
+    * ``activation_offload_layers`` — activations of this many transformer
+      layers (the first ones) of each model chunk are offloaded to host
+      memory (Megatron ``--cpu-offloading --cpu-offloading-num-layers N``,
+      which Megatron allows only with pp=1 and no recompute; the newer
+      ``--fine-grained-activation-offloading --offload-modules ...`` works
+      with both and offloads module inputs, which for all modules is the
+      same bytes).
     """
 
     seq_len: int
@@ -242,6 +270,9 @@ class TrainingSpec:
     max_vpp: int | None = None
     optimizer: str = "adam"
     fsdp: bool = False
+    recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    activation_offload_layers: int = 0
 
     def __post_init__(self) -> None:
         owner = "training"
@@ -264,6 +295,38 @@ class TrainingSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise SpecError(f"{owner}: {name} must be a number >= 0, got {value!r}")
+        self._check_activation_options(owner)
+
+    def _check_activation_options(self, owner: str) -> None:
+        if self.recompute_num_layers is not None:
+            value = self.recompute_num_layers
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(
+                    f"{owner}: recompute_num_layers must be a positive integer (layers per "
+                    f"model chunk to recompute with recompute=full) or None for all layers; "
+                    f"got {value!r}"
+                )
+        modules = self.recompute_modules
+        if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
+            raise SpecError(
+                f"{owner}: recompute_modules must be a tuple of module names, e.g. "
+                f"('core_attn', 'moe_act'); got {modules!r}"
+            )
+        object.__setattr__(self, "recompute_modules", tuple(modules))
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise SpecError(
+                f"{owner}: recompute_modules has unknown module(s) "
+                f"{', '.join(map(repr, bad))}; choose from {', '.join(RECOMPUTE_MODULES)}"
+            )
+        if len(set(modules)) != len(modules):
+            raise SpecError(f"{owner}: recompute_modules repeats a module: {modules!r}")
+        value = self.activation_offload_layers
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpecError(
+                f"{owner}: activation_offload_layers must be an integer >= 0 (transformer "
+                f"layers per model chunk whose activations go to host memory); got {value!r}"
+            )
 
     @property
     def tokens_per_step(self) -> int:

@@ -8,12 +8,15 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
+from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.workload import (
     PIPELINE_SPLITS,
     PRECISIONS,
     RECOMPUTE_MODES,
+    RECOMPUTE_MODULES,
     SEQUENCE_PARALLEL_MODES,
     ModelSpec,
     TrainingSpec,
@@ -28,6 +31,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be an integer >= 0")
     return value
 
 
@@ -114,6 +128,16 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
     mem.add_argument("--fsdp", action="store_true",
                      help="fully sharded data parallel (Megatron-FSDP optim_grads_params): "
                      "weights, gradients and optimizer state sharded over DP*CP")
+    mem.add_argument("--recompute-num-layers", type=positive_int, default=None, metavar="N",
+                     help="with recompute=full: recompute only the first N layers of each "
+                     "model chunk (Megatron --recompute-method block); default all")
+    mem.add_argument("--recompute-modules", type=choice_list(RECOMPUTE_MODULES),
+                     default=("core_attn",), metavar="LIST",
+                     help="with recompute=selective: modules to recompute among "
+                     f"{','.join(RECOMPUTE_MODULES)} (default core_attn)")
+    mem.add_argument("--activation-offload-layers", type=non_negative_int, default=0,
+                     metavar="K", help="offload the activations of the first K layers of "
+                     "each model chunk to host memory (default 0)")
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:
@@ -130,21 +154,36 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cost model")
     group.add_argument("--efficiency", metavar="NAME|FILE", default=None,
                        help="efficiency profile (default: the one covering the cluster's GPU)")
-    group.add_argument("--tp-overlap", type=_fraction, default=None, metavar="F",
-                       help="share of TP collectives hidden behind compute (0..1)")
-    group.add_argument("--ep-overlap", type=_fraction, default=None, metavar="F",
-                       help="share of EP all-to-all hidden behind compute (0..1)")
     group.add_argument("--moe-imbalance", type=non_negative_float, default=None, metavar="X",
-                       help="max/mean tokens per expert rank (>= 1)")
+                       help="max/mean tokens per expert rank (>= 1; default: the profile's 1.0, "
+                       "force-balanced routing)")
     group.add_argument("--grad-reduce-bytes", type=non_negative_float, default=4.0,
                        metavar="B", help="bytes per gradient element in the DP reduction "
                        "(default 4: fp32; 2: bf16)")
-    group.add_argument("--moe-dispatcher", choices=("flex", "alltoall"), default="flex",
-                       help="flex (default): DeepEP/HybridEP, one network copy per remote "
-                       "domain; alltoall: one copy per expert (Megatron-Core default)")
-    group.add_argument("--memory-margin", type=_fraction, default=0.0, metavar="F",
-                       help="share of GPU memory a layout must leave free to count as "
-                       "fitting, e.g. 0.05 (default 0)")
+    group.add_argument("--moe-dispatcher", choices=MOE_DISPATCHER_CHOICES, default="alltoall",
+                       help="MoE token dispatcher priced (Megatron --moe-token-dispatcher-type): "
+                       "alltoall (default, one copy per routed expert), allgather "
+                       "(Megatron-Core's own default), flex (DeepEP/HybridEP: one network "
+                       "copy per remote NVLink domain)")
+    group.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=True,
+                       help="Transformer Engine TP communication overlap (needs SP and TP "
+                       "inside an NVLink domain; default on)")
+    group.add_argument("--moe-a2a-overlap", action=argparse.BooleanOptionalAction,
+                       default=False, help="overlap the MoE all-to-all of one micro-batch with "
+                       "another's compute (--overlap-moe-expert-parallel-comm; default off)")
+    group.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction,
+                       default=True, help="overlap the DP gradient reduce-scatter with "
+                       "backward (default on)")
+    group.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction,
+                       default=True, help="overlap the DP parameter all-gather with forward "
+                       "(default on)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
+                       help="price kernels replayed from CUDA graphs (no host launch cost; "
+                       "default off)")
+    group.add_argument("--memory-margin", type=_fraction, default=DEFAULT_MEMORY_MARGIN,
+                       metavar="F", help="share of GPU memory a layout must leave free to "
+                       "count as fitting (default 0.05: allocator fragmentation and "
+                       "workspaces the memory model does not count)")
     group.add_argument("--fp8-param-gather", action="store_true",
                        help="FP8 primary weights: no BF16 weight copy, FP8 parameter all-gather")
 
@@ -182,6 +221,9 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
         sequence_parallel=args.sequence_parallel,
         max_vpp=args.max_vpp,
         fsdp=args.fsdp,
+        recompute_num_layers=args.recompute_num_layers,
+        recompute_modules=tuple(args.recompute_modules),
+        activation_offload_layers=args.activation_offload_layers,
     )
 
 
@@ -200,9 +242,12 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     fabric = build_fabric(cluster, num_gpus)
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
     options = CostOptions(
-        tp_overlap=args.tp_overlap,
-        ep_overlap=args.ep_overlap,
         moe_imbalance=args.moe_imbalance,
+        tp_comm_overlap=args.tp_comm_overlap,
+        moe_a2a_overlap=args.moe_a2a_overlap,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        cuda_graphs=args.cuda_graphs,
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher,
         memory_margin=args.memory_margin,

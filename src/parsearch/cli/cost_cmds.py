@@ -54,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "the latest release of each model/GPU/precision/layout)")
     validate.add_argument("--include-partial", action="store_true",
                           help="also use rows with one inferred field (verified=partial)")
+    validate.add_argument("--cv", choices=("family", "source"), default=None,
+                          help="out-of-sample accuracy: per GPU generation, calibrate on all "
+                          "runs but one model family (or source) and predict the held-out "
+                          "ones; reports MAPE out of and in sample, pairwise order accuracy "
+                          "and error bands (takes a few minutes)")
     add_format_option(validate, ("table", "json"))
     validate.set_defaults(handler=run_validate)
 
@@ -99,6 +104,10 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
     print(f"  step time {d['step_time_s']:.3f} s, {d['tokens_per_s']:,.0f} tokens/s "
           f"({d['tokens_per_s_per_gpu']:,.0f} per GPU), {d['model_tflops_per_gpu']:.0f} "
           f"model TFLOP/s per GPU, MFU {d['mfu']:.1%} of the BF16 peak")
+    if d.get("tokens_per_s_per_gpu_range"):
+        low, high = d["tokens_per_s_per_gpu_range"]
+        print(f"  likely {low:,.0f} .. {high:,.0f} tokens/s per GPU (out-of-sample error band "
+              "of this kind of prediction)")
     total = d["step_time_s"]
     print_table(("time per step", "seconds", "share"),
                 [(k, f"{v:.4f}", f"{v / total:.1%}") for k, v in d["time_s"].items()])
@@ -119,6 +128,8 @@ def run_validate(args: argparse.Namespace) -> int:
     from parsearch.validation import validate_runs
 
     runs = load_published_runs(args.data)
+    if args.cv:
+        return _run_cross_validation(args, runs)
     report = validate_runs(runs, deduplicate=not args.all_releases,
                            include_partial=args.include_partial)
     if args.format == "json":
@@ -141,6 +152,42 @@ def run_validate(args: argparse.Namespace) -> int:
     for reason, count in summary["skipped_by_reason"].items():
         print(f"  skipped {count}: {reason}")
     return 0
+
+
+def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
+    from parsearch.validation.calibration import prepare_rows
+    from parsearch.validation.crossval import ORDER_MIN_GAP, cross_validate
+
+    rows = prepare_rows(runs, include_partial=args.include_partial)
+    if not rows:
+        raise SpecError("no usable measured run in the data: nothing to cross-validate")
+    cv = cross_validate(rows, by=args.cv)
+    if args.format == "json":
+        print_json(cv.to_dict())
+        return 0
+    print_table(
+        ("id", "model", "gpu", "layout", "measured", "in-sample", "APE", "out-of-sample",
+         "APE out"),
+        [(r.id, r.model, r.gpu, r.layout, f"{r.measured:,.0f}", f"{r.in_sample:,.0f}",
+          f"{r.ape_in:.1%}", f"{r.out_of_sample:,.0f}", f"{r.ape_out:.1%}") for r in cv.rows])
+    print()
+    print_table(
+        ("generation", "runs", "held out", "MAPE out", "MAPE in", "median APE out",
+         f"pairs >{ORDER_MIN_GAP:.0%}", "order out", "order in", "fits on a bound"),
+        [(g.generation, g.n, f"{g.holdout} ({g.folds})", f"{g.mape_out:.1%}",
+          f"{g.mape_in:.1%}", f"{g.median_ape_out:.1%}", g.order_pairs,
+          _pct(g.order_accuracy_out), _pct(g.order_accuracy_in),
+          f"{g.fits_on_bound} of {g.folds + 1}") for g in cv.generations])
+    print()
+    print("error bands (out-of-sample measured/predicted, 10th-90th percentile):")
+    for key, band in cv.bands.items():
+        lo, hi = band.interval(1.0)
+        print(f"  {key}: {lo:.2f} .. {hi:.2f} of the prediction ({band.n} runs)")
+    return 0
+
+
+def _pct(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0%}"
 
 
 def _fmt(value: float) -> str:

@@ -205,7 +205,6 @@ def _multi_cost_inputs(args: argparse.Namespace, model: Any, training: Any,
     decides), so each cluster fills them from its own GPU's profile; the
     profile is ``None`` unless ``--efficiency`` names one for all clusters.
     """
-    from parsearch.cost.analytic import CostOptions
     from parsearch.search.api import gpu_counts_by_cluster
     from parsearch.topology.cluster import load_cluster
 
@@ -215,9 +214,7 @@ def _multi_cost_inputs(args: argparse.Namespace, model: Any, training: Any,
     models = [cost_model_from_args(argparse.Namespace(**{**vars(args), "cluster": name}),
                                    model, training, counts_by[cluster.name][0])
               for name, cluster in zip(names, clusters, strict=True)]
-    options = dataclasses.replace(
-        models[0].options, tp_overlap=args.tp_overlap, ep_overlap=args.ep_overlap,
-        pp_overlap=CostOptions().pp_overlap, moe_imbalance=args.moe_imbalance)
+    options = dataclasses.replace(models[0].options, moe_imbalance=args.moe_imbalance)
     profile = models[0].profile if args.efficiency else None
     counts = sorted({n for values in counts_by.values() for n in values})
     return clusters, profile, options, counts

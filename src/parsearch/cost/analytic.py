@@ -22,7 +22,7 @@ the overlap assumptions §6.3.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,13 +34,15 @@ from parsearch.cost.collectives import (
     all_reduce_time,
     p2p_time,
     reduce_scatter_time,
-    token_dispatch_time,
 )
+from parsearch.cost.communication import Groups, unit_comm
+from parsearch.cost.compute import ACT_BYTES, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
-from parsearch.cost.flops import model_flops_per_token, stage_flops_core
-from parsearch.cost.memory import MemoryOptions, memory_arrays
+from parsearch.cost.flops import model_flops_per_token
+from parsearch.cost.memory import memory_arrays
+from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.schedule import pipeline_time
-from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
+from parsearch.cost.stages import rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.hardware import GpuProfile
 from parsearch.layout import Layout
@@ -49,11 +51,17 @@ from parsearch.placement import group_strides
 from parsearch.topology.fabric import Fabric
 from parsearch.workload import ModelSpec, TrainingSpec
 
+__all__ = ["MOE_DISPATCHERS", "TIME_KEYS", "CostModel", "CostOptions", "Estimate",
+           "build_cost_model", "estimate", "layout_columns", "score_columns"]
+
 GIB = float(2**30)
-ACT_BYTES = 2.0  # bf16 activations and activation gradients on the wire
 TIME_KEYS: tuple[str, ...] = (
-    "compute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble", "dp_comm", "optimizer",
+    "compute", "memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm", "pp_p2p",
+    "pp_bubble", "stage_imbalance", "dp_comm", "optimizer",
 )
+# Components of a stage's per-micro-batch time (summed over its units).
+STAGE_PARTS: tuple[str, ...] = ("compute", "memory_bound", "overhead", "tp_comm", "cp_comm",
+                                "ep_comm")
 MEMORY_KEYS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations", "other",
                                 "total")
 # Units a stage holds, in this order (the columns of a stage's feature row).
@@ -62,57 +70,6 @@ UNITS: tuple[str, ...] = ("dense", "moe", "mtp", "embedding", "output")
 # master weight, Adam m and v read and written (3 x 4 x 2), bf16 weight written (2).
 # Formulas.md §5.1 state sizes; the read/write count is ours.
 OPTIMIZER_STEP_BYTES = 30.0
-
-
-@dataclass(frozen=True)
-class CostOptions:
-    """Knobs of the time model that neither the training spec nor the profile carry.
-
-    ``None`` means "take it from the efficiency profile".  ``grad_reduce_bytes``
-    is the element size of the data-parallel gradient reduction (4: fp32,
-    Megatron's ``accumulate_allreduce_grads_in_fp32``; 2: bf16 reduce);
-    ``fp8_dispatch`` sends EP dispatch in FP8 when training in FP8
-    (formulas.md §7.5/§7.7).  ``moe_dispatcher`` is ``"flex"`` (DeepEP/HybridEP:
-    one network copy per remote domain, what NVIDIA's MoE recipes run) or
-    ``"alltoall"`` (Megatron-Core's default: one copy per expert).
-    ``memory_margin`` is the share of HBM a layout must leave free to count as
-    fitting (allocator fragmentation and buffers not modelled; default 0).
-    """
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.memory_margin < 1.0:
-            raise SpecError(
-                f"memory_margin must be in [0, 1): the share of HBM kept free, got "
-                f"{self.memory_margin!r}"
-            )
-        if self.moe_dispatcher not in ("flex", "alltoall"):
-            raise SpecError(
-                f"moe_dispatcher must be flex or alltoall, got {self.moe_dispatcher!r}"
-            )
-
-    causal: bool = True
-    tp_overlap: float | None = None
-    ep_overlap: float | None = None
-    pp_overlap: float | None = None
-    moe_imbalance: float | None = None
-    grad_reduce_bytes: float = 4.0
-    param_gather_bytes: float = 2.0
-    fp8_dispatch: bool = False
-    moe_dispatcher: str = "flex"
-    memory_margin: float = 0.0
-    memory: MemoryOptions = field(default_factory=MemoryOptions)
-
-    def resolved(self, profile: EfficiencyProfile) -> CostOptions:
-        """The options with every ``None`` filled in from ``profile``."""
-        return replace(
-            self,
-            tp_overlap=profile.tp_overlap if self.tp_overlap is None else self.tp_overlap,
-            ep_overlap=profile.ep_overlap if self.ep_overlap is None else self.ep_overlap,
-            pp_overlap=profile.pp_overlap if self.pp_overlap is None else self.pp_overlap,
-            moe_imbalance=(
-                profile.moe_imbalance if self.moe_imbalance is None else self.moe_imbalance
-            ),
-        )
 
 
 @dataclass(frozen=True)
@@ -142,6 +99,9 @@ def build_cost_model(
             f"precision {training.precision} is not supported by {fabric.gpu.name} "
             f"(cluster {fabric.cluster.name}); it supports {have}"
         )
+    if training.precision not in profile.gemm_efficiency:
+        raise SpecError(f"efficiency profile {profile.name} has no gemm_efficiency for "
+                        f"{training.precision}; add it to the profile")
     options = (options or CostOptions()).resolved(profile)
     if training.precision == "bf16" and options.memory.fp8_param_gather:
         raise SpecError("fp8 parameter gather needs --precision fp8 or fp4")
@@ -150,48 +110,14 @@ def build_cost_model(
 
 def usable_memory_bytes(gpu: GpuProfile, options: CostOptions | None) -> float:
     """HBM a layout may fill: capacity less the requested safety margin."""
-    margin = options.memory_margin if options is not None else 0.0
+    margin = options.memory_margin if options is not None else DEFAULT_MEMORY_MARGIN
     return gpu.hbm_bytes * (1.0 - margin)
 
 
 # --- unit prices -------------------------------------------------------------------------
 
 
-def _unit_content(model: ModelSpec, unit: str) -> StageContent:
-    last_is_moe = model.is_moe_layer(model.num_layers - 1)
-    return StageContent(
-        rank=0, pp=1, vpp=1, chunk_layer_indices=((),),
-        num_dense_layers=int(unit == "dense"),
-        num_moe_layers=int(unit == "moe"),
-        has_embedding=unit == "embedding",
-        has_output=unit == "output",
-        num_mtp_layers=int(unit == "mtp"),
-        mtp_is_moe=last_is_moe,
-    )
-
-
-def _gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any) -> Any:
-    """eta(F) = eta_max * F / (F + F_half): small GEMMs reach less of the peak.
-
-    A smooth version of Calculon's size-stepped matrix efficiency
-    (``systems/h100_80g_nvl8.json``: 0.95 >= 128 GFLOP, 0.9 >= 16, 0.6 >= 1).
-    """
-    f = np.maximum(np.asarray(flops_per_call, dtype=np.float64), 1.0)
-    return profile.gemm_max_efficiency[precision] * f / (f + profile.gemm_half_flops)
-
-
-@dataclass(frozen=True)
-class _Links:
-    tp: LinkArrays
-    cp: LinkArrays
-    dp: LinkArrays
-    ep: LinkArrays
-    etp: LinkArrays
-    edp: LinkArrays
-    pp: LinkArrays
-
-
-def _links(fabric: Fabric, cols: dict[str, np.ndarray]) -> _Links:
+def _groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
     strides = group_strides(cols["tp"], cols["cp"], cols["pp"], cols["ep"], cols["etp"],
                             fabric.num_gpus)
     nvlink_latency = fabric.cluster.nvlink_latency_s
@@ -200,109 +126,27 @@ def _links(fabric: Fabric, cols: dict[str, np.ndarray]) -> _Links:
         stride_a, size_a = np.broadcast_arrays(np.asarray(stride), np.asarray(size))
         links = fabric.group_links(stride_a, size_a)
         out[kind] = LinkArrays.from_group_links(links, nvlink_latency, links["latency_s"])
-    return _Links(**out)
+    return Groups(**out)
 
 
-def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], links: _Links,
+def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups,
                  unit: str) -> dict[str, np.ndarray]:
-    """Per-micro-batch seconds of one unit on one GPU: compute and exposed comm."""
-    model, training, profile, opt = cm.model, cm.training, cm.profile, cm.options
-    gpu = cm.fabric.gpu
-    tp, cp, ep, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "ep", "etp", "mbs"))
-    sp = cols["sp"].astype(bool)
-    code = cols["recompute"]
-    s, h = training.seq_len, model.hidden_size
-    flops = stage_flops_core(model, s, _unit_content(model, unit), tp=tp, cp=cp, ep=ep,
-                             etp=etp, mbs=mbs, recompute_code=code, causal=opt.causal)
-    precision = training.precision
-    peak = gpu.peak_flops[precision]
-    peak_bf16 = gpu.peak_flops["bf16"]
-    imbalance = float(opt.moe_imbalance or 1.0)
-    # Compute, forward pass (FLOPs / (peak * efficiency)); backward = 2x forward (NAR21).
-    gemm_calls = 4.0  # QKV, attention output, FC1, FC2 per layer
-    t_gemm = flops.dense_gemm_flops / (
-        peak * _gemm_efficiency(profile, precision, flops.dense_gemm_flops / gemm_calls))
-    local_experts = np.maximum(np.asarray(flops.gemm.local_experts, dtype=np.float64), 1.0)
-    expert_call = flops.routed_expert_flops / (2.0 * local_experts)
-    t_routed = imbalance * flops.routed_expert_flops / (
-        peak * _gemm_efficiency(profile, precision, expert_call) * profile.grouped_gemm_factor)
-    # Flash attention reaches less of the peak on short blocks; with CP each rank works
-    # on blocks of s/cp tokens (the ring of Megatron-Core's p2p context parallelism).
-    block = s / cp
-    attention_eff = profile.attention_efficiency * block / (block + profile.attention_half_block)
-    t_core = flops.core_attention_flops / (peak_bf16 * attention_eff)
-    # The output layer stays BF16 by default (MCORE transformer_config fp8_output_proj).
-    t_logits = flops.logits_flops / (
-        peak_bf16 * _gemm_efficiency(profile, "bf16", flops.logits_flops))
-    layer_forward = t_gemm + t_routed + t_core
-    recompute = np.where(code == RECOMPUTE_CODES["full"], layer_forward,
-                         np.where(code == RECOMPUTE_CODES["selective"], t_core, 0.0))
-    # Non-GEMM kernels are HBM-bound: bytes / (bandwidth * efficiency).
-    hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
-    layers = 1.0 if unit in ("dense", "moe", "mtp") else 0.0
-    tokens_rank = mbs * s / (cp * np.where(sp, tp, 1.0))
-    elementwise = layers * profile.elementwise_bytes_per_hidden * h * tokens_rank / hbm
-    is_moe_unit = unit == "moe" or (unit == "mtp" and model.is_moe_layer(model.num_layers - 1))
-    moe = model.moe
-    routed_tokens = mbs * s / (tp * cp) * (moe.top_k if moe else 0)  # formulas.md §3.5
-    if is_moe_unit:
-        elementwise = elementwise + profile.moe_bytes_per_hidden * h * routed_tokens / hbm
-    if precision != "bf16":  # formulas.md §7.7: quantize/transpose/amax kernels
-        elementwise = elementwise + (
-            layers * profile.quantize_bytes_per_hidden * h * tokens_rank / hbm)
-    compute = 3.0 * (t_gemm + t_routed + t_core + t_logits) + recompute + elementwise
-    compute = compute + layers * profile.layer_overhead_s
-
-    # TP/SP (formulas.md §7.2): per block (attention or MLP) 2 collectives forward and 2
-    # backward of b*(s/c)*h elements (all-reduce = RS + AG), plus with SP one more
-    # all-gather in backward to rebuild the GEMM input for wgrad.  Full recompute
-    # re-runs the forward pair.
-    tp_bytes = mbs * (s / cp) * h * ACT_BYTES
-    per_block = np.where(sp, 5.0, 4.0) + np.where(code == RECOMPUTE_CODES["full"], 2.0, 0.0)
-    if unit == "dense" or (unit == "mtp" and not is_moe_unit):
-        blocks = 2.0
-    elif unit in ("moe", "mtp"):
-        blocks = 1.0 + (1.0 if moe and moe.shared_expert_ffn_hidden_size else 0.0)
-    elif unit == "output":
-        blocks = 0.6  # AG of the input forward, RS backward (+AG with SP): ~3 of 5
-    else:
-        blocks = 0.0
-    tp_time = blocks * per_block * reduce_scatter_time(links.tp, tp_bytes)
-    # TP overlap (Megatron-Core --tp-comm-overlap, Transformer Engine userbuffers) needs
-    # sequence parallelism and runs over NVLink only: a TP group that crosses NVLink
-    # domains pays its collectives in full.
-    tp_in_domain = np.asarray(links.tp.members_per_domain) >= np.asarray(links.tp.size)
-    tp_exposed = tp_time * np.where(sp & tp_in_domain, 1.0 - float(opt.tp_overlap or 0.0), 1.0)
-
-    # CP (formulas.md §7.3, p2p ring): ~3(c-1) transfers of this rank's K/V chunk per layer,
-    # hidden behind the attention compute of the same layer when it is long enough.
-    cp_exposed = np.zeros_like(tp)
-    if layers:
-        if model.mla is not None:
-            kv_width = model.num_attention_heads * (
-                model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim)
-            kv_rank = kv_width / tp
-        else:
-            kv_width = 2.0 * model.num_query_groups * model.head_dim
-            kv_rank = kv_width / np.minimum(tp, model.num_query_groups)
-        kv_bytes = mbs * (s / cp) * kv_rank * ACT_BYTES
-        cp_time = 3.0 * (cp - 1.0) * p2p_time(links.cp, kv_bytes)
-        cp_exposed = np.maximum(0.0, cp_time - 3.0 * t_core)
-
-    # EP / ETP (formulas.md §7.5): dispatch + combine all-to-all forward and backward of
-    # T*k token copies of h elements; with ETP an all-gather / reduce-scatter of them.
-    ep_exposed = np.zeros_like(tp)
-    if is_moe_unit:
-        dispatch_bytes = 1.0 if (opt.fp8_dispatch and precision != "bf16") else ACT_BYTES
-        tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
-        dedupe = opt.moe_dispatcher == "flex"
-        k = moe.top_k if moe else 1
-        a2a = (token_dispatch_time(links.ep, tokens, h * dispatch_bytes, k, dedupe)
-               + 3.0 * token_dispatch_time(links.ep, tokens, h * ACT_BYTES, k, dedupe))
-        etp_time = 4.0 * reduce_scatter_time(links.etp, etp * routed_tokens * h * ACT_BYTES)
-        ep_exposed = imbalance * (a2a + etp_time) * (1.0 - float(opt.ep_overlap or 0.0))
-    return {"compute": compute, "tp_comm": tp_exposed, "cp_comm": cp_exposed,
-            "ep_comm": ep_exposed, "forward": t_gemm + t_routed + t_core + t_logits}
+    """Per-micro-batch seconds of one unit on one GPU, by stage part."""
+    opt = cm.options
+    compute = unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
+                           causal=opt.causal, imbalance=float(opt.moe_imbalance or 1.0),
+                           cuda_graphs=opt.cuda_graphs, flash_attention=opt.flash_attention)
+    comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute)
+    return {
+        "compute": compute.gemm + compute.routed + compute.attention + compute.logits
+        + comm.sm_slowdown,
+        "memory_bound": compute.memory_bound,
+        "overhead": compute.overhead,
+        "tp_comm": comm.tp,
+        "cp_comm": comm.cp,
+        "ep_comm": comm.ep,
+        "forward": compute.forward,
+    }
 
 
 def _unit_params(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, tuple[Any, Any]]:
@@ -355,28 +199,27 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     cols = {k: np.asarray(v) for k, v in cols.items()}
     if "m" not in cols:
         cols["m"] = training.global_batch // (cols["mbs"] * cols["dp"])
-    links = _links(fabric, cols)
-    prices = {unit: _unit_prices(cm, cols, links, unit) for unit in UNITS}
+    groups = _groups(fabric, cols)
+    prices = {unit: _unit_prices(cm, cols, groups, unit) for unit in UNITS}
     params = _unit_params(cm, cols)
     # PP p2p (formulas.md §7.4): one activation forward and one gradient backward per
     # micro-batch and model chunk, b*(s/c)*h (/tp with SP) elements.
     tp_f, cp_f = cols["tp"].astype(np.float64), cols["cp"].astype(np.float64)
     pp_bytes = (cols["mbs"] * training.seq_len / cp_f * model.hidden_size * ACT_BYTES
                 / np.where(cols["sp"], tp_f, 1.0))
-    pp_time = (2.0 * cols["vpp"] * p2p_time(links.pp, pp_bytes)
-               * (1.0 - float(cm.options.pp_overlap or 0.0)))
+    pp_send = np.where(cols["pp"] > 1, p2p_time(groups.pp, pp_bytes)
+                       + cm.profile.collective_latency_s, 0.0)
 
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)
     for pp, vpp, idx in rows_by_split(cols["pp"], cols["vpp"]):
         feats = _stage_features(model, pp, vpp, training.pipeline_split)
-        _score_group(cm, cols, idx, feats, prices, params, pp_time, links, out, slowest_stage)
+        _score_group(cm, cols, idx, feats, prices, params, pp_send, groups, out, slowest_stage)
     step = sum(out[f"time_{k}"] for k in TIME_KEYS)
     tokens = float(training.global_batch * training.seq_len)
     tokens_per_s = tokens / step
     flops_per_token = model_flops_per_token(model, training.seq_len, cm.options.causal)
     model_flops = flops_per_token.model_flops * tokens_per_s / fabric.num_gpus
-    capacity = fabric.gpu.hbm_bytes
     if with_memory:
         mem = memory_arrays(model, training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
                             cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
@@ -395,7 +238,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
         mfu=model_flops / fabric.gpu.peak_flops["bf16"],
         fits=(out["mem_total"] <= usable_memory_bytes(fabric.gpu, cm.options)
               if with_memory else np.ones(n, dtype=bool)),
-        capacity_bytes=np.full(n, capacity),
+        capacity_bytes=np.full(n, usable_memory_bytes(fabric.gpu, cm.options)),
         slowest_stage=slowest_stage,
         peak_memory_stage=peak_stage,
     )
@@ -404,41 +247,56 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
 
 def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
                  feats: np.ndarray, prices: dict[str, dict[str, np.ndarray]],
-                 params: dict[str, tuple[Any, Any]], pp_time: np.ndarray, links: _Links,
+                 params: dict[str, tuple[Any, Any]], pp_send: np.ndarray, groups: Groups,
                  out: dict[str, np.ndarray], slowest_stage: np.ndarray) -> None:
-    """Fill the time breakdown of the rows ``idx`` that share one (pp, vpp) split."""
+    """Fill the time breakdown of the rows ``idx`` that share one (pp, vpp) split.
+
+    Step = m x (slowest stage's micro-batch time) + fill/drain bubble + exposed DP
+    traffic + optimizer.  The per-part times are reported at the mean stage, and
+    ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
+    so the parts add up to the step and the bottleneck is named truthfully.
+    """
     def per_stage(component: str) -> np.ndarray:  # (rows, pp)
         coef = np.stack([np.broadcast_to(prices[u][component], cols["tp"].shape)[idx]
                          for u in UNITS], axis=1)
         return coef @ feats.T
 
-    parts = {k: per_stage(k) for k in ("compute", "tp_comm", "cp_comm", "ep_comm")}
-    p2p = pp_time[idx][:, None] * np.ones((1, feats.shape[0]))
-    stage_time = sum(parts.values()) + p2p
+    parts = {k: per_stage(k) for k in STAGE_PARTS}
+    work = parts["compute"] + parts["memory_bound"] + parts["overhead"]
+    # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
+    # for them; with interleaving Megatron overlaps them with the next chunk's compute
+    # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
+    vpp = cols["vpp"][idx].astype(np.float64)[:, None]
+    p2p_total = 2.0 * vpp * pp_send[idx][:, None] * np.ones((1, feats.shape[0]))
+    p2p = np.where(vpp > 1, np.maximum(0.0, p2p_total - work), p2p_total)
+    parts["pp_p2p"] = p2p
+    stage_time = sum(parts.values())
     m = cols["m"][idx].astype(np.float64)
     _busy, bubble = pipeline_time(stage_time, m, cols["vpp"][idx])
     worst = np.argmax(stage_time, axis=1)
     rows = np.arange(len(idx))
+    mean_stage = stage_time.mean(axis=1)
     for key, values in parts.items():
-        out[f"time_{key}"][idx] = m * values[rows, worst]
-    out["time_pp_p2p"][idx] = m * p2p[rows, worst]
+        out[f"time_{key}"][idx] = m * values.mean(axis=1)
+    out["time_stage_imbalance"][idx] = m * (stage_time[rows, worst] - mean_stage)
     out["time_pp_bubble"][idx] = bubble
     slowest_stage[idx] = worst
-    dp_exposed, optimizer = _data_parallel(cm, cols, idx, feats, params, parts, links)
+    dp_exposed, optimizer = _data_parallel(cm, cols, idx, feats, params, work, groups)
     out["time_dp_comm"][idx] = dp_exposed
     out["time_optimizer"][idx] = optimizer
 
 
 def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
                    feats: np.ndarray, params: dict[str, tuple[Any, Any]],
-                   parts: dict[str, np.ndarray], links: _Links) -> tuple[np.ndarray, np.ndarray]:
+                   work: np.ndarray, groups: Groups) -> tuple[np.ndarray, np.ndarray]:
     """Exposed DP traffic and optimizer time of the stage where they are largest.
 
     Distributed optimizer (formulas.md §7.6): reduce-scatter of gradients and
     all-gather of parameters over DP*CP (dense) and EDP (experts); without it an
-    all-reduce of gradients.  Overlap (§6.3): the gradient reduction runs during
-    the last micro-batch's backward, the parameter gather during the first
-    forward; only what sticks out is exposed.
+    all-reduce of gradients.  Overlap is a bound (Megatron DDP): with
+    ``--overlap-grad-reduce`` the reduction runs beside the last micro-batch's
+    backward (2/3 of its compute), with ``--overlap-param-gather`` the gather
+    beside the first forward (1/3); a switched-off overlap leaves it exposed.
     """
     opt, training = cm.options, cm.training
 
@@ -456,9 +314,10 @@ def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
                                       "network_bandwidth_Bps", "nvlink_latency_s",
                                       "network_latency_s")))
 
-    dp_link, edp_link = sub(links.dp), sub(links.edp)
+    dp_link, edp_link = sub(groups.dp), sub(groups.edp)
     grad = opt.grad_reduce_bytes
-    compute = parts["compute"]  # per micro-batch, per stage: fwd + bwd (+ recompute)
+    backward_window = work * (2.0 / 3.0) if opt.overlap_grad_reduce else 0.0 * work
+    forward_window = work / 3.0 if opt.overlap_param_gather else 0.0 * work
     if training.fsdp:
         # ZeRO-3 / Megatron-FSDP (formulas.md §7.6; ZeRO §7: 3 Psi): every micro-batch
         # all-gathers the parameters for forward and again for backward and
@@ -469,18 +328,20 @@ def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
         reduce = (reduce_scatter_time(dp_link, dense * grad)
                   + reduce_scatter_time(edp_link, expert * grad))
         m = cols["m"][idx][:, None].astype(np.float64)
-        exposed = m * np.maximum(0.0, 2.0 * gather + reduce - compute)
-    elif training.distributed_optimizer:
-        reduce = (reduce_scatter_time(dp_link, dense * grad)
-                  + reduce_scatter_time(edp_link, expert * grad))
-        gather = (all_gather_time(dp_link, dense * opt.param_gather_bytes)
-                  + all_gather_time(edp_link, expert * opt.param_gather_bytes))
+        exposed = m * (np.maximum(0.0, 2.0 * gather - forward_window - backward_window / 2.0)
+                       + np.maximum(0.0, reduce - backward_window / 2.0))
     else:
-        reduce = all_reduce_time(dp_link, dense * grad) + all_reduce_time(edp_link, expert * grad)
-        gather = np.zeros_like(reduce)
-    if not training.fsdp:
-        exposed = np.maximum(0.0, reduce - compute * (2.0 / 3.0)) + np.maximum(
-            0.0, gather - compute / 3.0)
+        if training.distributed_optimizer:
+            reduce = (reduce_scatter_time(dp_link, dense * grad)
+                      + reduce_scatter_time(edp_link, expert * grad))
+            gather = (all_gather_time(dp_link, dense * opt.param_gather_bytes)
+                      + all_gather_time(edp_link, expert * opt.param_gather_bytes))
+        else:
+            reduce = (all_reduce_time(dp_link, dense * grad)
+                      + all_reduce_time(edp_link, expert * grad))
+            gather = np.zeros_like(reduce)
+        exposed = (np.maximum(0.0, reduce - backward_window)
+                   + np.maximum(0.0, gather - forward_window))
     shards_dense = (cols["dp"] * cols["cp"])[idx][:, None].astype(np.float64)
     shards_expert = cols["edp"][idx][:, None].astype(np.float64)
     if not (training.distributed_optimizer or training.fsdp):
@@ -513,10 +374,12 @@ class Estimate:
     time_s: dict[str, float]
     slowest_stage: int
     peak_memory_stage: int
+    tokens_per_s_per_gpu_range: tuple[float, float] | None = None
 
     @property
     def bottleneck(self) -> str:
-        """The largest exposed time component (``compute`` when nothing else dominates)."""
+        """The largest part of the step: compute, memory-bound work, overhead, a named
+        communication kind, the pipeline bubble or stage imbalance."""
         return max(self.time_s, key=lambda k: self.time_s[k])
 
     def to_dict(self) -> dict[str, Any]:
@@ -533,6 +396,10 @@ class Estimate:
             "mfu": self.mfu,
             "memory_gib_per_gpu": memory,
             "time_s": dict(self.time_s),
+            # Out-of-sample 10th-90th percentile of measured/predicted for this kind of
+            # prediction (the profile's `uncertainty`), applied to this prediction.
+            "tokens_per_s_per_gpu_range": (list(self.tokens_per_s_per_gpu_range)
+                                           if self.tokens_per_s_per_gpu_range else None),
         }
 
 
@@ -549,6 +416,8 @@ def layout_columns(layouts: list[Layout]) -> dict[str, np.ndarray]:
 def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
                       layout: Layout) -> Estimate:
     """Row ``i`` of :func:`score_columns` output as an :class:`Estimate`."""
+    band = cm.profile.uncertainty.get("moe" if cm.model.is_moe else "dense")
+    predicted = float(scores["tokens_per_s_per_gpu"][i])
     return Estimate(
         layout=layout,
         is_moe=cm.model.is_moe,
@@ -563,6 +432,7 @@ def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
         time_s={k: float(scores[f"time_{k}"][i]) for k in TIME_KEYS},
         slowest_stage=int(scores["slowest_stage"][i]),
         peak_memory_stage=int(scores["peak_memory_stage"][i]),
+        tokens_per_s_per_gpu_range=band.interval(predicted) if band else None,
     )
 
 

@@ -1,16 +1,22 @@
-"""Efficiency profiles: how much of the datasheet peak real kernels reach.
+"""Efficiency profiles: how much of the datasheet peaks real kernels reach.
 
 One profile per GPU generation lives in ``cost_models/efficiency/<name>.yaml``
-and lists the GPU profiles it covers.  The numbers are *calibrated* (one set
-per generation, never per run) against the published runs in
-``src/parsearch/data/published_runs.csv``; each file says which starting
-points it took from the literature.
+and lists the GPU profiles it covers.  Every number is a *physical* quantity
+(a fraction of a datasheet peak, a time per kernel, a per-call latency) with
+a prior and a range taken from cited microbenchmarks (the ``priors`` section
+of the file, sources in ``cost_models/references/``).  Calibration
+(:mod:`parsearch.validation.calibration`) fits a few of them to published
+runs, regularised toward the priors and never outside the ranges; a value
+that lands on a bound fails calibration.  The ``uncertainty`` section holds
+the out-of-sample error band of each kind of prediction (dense or MoE),
+written by the calibration.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,58 +25,130 @@ import yaml
 from parsearch.errors import SpecError
 from parsearch.resources import data_dir
 
+# Fields that are fractions of a peak (validated to lie in (0, 1]).
+FRACTION_FIELDS: frozenset[str] = frozenset({
+    "grouped_gemm_efficiency", "attention_forward_efficiency",
+    "attention_backward_efficiency", "hbm_efficiency", "alltoall_efficiency",
+    "comm_sm_share",
+})
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A parameter's literature value and cited physical range."""
+
+    value: float
+    low: float
+    high: float
+    source: str
+
+    def contains(self, x: float, tolerance: float = 1e-9) -> bool:
+        return self.low - tolerance <= x <= self.high + tolerance
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """Out-of-sample ``log(predicted / measured)`` quantiles of one kind of prediction."""
+
+    low: float
+    high: float
+    n: int
+    method: str = ""
+
+    def interval(self, predicted: float) -> tuple[float, float]:
+        """Range of the measurement implied by the band: ``pred / e^high .. pred / e^low``."""
+        return predicted / math.exp(self.high), predicted / math.exp(self.low)
+
+    @property
+    def relative_halfwidth(self) -> float:
+        """Half the band's width as a fraction (``0.1`` = about ±10 %)."""
+        return (math.exp(self.high - self.low) - 1.0) / 2.0
+
 
 @dataclass(frozen=True)
 class EfficiencyProfile:
-    """Achieved fractions of peak and fixed overheads for one GPU generation.
+    """Achieved fractions of peak, per-kernel and per-call costs for one GPU generation.
 
-    * ``gemm_max_efficiency[precision]``: fraction of that precision's dense
-      peak a large GEMM reaches;
-    * ``gemm_half_flops``: the per-call GEMM size (FLOPs) at which the
-      efficiency is half its maximum, ``eta(F) = eta_max * F / (F + F_half)``
-      (a smooth form of Calculon's size-stepped matrix efficiency);
-    * ``grouped_gemm_factor``: MoE grouped GEMMs relative to a dense GEMM of
-      the same size;
-    * ``attention_efficiency``: fused (flash) attention, fraction of the BF16 peak,
-      for long blocks;
-    * ``attention_half_block``: the query/key block length (tokens) at which the
-      attention kernel reaches half of that: a rank's block is ``s / cp``
-      (context parallelism runs the ring over blocks of the local chunk);
-    * ``elementwise_bytes_per_hidden``: HBM bytes per token per layer per
-      hidden unit moved by non-GEMM kernels (norms, residuals, activations,
-      RoPE, casts), forward + backward;
-    * ``moe_bytes_per_hidden``: the same for MoE permute/unpermute and router
-      per routed token copy;
-    * ``quantize_bytes_per_hidden``: the same for FP8/FP4 casts, scaling and
-      transposes of GEMM inputs, only when training in FP8 or FP4
-      (formulas.md §7.7: "quantize/transpose/amax kernels add memory-bound time");
-    * ``hbm_efficiency``: achieved fraction of HBM bandwidth;
-    * ``layer_overhead_s``: launch/host time per layer per micro-batch
-      (forward + backward);
+    * ``gemm_efficiency[precision]``: a large GEMM's fraction of that
+      precision's dense datasheet peak (cuBLAS large-matmul measurements);
+    * ``gemm_half_flops``: per-call FLOPs at which a GEMM reaches half of it,
+      ``eta(F) = eta_max * F / (F + F_half)``;
+    * ``grouped_gemm_efficiency``: an MoE grouped GEMM relative to one dense
+      GEMM of the same per-expert shape (tile padding is counted separately);
+    * ``attention_forward_efficiency``, ``attention_backward_efficiency``:
+      fused attention forward / backward, fraction of the BF16 peak for long
+      blocks (FlashAttention-2/3, cuDNN), and ``attention_half_block``: the
+      block length (tokens, ``s / cp``) at which it is half of that;
+    * ``hbm_efficiency``: achieved fraction of HBM bandwidth (STREAM-like);
+    * ``memory_bound_factor``: counted HBM bytes of non-GEMM kernels times
+      this factor (fusion and extra copies the count does not see);
+    * ``kernel_overhead_s``: fixed GPU time per kernel (launch and tail);
+    * ``host_time_per_layer_s``: CPU time to issue one layer's forward and
+      backward kernels in eager mode; a layer whose GPU work is shorter waits
+      for the host (CUDA graphs remove most of it);
     * ``step_overhead_s``: fixed time per optimizer step;
-    * ``tp_overlap``, ``ep_overlap``, ``pp_overlap``: fraction of that
-      communication hidden behind compute (0 = fully exposed);
+    * ``alltoall_efficiency``: NCCL all-to-all busbw relative to the
+      ring-collective bandwidth the cluster file states;
+    * ``collective_latency_s``: base latency of one collective call;
+    * ``comm_sm_share``: share of SMs communication kernels occupy while they
+      overlap compute (the overlapped compute runs that much slower);
     * ``moe_imbalance``: max/mean tokens per expert rank.
     """
 
     name: str
     gpus: tuple[str, ...]
-    gemm_max_efficiency: dict[str, float]
+    gemm_efficiency: dict[str, float]
     gemm_half_flops: float
-    grouped_gemm_factor: float
-    attention_efficiency: float
+    grouped_gemm_efficiency: float
+    attention_forward_efficiency: float
+    attention_backward_efficiency: float
     attention_half_block: float
-    elementwise_bytes_per_hidden: float
-    moe_bytes_per_hidden: float
-    quantize_bytes_per_hidden: float
     hbm_efficiency: float
-    layer_overhead_s: float
+    memory_bound_factor: float
+    kernel_overhead_s: float
+    host_time_per_layer_s: float
     step_overhead_s: float
-    tp_overlap: float
-    ep_overlap: float
-    pp_overlap: float
+    alltoall_efficiency: float
+    collective_latency_s: float
+    comm_sm_share: float
     moe_imbalance: float
     source: str
+    priors: dict[str, Prior] = field(default_factory=dict)
+    uncertainty: dict[str, ErrorBand] = field(default_factory=dict)
+
+    def get(self, name: str) -> float:
+        """A parameter by its dotted name (``gemm_efficiency.fp8``)."""
+        if "." in name:
+            outer, key = name.split(".", 1)
+            return float(getattr(self, outer)[key])
+        return float(getattr(self, name))
+
+    def with_values(self, values: dict[str, float]) -> EfficiencyProfile:
+        """A copy with some parameters (dotted names) replaced."""
+        changes: dict[str, Any] = {}
+        gemm = dict(self.gemm_efficiency)
+        for name, value in values.items():
+            if name.startswith("gemm_efficiency."):
+                gemm[name.split(".", 1)[1]] = float(value)
+            else:
+                changes[name] = float(value)
+        return replace(self, gemm_efficiency=gemm, **changes)
+
+    def out_of_range(self) -> list[str]:
+        """Parameters outside their cited range (``name=value not in [low, high]``)."""
+        bad = []
+        for name, prior in self.priors.items():
+            with contextlib.suppress(KeyError, AttributeError):
+                value = self.get(name)
+                if not prior.contains(value):
+                    bad.append(f"{name}={value:.4g} not in [{prior.low:.4g}, {prior.high:.4g}]")
+        return bad
+
+
+_SCALAR_FIELDS = tuple(
+    f.name for f in fields(EfficiencyProfile)
+    if f.name not in ("name", "gpus", "gemm_efficiency", "source", "priors", "uncertainty")
+)
 
 
 def efficiency_dir() -> Path:
@@ -80,8 +158,8 @@ def efficiency_dir() -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise SpecError(f"efficiency profile {path}: cannot read it: {error}") from None
     if not isinstance(data, dict):
         raise SpecError(f"efficiency profile {path}: expected a mapping at the top level")
@@ -90,45 +168,86 @@ def _read(path: Path) -> dict[str, Any]:
 
 def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProfile:
     """Validate a profile mapping; errors name the file and the field."""
-    names = [f.name for f in fields(EfficiencyProfile)]
-    missing = [n for n in names if n not in data]
+    required = ["name", "gpus", "gemm_efficiency", "source", *_SCALAR_FIELDS]
+    missing = [n for n in required if n not in data]
     if missing:
         raise SpecError(f"efficiency profile {where}: missing field(s) {', '.join(missing)}")
-    unknown = sorted(set(data) - set(names))
+    unknown = sorted(set(data) - {*required, "priors", "uncertainty"})
     if unknown:
         raise SpecError(f"efficiency profile {where}: unknown field(s) {', '.join(unknown)}")
-    values: dict[str, Any] = {}
-    for name in names:
-        value = data[name]
-        if name in ("name", "source"):
-            values[name] = str(value)
-        elif name == "gpus":
-            values[name] = tuple(str(v) for v in value)
-        elif name == "gemm_max_efficiency":
-            values[name] = {str(k): _fraction(where, f"{name}.{k}", v) for k, v in value.items()}
-        elif name in ("tp_overlap", "ep_overlap", "pp_overlap", "attention_efficiency",
-                      "hbm_efficiency", "grouped_gemm_factor"):
-            values[name] = _fraction(where, name, value)
+    gemm = data["gemm_efficiency"]
+    if not isinstance(gemm, dict) or not gemm:
+        raise SpecError(f"efficiency profile {where}: gemm_efficiency must map precision "
+                        "to a fraction, e.g. {bf16: 0.75, fp8: 0.65}")
+    values: dict[str, Any] = {
+        "name": str(data["name"]),
+        "source": str(data["source"]),
+        "gpus": tuple(str(v) for v in (data["gpus"] or ())),
+        "gemm_efficiency": {str(k): _fraction(where, f"gemm_efficiency.{k}", v)
+                            for k, v in gemm.items()},
+    }
+    for name in _SCALAR_FIELDS:
+        if name in FRACTION_FIELDS:
+            values[name] = _fraction(where, name, data[name])
         else:
-            values[name] = _non_negative(where, name, value)
+            values[name] = _non_negative(where, name, data[name])
     if values["moe_imbalance"] < 1.0:
         raise SpecError(f"efficiency profile {where}: moe_imbalance must be >= 1 (max/mean)")
+    values["priors"] = _priors(where, data.get("priors") or {})
+    values["uncertainty"] = _bands(where, data.get("uncertainty") or {})
     return EfficiencyProfile(**values)
+
+
+def _priors(where: str, raw: Any) -> dict[str, Prior]:
+    if not isinstance(raw, dict):
+        raise SpecError(f"efficiency profile {where}: priors must be a mapping")
+    out = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or not {"value", "low", "high"} <= set(spec):
+            raise SpecError(f"efficiency profile {where}: priors.{name} needs value, low, high "
+                            "and source")
+        value, low, high = (_non_negative(where, f"priors.{name}.{k}", spec[k])
+                            for k in ("value", "low", "high"))
+        if not low <= value <= high:
+            raise SpecError(f"efficiency profile {where}: priors.{name}: value {value} is not "
+                            f"inside [low, high] = [{low}, {high}]")
+        out[str(name)] = Prior(value, low, high, str(spec.get("source", "")))
+    return out
+
+
+def _bands(where: str, raw: Any) -> dict[str, ErrorBand]:
+    if not isinstance(raw, dict):
+        raise SpecError(f"efficiency profile {where}: uncertainty must be a mapping")
+    out = {}
+    for kind, spec in raw.items():
+        try:
+            band = ErrorBand(float(spec["low"]), float(spec["high"]), int(spec["n"]),
+                             str(spec.get("method", "")))
+        except (TypeError, KeyError, ValueError):
+            raise SpecError(f"efficiency profile {where}: uncertainty.{kind} needs numbers "
+                            "low, high and n") from None
+        if not (math.isfinite(band.low) and math.isfinite(band.high) and band.low <= band.high):
+            raise SpecError(f"efficiency profile {where}: uncertainty.{kind}: need finite "
+                            f"low <= high, got {band.low}, {band.high}")
+        out[str(kind)] = band
+    return out
 
 
 def _non_negative(where: str, name: str, value: Any) -> float:
     if isinstance(value, str):  # YAML 1.1 reads "2.0e9" (no exponent sign) as a string
         with contextlib.suppress(ValueError):
             value = float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise SpecError(f"efficiency profile {where}: {name} must be a number >= 0, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            or not math.isfinite(value)):
+        raise SpecError(f"efficiency profile {where}: {name} must be a finite number >= 0, "
+                        f"got {value!r}")
     return float(value)
 
 
 def _fraction(where: str, name: str, value: Any) -> float:
     number = _non_negative(where, name, value)
-    if number > 1.0:
-        raise SpecError(f"efficiency profile {where}: {name} must be in [0, 1], got {value!r}")
+    if number > 1.0 or number == 0.0:
+        raise SpecError(f"efficiency profile {where}: {name} must be in (0, 1], got {value!r}")
     return number
 
 
@@ -153,3 +272,20 @@ def efficiency_for_gpu(gpu_name: str) -> EfficiencyProfile:
         f"no efficiency profile covers GPU {gpu_name!r}; add it to the `gpus` list of a "
         f"file in {efficiency_dir()} or pass --efficiency FILE"
     )
+
+
+def profile_to_yaml(profile: EfficiencyProfile, header: str = "") -> str:
+    """The profile as YAML text (what :func:`load_efficiency_profile` reads back)."""
+    doc: dict[str, Any] = {"name": profile.name, "gpus": list(profile.gpus),
+                           "gemm_efficiency": {k: round(v, 4) for k, v in
+                                               profile.gemm_efficiency.items()}}
+    for name in _SCALAR_FIELDS:
+        doc[name] = float(f"{profile.get(name):.4g}")
+    doc["source"] = profile.source
+    doc["priors"] = {name: {"value": p.value, "low": p.low, "high": p.high, "source": p.source}
+                     for name, p in profile.priors.items()}
+    doc["uncertainty"] = {kind: {"low": round(b.low, 4), "high": round(b.high, 4), "n": b.n,
+                                 "method": b.method}
+                          for kind, b in profile.uncertainty.items()}
+    text = yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True)
+    return (header.rstrip() + "\n" if header else "") + text

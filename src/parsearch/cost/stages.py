@@ -9,17 +9,34 @@ Two split modes (``shared/spec/layout-space.md`` R8):
 
 * ``even``: every virtual stage holds ``L / (pp * vpp)`` layers; it is an error
   when that does not divide.
-* ``uneven``: layers are spread as evenly as possible over the ``pp * vpp``
-  virtual stages.  When the division is not exact, the ``L % (pp*vpp)``
-  extra layers go to the interior virtual stages first (in virtual-stage
-  order, which cycles through the ranks), so that the very first virtual stage
-  (which also holds the embedding) and the very last one (output layer, loss
-  and the MTP block) hold fewer.  Only when every interior stage already
-  has an extra layer does the first stage get one (the output layer costs
-  ``6·h·V`` FLOPs per token, the embedding lookup almost none), and the last
-  stage never does.  This is what Megatron's ``--decoder-first/last-pipeline-num-layers``
-  or ``--account-for-embedding/loss-in-pipeline-split`` are used for; the
-  exact choice is ours.
+* ``uneven``: ``pp * vpp <= L + 2``; layers are spread as evenly as possible
+  over the ``pp * vpp`` virtual stages.  When the division is not exact, the
+  ``L % (pp*vpp)`` extra layers go to the interior virtual stages first (in
+  virtual-stage order, which cycles through the ranks), so that the very
+  first virtual stage (which also holds the embedding) and the very last one
+  (output layer, loss and the MTP block) hold fewer.  Only when every
+  interior stage already has an extra layer does the first stage get one
+  (the output layer costs ``6·h·V`` FLOPs per token, the embedding lookup
+  almost none), and the last stage never does.
+
+  This one rule is Megatron's accounting wherever that accounting applies:
+  ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``
+  (``megatron/training/arguments.py``: ``num_layers += 1`` for each;
+  ``transformer_layer.py::get_transformer_layer_offset`` then gives the first
+  (last) virtual stage one transformer layer fewer) count the embedding and
+  the loss as one layer each.  When ``(L + 2) % (pp*vpp) == 0`` (both
+  flags) the rule above gives every interior stage ``(L+2)/(pp*vpp)`` layers
+  and the first and last one fewer, exactly Megatron's split (e.g. 126
+  layers on 16 stages: ``7, 8, ..., 8, 7``); when ``(L + 1) % (pp*vpp) == 0``
+  (loss flag only) it gives the last stage one fewer.  We prefer these
+  readings and keep the rule for every other ``pp*vpp <= L``.
+
+  When ``pp*vpp = L + 1`` the last virtual stage holds only the output
+  layer and loss (Megatron layout string ``...|L``); when ``pp*vpp = L + 2``
+  the first holds only the embedding as well (``E|t|...|t|L``; Llama 3.1
+  405B, 126 layers on PP16 × VPP8 = 128 virtual stages).  Those are the only
+  virtual stages with no transformer layer: every virtual stage holds at
+  least one unit (a layer, the embedding or the loss).
 
 The split depends only on ``(L, pp, vpp, split)``; :func:`stage_contents` is
 memoised so a vectorised scorer computes it once per distinct ``(pp, vpp)``.
@@ -30,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 
 import numpy as np
 
@@ -42,7 +60,11 @@ class StageContent:
     """What one pipeline rank holds (all of its ``vpp`` model chunks together).
 
     ``chunk_layer_indices[c]`` are the 0-based transformer-layer indices of
-    model chunk ``c`` (virtual stage ``c * pp + rank``).  MTP layers are not
+    model chunk ``c`` (virtual stage ``c * pp + rank``).  A chunk is empty
+    only for an embedding-only virtual stage (chunk 0 of rank 0) or a
+    loss-only one (the last chunk of rank ``pp - 1``); see the module text.
+    ``has_embedding`` / ``has_output`` are per pipeline rank (rank 0 / rank
+    ``pp - 1``), whatever chunk holds them.  MTP layers are not
     transformer-layer indices: Megatron-Core places the MTP block after the
     final layer, on the last pipeline rank, so ``num_mtp_layers`` is non-zero
     only there (``mtp_is_moe``: an MTP layer is MoE iff the last layer is,
@@ -98,10 +120,12 @@ def _check_degrees(num_layers: int, pp: int, vpp: int, split: str) -> None:
             f"num_layers={num_layers}, pp={pp}, vpp={vpp} (pp*vpp={stages}); "
             f"use --pipeline-split uneven or a pp*vpp that divides {num_layers}"
         )
-    if stages > num_layers:
+    # R8 uneven: the embedding and the loss may each take a virtual stage of their own.
+    if stages > num_layers + 2:
         raise SpecError(
             f"R8 pipeline split: pp*vpp={stages} (pp={pp}, vpp={vpp}) exceeds "
-            f"num_layers={num_layers}; every virtual stage needs at least one layer"
+            f"num_layers+2={num_layers + 2}; every virtual stage needs at least one unit "
+            f"(a layer, the embedding or the loss); use pp*vpp <= {num_layers + 2}"
         )
 
 
@@ -126,6 +150,12 @@ def virtual_stage_layer_counts(
     (8, 8, 8, 7)
     >>> virtual_stage_layer_counts(32, 4, 1, "even")
     (8, 8, 8, 8)
+    >>> virtual_stage_layer_counts(4, 5, 1)  # L+1 stages: the loss alone on the last
+    (1, 1, 1, 1, 0)
+    >>> virtual_stage_layer_counts(4, 3, 2)  # L+2 stages: embedding and loss alone
+    (0, 1, 1, 1, 1, 0)
+
+    A 0 is an embedding-only (first) or loss-only (last) virtual stage.
     """
     _check_degrees(num_layers, pp, vpp, split)
     stages = pp * vpp
@@ -203,11 +233,17 @@ def rows_by_split(pp: np.ndarray, vpp: np.ndarray) -> Iterator[tuple[int, int, n
     ...                                                       np.array([1, 1, 1]))]
     [(1, 1, [1]), (2, 1, [0, 2])]
     """
-    pairs = np.stack([np.ravel(pp), np.ravel(vpp)], axis=1).astype(np.int64)
-    groups, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    inverse = np.ravel(inverse)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.searchsorted(inverse[order], np.arange(len(groups) + 1))
-    for g, (pp_g, vpp_g) in enumerate(groups):
-        yield int(pp_g), int(vpp_g), order[bounds[g]:bounds[g + 1]]
+    pp_a = np.ravel(pp).astype(np.int64)
+    vpp_a = np.ravel(vpp).astype(np.int64)
+    if pp_a.size == 0:
+        return
+    # One integer key per row (pp major), one stable sort: rows keep their order per group.
+    key = pp_a * (int(vpp_a.max()) + 1) + vpp_a
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.diff(sorted_key)) + 1
+    bounds = [0, *starts.tolist(), key.size]
+    for a, b in pairwise(bounds):
+        row = order[a]
+        yield int(pp_a[row]), int(vpp_a[row]), order[a:b]
 

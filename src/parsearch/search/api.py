@@ -326,7 +326,7 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
         scan = scan_table(cm, table, considered=considered_count(model, training, num_gpus),
                           on_rows=advance)
     picks = rank_feasible(scan, top=top, diverse=diverse) if scan.feasible else np.zeros(0, int)
-    estimates = estimates_for_rows(cm, table, scan.feasible_rows[picks])
+    estimates = order_ties(cm, estimates_for_rows(cm, table, scan.feasible_rows[picks]))
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_settings(model, training, e.layout,
@@ -340,6 +340,25 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
         query=_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
         considered=scan.considered, valid=scan.valid, feasible=scan.feasible, entries=entries,
         elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest)
+
+
+def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
+    """Layouts within the prediction's error band of the best, most memory headroom first.
+
+    The band is the out-of-sample spread of this kind of prediction (the
+    profile's ``uncertainty``: half the 10th-90th percentile width of
+    measured/predicted); the tool cannot tell such layouts apart, so the one
+    least likely to run out of memory leads.  Without a band the order is unchanged.
+    """
+    band = cm.profile.uncertainty.get("moe" if cm.model.is_moe else "dense")
+    if band is None or not estimates:
+        return list(estimates)
+    best = max(e.tokens_per_s_per_gpu for e in estimates)
+    floor = best * (1.0 - band.relative_halfwidth)
+    tied = [e for e in estimates if e.tokens_per_s_per_gpu >= floor]
+    rest = [e for e in estimates if e.tokens_per_s_per_gpu < floor]
+    tied.sort(key=lambda e: e.capacity_bytes - e.memory_bytes["total"], reverse=True)
+    return tied + rest
 
 
 def _smallest_memory_gib(cm: Any, table: Any) -> float:

@@ -27,6 +27,7 @@ from parsearch.layout import Layout
 from parsearch.published_runs import PublishedRun, dedupe, dev_rows, training_spec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
+from parsearch.validation.recipes import apply_setup, load_run_setups
 from parsearch.workload import TrainingSpec
 
 
@@ -155,6 +156,10 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
     """
     if run.source_tag == "FOLD":
         return training, replace(options, moe_dispatcher="alltoall")
+    if run.source_tag in ("NAR21", "KOR22"):
+        # Both papers predate FlashAttention (arXiv 2205.14135, May 2022): Megatron ran
+        # attention as batched GEMMs with a fused scale-mask-softmax kernel.
+        return training, replace(options, flash_attention=False)
     if run.source_tag != "MBRIDGE":
         return training, options
     low_precision = run.precision != "bf16"
@@ -162,6 +167,16 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
     options = replace(options, grad_reduce_bytes=2.0, memory=memory,
                       param_gather_bytes=1.0 if low_precision else 2.0)
     return replace(training, grad_bytes=2.0), options
+
+
+def recipe_accounting(run: PublishedRun, training: TrainingSpec,
+                      options: CostOptions) -> tuple[TrainingSpec, CostOptions]:
+    """The source's accounting, then what the run's public recipe states on top."""
+    training, options = source_accounting(run, training, options)
+    setup = load_run_setups().get(run.id)
+    if setup is None:
+        return training, options
+    return apply_setup(setup, training, options, moe=run.is_moe, precision=run.precision)
 
 
 def fabric_for(cache: dict[tuple[str, int], Fabric], cluster: str, num_gpus: int) -> Fabric:
@@ -176,7 +191,7 @@ def run_cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
                    training: TrainingSpec) -> CostModel:
     """The cost model for ``run`` under ``training``, with its source's accounting."""
     assert run.model_spec is not None
-    training, options = source_accounting(run, training, options)
+    training, options = recipe_accounting(run, training, options)
     return build_cost_model(run.model_spec, training, fabric, options=options)
 
 
@@ -190,9 +205,18 @@ def memory_saving_candidates(run: PublishedRun) -> list[tuple[TrainingSpec, Layo
     does not state it), then fully sharded data parallelism (unless stated).
     """
     base = training_spec(run)
+    setup = load_run_setups().get(run.id)
     recompute_stated = not any(a.startswith("recompute not stated") for a in run.assumptions)
+    if setup is not None and setup.recompute is not None:
+        # The public recipe says what ran: no guessing.
+        recompute_stated = True
+        run = replace(run, layout=replace(run.layout, recompute=setup.recompute))
+        base = replace(base, recompute_modes=(setup.recompute,))
     modes = [run.layout.recompute] if recompute_stated else ["none", "selective", "full"]
-    fsdp_options = [base.fsdp] if base.fsdp else [False, True]
+    fsdp_stated = base.fsdp or (setup is not None and setup.fsdp is not None)
+    if setup is not None and setup.fsdp is not None:
+        base = replace(base, fsdp=setup.fsdp)
+    fsdp_options = [base.fsdp] if fsdp_stated else [False, True]
     out = []
     for fsdp in fsdp_options:
         for mode in modes:
@@ -241,7 +265,9 @@ def validate_runs(
     precision, layout, batch, sequence): NVIDIA's tables repeat layouts across
     container releases whose throughput differs by up to 1.5x (data README).
     """
-    options = options or CostOptions()
+    # A published run did run: judge its memory against the whole HBM, not the safety
+    # margin a recommendation keeps.
+    options = replace(options or CostOptions(), memory_margin=0.0)
     all_runs = list(runs)
     usable = [
         r for r in all_runs

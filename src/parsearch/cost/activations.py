@@ -1,0 +1,405 @@
+"""Activation memory per GPU: per layer, per model chunk and per pipeline stage.
+
+Sources (``shared/reference/formulas.md``):
+
+* per layer — §5.3: the Korthikanti et al. 2022 (KOR22, arXiv 2205.05198)
+  Table 2 form for GPT-style models (``activation_model="korthikanti"``),
+  or by default the FlashAttention / GQA / SwiGLU / MoE form derived there
+  with the same accounting (``"flash"``);
+* micro-batches in flight — §5.4 (NAR21 §2.2.1; MCORE ``schedules.py``),
+  counted per model chunk for interleaving, so uneven chunks (and the empty
+  embedding-only / loss-only chunks of R8) weigh what they hold;
+* recompute — ``full`` keeps only each layer's input (KOR22 Table 2
+  ``2sbh``); with ``TrainingSpec.recompute_num_layers`` only the first N
+  layers of each model chunk do (Megatron ``--recompute-method block``,
+  ``megatron/core/recompute.py``); ``selective`` drops what each of
+  ``TrainingSpec.recompute_modules`` discards (see :func:`_flash_parts`);
+* offload — ``TrainingSpec.activation_offload_layers``: the first K layers of
+  each model chunk go to host memory (Megatron ``--cpu-offloading-num-layers``
+  / fine-grained activation offloading,
+  ``megatron/core/pipeline_parallel/fine_grained_activation_offload.py``);
+  HBM keeps one such layer in flight.
+
+Everything is elementwise: layout degrees and the recompute code may be
+numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsearch.cost.memory_options import (
+    ACTIVATION_BYTES,
+    DEFAULT_MEMORY_OPTIONS,
+    FP32_BYTES,
+    MemoryOptions,
+    Num,
+    gemm_input_bytes,
+)
+from parsearch.cost.stages import StageContent
+from parsearch.errors import SpecError
+from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+
+FULL = RECOMPUTE_CODES["full"]
+SELECTIVE = RECOMPUTE_CODES["selective"]
+
+
+@dataclass(frozen=True)
+class ActDegrees:
+    """The layout degrees activation memory depends on (numbers or arrays)."""
+
+    tp: Num
+    cp: Num
+    ep: Num
+    etp: Num
+    mbs: Num
+    sp_div: Num  # tp with sequence parallelism, else 1
+
+
+def _mlp_up_factor(model: ModelSpec) -> int:
+    """FC1 output width / ffn width: 2 for SwiGLU (gate and up), 1 for GeLU."""
+    return 2 if model.mlp_activation == "swiglu" else 1
+
+
+# ---------------------------------------------------------------------------
+# One transformer layer, per micro-batch ("flash" model)
+# ---------------------------------------------------------------------------
+
+
+def _attention_bytes(model: ModelSpec, tokens: Num, deg: ActDegrees, gemm_b: float,
+                     modules: frozenset[str]) -> Num:
+    """Attention half of a layer (formulas.md §5.3 modern form, derived).
+
+    Saved without recompute: norm-1 and norm-2 inputs (h each, SP-sharded);
+    the QKV-GEMM input (norm-1 output, h, SP-sharded, GEMM-input precision);
+    Q, K, V and the output O (out-proj input), TP-sharded; FlashAttention's
+    fp32 log-sum-exp per head and token.  Selective modules
+    (Megatron-Core ``transformer_config.py::recompute_modules``):
+
+    * ``core_attn`` (``attention.py::_checkpointed_attention_forward``, a
+      normal checkpoint whose inputs are Q, K, V): drops the log-sum-exp;
+      Q, K, V stay as the checkpoint's inputs, O as the out-proj input;
+    * ``layernorm`` (``transformer_layer.py``, ``CheckpointWithoutOutput`` of
+      ``input_layernorm``): drops the norm-1 output, i.e. the QKV-GEMM input;
+    * ``mla_up_proj`` (``multi_latent_attention.py``, output-discarding
+      checkpoint of the q/kv up-projections and RoPE): drops Q, K, V of MLA
+      models (no effect on others; Megatron rejects it there).
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    tp, sp_div = deg.tp, deg.sp_div
+    mla = model.mla
+    if mla is None:
+        q = a * model.head_dim / tp
+        kv = 2.0 * model.num_query_groups * model.head_dim / np.minimum(tp, model.num_query_groups)
+        o = a * model.head_dim / tp
+        latent = 0.0
+    else:
+        qk = a * (mla.qk_nope_head_dim + mla.qk_rope_head_dim) / tp
+        q, kv, o = qk, qk + a * mla.v_head_dim / tp, a * mla.v_head_dim / tp
+        # Latents: norm input + up-proj input for q and kv, plus the rope key [derived].
+        latent = (2.0 * (mla.q_lora_rank + mla.kv_lora_rank) + mla.qk_rope_head_dim) / sp_div
+        if "mla_up_proj" in modules:
+            q, kv = 0.0, 0.0
+    qkv_in = 0.0 if "layernorm" in modules else h / sp_div
+    elems_act = 2.0 * h / sp_div + q + kv + latent
+    elems_gemm = qkv_in + o
+    lse = 0.0 if "core_attn" in modules else FP32_BYTES * a / tp
+    return tokens * (elems_act * ACTIVATION_BYTES + elems_gemm * gemm_b + lse)
+
+
+def _dense_mlp_bytes(model: ModelSpec, tokens: Num, deg: ActDegrees, gemm_b: float,
+                     modules: frozenset[str]) -> Num:
+    """Dense MLP: FC1 input (h, SP-sharded), FC1 output (2f or f), FC2 input (f), ÷ tp.
+
+    ``mlp`` (``transformer_layer.py`` ``recompute_mlp``, dense layers only, a
+    normal checkpoint) keeps only its input, the BF16 norm-2 output;
+    ``layernorm`` (``pre_mlp_layernorm`` output discarded) drops that input.
+    """
+    f = model.ffn_hidden_size
+    fc1_in = 0.0 if "layernorm" in modules else model.hidden_size / deg.sp_div
+    if "mlp" in modules:
+        return tokens * fc1_in * ACTIVATION_BYTES
+    fc1_out = _mlp_up_factor(model) * f / deg.tp
+    return tokens * ((fc1_in + f / deg.tp) * gemm_b + fc1_out * ACTIVATION_BYTES)
+
+
+def _moe_bytes(model: ModelSpec, tokens: Num, deg: ActDegrees, gemm_b: float, imbalance: float,
+               modules: frozenset[str]) -> Num:
+    """MoE MLP (formulas.md §5.3 "MoE layer activations", derived).
+
+    ``T = tokens/tp`` tokens enter the MoE on a rank; routed experts keep
+    ``T·k·(h·etp + 3·f_e)`` elements (dispatched FC1 input, all-gathered over
+    ETP; FC1 and activation outputs), times the imbalance; router input
+    ``h`` (SP-sharded) and fp32 router logits ``4·E`` bytes per token; shared
+    experts use the attention TP layout.  Selective modules:
+
+    * ``moe`` (``moe_layer.py`` ``moe_layer_recompute``, normal checkpoint of
+      the whole MoE): keeps only its input (the norm-2 output);
+    * ``moe_act`` (``experts.py``, output-discarding checkpoint of the expert
+      activation): drops the activation output, the FC2 input ``f_e``;
+    * ``shared_experts`` (``moe_layer.py::shared_experts_compute``, normal
+      checkpoint): keeps only its input, the tensor the router already keeps;
+    * ``layernorm``: drops the norm-2 output (router and shared-expert input).
+    """
+    moe = model.moe
+    assert moe is not None
+    h = model.hidden_size
+    norm_out = 0.0 if "layernorm" in modules else h / deg.sp_div
+    if "moe" in modules:
+        return tokens * norm_out * ACTIVATION_BYTES
+    up = _mlp_up_factor(model)
+    routed_tokens = tokens / deg.tp * moe.top_k * imbalance
+    f_e, f_sh = moe.expert_ffn_hidden_size, moe.shared_expert_ffn_hidden_size
+    fc2_in = 0.0 if "moe_act" in modules else f_e
+    routed = routed_tokens * ((h * deg.etp + fc2_in) * gemm_b + up * f_e * ACTIVATION_BYTES)
+    router = tokens * (norm_out * ACTIVATION_BYTES + FP32_BYTES * moe.num_experts / deg.tp)
+    shared = 0.0
+    if f_sh and "shared_experts" not in modules:
+        shared = tokens * (
+            (norm_out + f_sh / deg.tp) * gemm_b + up * f_sh / deg.tp * ACTIVATION_BYTES
+        )
+    return routed + router + shared
+
+
+def _korthikanti_layer(model: ModelSpec, deg: ActDegrees, seq_len: int, selective: bool) -> Num:
+    """One layer, KOR22 Table 2 (bytes; GPT, MHA, GeLU 4h, dropout, no FlashAttention).
+
+    CP is not in KOR22; every term is divided by cp (the sequence is sharded).
+    KOR22's selective rows recompute core attention only, so they apply when
+    ``core_attn`` is among the modules; other modules are not in KOR22.
+    """
+    s, h, a = seq_len, model.hidden_size, model.num_attention_heads
+    sbh = s * deg.mbs * h / deg.cp
+    tp = deg.tp
+    sp = deg.sp_div > 1
+    # KOR22 Table 2 rows: "TP+SP" / "TP"; "TP+SP+selective" / "TP+selective".
+    if selective:
+        return np.where(sp, 34.0 * sbh / tp, sbh * (10.0 + 24.0 / tp))
+    return np.where(sp, sbh * (34.0 + 5.0 * a * s / h) / tp,
+                    sbh * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp)))
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """One layer's saved activations per micro-batch under each recompute choice."""
+
+    none: Num  # everything saved
+    selective: Num  # with TrainingSpec.recompute_modules
+    full: Num  # layer input only
+
+    def of(self, code: Num) -> Num:
+        """Bytes under the recompute code(s) ``code`` (every layer recomputed)."""
+        return np.where(code == FULL, self.full, np.where(code == SELECTIVE, self.selective,
+                                                          self.none))
+
+
+def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
+                    options: MemoryOptions, kinds: tuple[bool, ...]) -> dict[bool, LayerBytes]:
+    """:class:`LayerBytes` of each layer kind in ``kinds`` (``True``: MoE)."""
+    s = training.seq_len
+    tokens = deg.mbs * s / deg.cp  # CP shards the sequence (formulas.md §5.3)
+    # Full recompute keeps only the layer input, SP-sharded (KOR22 Table 2 "2sbh",
+    # /t with SP as MCORE checkpoints the sharded input; formulas.md §5.3/§11.4).
+    full = tokens * model.hidden_size / deg.sp_div * ACTIVATION_BYTES
+    modules = frozenset(training.recompute_modules)
+    if options.activation_model == "korthikanti":  # KOR22 counts MoE layers as dense
+        kor = LayerBytes(_korthikanti_layer(model, deg, s, False),
+                         _korthikanti_layer(model, deg, s, "core_attn" in modules), full)
+        return dict.fromkeys(kinds, kor)
+    gemm_b = gemm_input_bytes(training.precision)
+    imb = options.moe_imbalance
+    # The attention half is the same in dense and MoE layers: computed once per variant.
+    attn_none = _attention_bytes(model, tokens, deg, gemm_b, frozenset())
+    attn_sel = _attention_bytes(model, tokens, deg, gemm_b, modules)
+    out = {}
+    for is_moe in kinds:
+        if is_moe:
+            none = _moe_bytes(model, tokens, deg, gemm_b, imb, frozenset())
+            sel = _moe_bytes(model, tokens, deg, gemm_b, imb, modules)
+        else:
+            none = _dense_mlp_bytes(model, tokens, deg, gemm_b, frozenset())
+            sel = _dense_mlp_bytes(model, tokens, deg, gemm_b, modules)
+        out[is_moe] = LayerBytes(attn_none + none, attn_sel + sel, full)
+    return out
+
+
+def layer_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool, deg: ActDegrees,
+                options: MemoryOptions) -> LayerBytes:
+    """Saved activation bytes of one transformer layer per micro-batch, per recompute choice."""
+    return _layer_variants(model, training, deg, options, (is_moe,))[is_moe]
+
+
+def stage_layer_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
+                      options: MemoryOptions) -> dict[bool, LayerBytes]:
+    """:func:`layer_bytes` of a dense (``False``) and, for MoE models, a MoE (``True``) layer."""
+    kinds = (False, True) if model.moe is not None else (False,)
+    return _layer_variants(model, training, deg, options, kinds)
+
+
+# ---------------------------------------------------------------------------
+# Micro-batches in flight
+# ---------------------------------------------------------------------------
+
+
+def in_flight_chunk_microbatches(rank: int, pp: int, vpp: int,
+                                 num_microbatches: Num) -> tuple[Num, ...]:
+    """Micro-batches whose activations each model chunk of ``rank`` holds at its peak.
+
+    1F1B (``vpp = 1``): ``min(m, p − r)`` (NAR21 §2.2.1; MCORE ``schedules.py``
+    warm-up ``p − r − 1`` + 1).  Interleaved: MCORE warm-up
+    ``W = 2·(p − r − 1) + (v − 1)·p`` chunk-forwards + 1 outstanding, capped at
+    ``m·v``; forward ``k`` runs chunk ``(k // p) % v``
+    (``schedules.py::get_model_chunk_id``), so chunk ``c`` holds
+    ``#{k < W : (k // p) % v = c}`` micro-batches.  With equal chunks the sum
+    over chunks divided by ``v`` is KOR22 §4.2.3's ``p·(1 + (p − 1)/(p·v))``
+    for ``r = 0`` (formulas.md §5.4).
+
+    >>> [int(x) for x in in_flight_chunk_microbatches(0, 4, 2, 8)]
+    [7, 4]
+    """
+    m = np.asarray(num_microbatches, dtype=np.float64)
+    if vpp == 1:
+        return (np.minimum(m, pp - rank),)
+    window = np.minimum(m * vpp, 2 * (pp - rank - 1) + (vpp - 1) * pp + 1)
+    cycle = pp * vpp
+    full_cycles, rest = window // cycle, window % cycle
+    return tuple(full_cycles * pp + np.clip(rest - c * pp, 0, pp) for c in range(vpp))
+
+
+def in_flight_microbatches(rank: int, pp: int, vpp: int, num_microbatches: Num) -> Num:
+    """Micro-batches' worth of the rank's layers held at its peak (equal chunks).
+
+    The sum over chunks of :func:`in_flight_chunk_microbatches` divided by
+    ``vpp``: ``min(m, p − r)`` for 1F1B, ``min(m·v, 2(p−r−1) + (v−1)p + 1)/v``
+    interleaved (formulas.md §5.4).
+    """
+    return sum(in_flight_chunk_microbatches(rank, pp, vpp, num_microbatches)) / vpp
+
+
+# ---------------------------------------------------------------------------
+# A stage: chunks × in-flight micro-batches, recompute block, offload
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """Activation bytes of one GPU of a stage: HBM at the peak, and host offload."""
+
+    hbm: Num  # held in GPU memory at the stage's peak
+    offloaded: Num  # moved to host per micro-batch (all chunks of the rank)
+
+
+def _position_counts(model: ModelSpec, indices: tuple[int, ...], recompute_first: int,
+                     offload_first: int) -> dict[tuple[bool, bool, bool], int]:
+    """Layers of one chunk by (is_moe, recomputed-by-block, offloaded)."""
+    counts: dict[tuple[bool, bool, bool], int] = {}
+    for pos, layer in enumerate(indices):
+        key = (model.is_moe_layer(layer), pos < recompute_first, pos < offload_first)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def stage_activations(
+    model: ModelSpec,
+    training: TrainingSpec,
+    content: StageContent,
+    deg: ActDegrees,
+    code: Num,
+    num_microbatches: Num,
+    options: MemoryOptions,
+    layers: dict[bool, LayerBytes] | None = None,
+) -> StageActivations:
+    """All activations of one GPU of ``content``'s stage at its peak (bytes).
+
+    Per model chunk: its layers' bytes per micro-batch (a layer among the
+    first ``recompute_num_layers`` of the chunk uses the layout's recompute
+    mode; the others, with ``full``, keep everything — Megatron block
+    method), split into offloaded (the first ``activation_offload_layers``)
+    and kept; the kept part times the chunk's in-flight micro-batches.
+    One offloaded layer is in flight in HBM.  The output layer's inputs and
+    logits are held by the micro-batch in backward only (formulas.md §5.4).
+    ``layers``: :func:`stage_layer_bytes` for these degrees, when the caller
+    evaluates several stages of the same layouts.
+    """
+    code = np.asarray(code)
+    kinds = layers if layers is not None else stage_layer_bytes(model, training, deg, options)
+    recomputed = {k: b.of(code) for k, b in kinds.items()}
+    # Block method: layers past the first N of a chunk keep all their activations.
+    kept_whole = {k: np.where(code == FULL, b.none, recomputed[k]) for k, b in kinds.items()}
+    first_n = training.recompute_num_layers
+    offload_k = training.activation_offload_layers
+    s, h = training.seq_len, model.hidden_size
+    tokens = deg.mbs * s / deg.cp
+    in_flight = in_flight_chunk_microbatches(content.rank, content.pp, content.vpp,
+                                             num_microbatches)
+    hbm: Num = 0.0
+    offloaded: Num = 0.0
+    largest_offloaded: Num = 0.0
+    for chunk, indices in enumerate(content.chunk_layer_indices):
+        n_rec = len(indices) if first_n is None else first_n
+        kept: Num = 0.0
+        for (is_moe, rec, off), n in _position_counts(model, indices, n_rec, offload_k).items():
+            per_layer = recomputed[is_moe] if rec else kept_whole[is_moe]
+            if off:
+                offloaded = offloaded + n * per_layer
+                largest_offloaded = np.maximum(largest_offloaded, per_layer)
+            else:
+                kept = kept + n * per_layer
+        last_chunk = chunk == content.vpp - 1
+        if content.num_mtp_layers and last_chunk:
+            # MTP after the final layer, in the last chunk (MCORE); never offloaded.
+            mtp_layer = kinds[content.mtp_is_moe and model.moe is not None].of(code)
+            # MTP extra: two norm inputs (2h) + eh-proj input (2h), SP-sharded [derived].
+            gemm_b = gemm_input_bytes(training.precision)
+            mtp_extra = tokens * 2.0 * h / deg.sp_div * (ACTIVATION_BYTES + gemm_b)
+            kept = kept + content.num_mtp_layers * (mtp_layer + mtp_extra)
+        if content.has_embedding and chunk == 0 and options.activation_model == "korthikanti":
+            # KOR22 §4.3 as coded in MCORE: token ids 8·s·b + embedding dropout mask s·b·h.
+            kept = kept + (8.0 * s * deg.mbs + s * deg.mbs * h) / deg.cp / deg.sp_div
+        hbm = hbm + in_flight[chunk] * kept
+    hbm = hbm + largest_offloaded  # one offloaded layer in flight (being copied)
+    if content.has_output:
+        # Only the micro-batch in backward holds these (formulas.md §5.4): final-norm
+        # and output-layer inputs (KOR22's 4·s·b·h/t) and fp32 logits s·b·V·4/(t·c).
+        hbm = hbm + tokens * 2.0 * h / deg.sp_div * ACTIVATION_BYTES
+        if options.fp32_logits:
+            heads = 1 + content.num_mtp_layers
+            hbm = hbm + heads * tokens * model.vocab_size / deg.tp * FP32_BYTES
+    return StageActivations(hbm=hbm, offloaded=offloaded)
+
+
+def _as_f64(value: Num) -> Num:
+    return np.asarray(value, dtype=np.float64)
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    *,
+    is_moe: bool = False,
+    tp: Num = 1,
+    cp: Num = 1,
+    ep: Num = 1,
+    etp: Num = 1,
+    mbs: Num = 1,
+    sp: Num = False,
+    recompute: str = "none",
+    options: MemoryOptions = DEFAULT_MEMORY_OPTIONS,
+) -> Num:
+    """Activation bytes one transformer layer keeps per micro-batch on one GPU.
+
+    With ``options.activation_model="korthikanti"`` these are the KOR22
+    Table 2 rows (e.g. TP+SP+selective ``34·s·b·h/t``); the default
+    ``"flash"`` form is formulas.md §5.3's FlashAttention/GQA/SwiGLU/MoE one.
+    ``recompute="selective"`` drops what ``training.recompute_modules`` discard.
+    """
+    tp_f, cp_f, ep_f, etp_f, mbs_f = (_as_f64(x) for x in (tp, cp, ep, etp, mbs))
+    deg = ActDegrees(tp=tp_f, cp=cp_f, ep=ep_f, etp=etp_f, mbs=mbs_f,
+                     sp_div=np.where(np.asarray(sp, dtype=bool), tp_f, 1.0))
+    if is_moe and model.moe is None:
+        raise SpecError(f"memory: model {model.name!r} has no MoE layers")
+    result = layer_bytes(model, training, is_moe, deg, options).of(
+        np.asarray(RECOMPUTE_CODES[recompute]))
+    return float(result) if np.ndim(result) == 0 else result

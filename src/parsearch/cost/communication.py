@@ -1,0 +1,242 @@
+"""Exposed communication time of one pipeline unit per micro-batch: TP, CP and EP.
+
+Overlap is a bound from the schedule, never a fitted fraction: a collective
+is hidden only where the feature that overlaps it is on, and only up to the
+independent compute available next to it; the hidden part still slows that
+compute by the share of SMs the communication kernels occupy.
+
+* TP / SP (formulas.md §7.2).  Per block (attention, MLP) Megatron-Core runs
+  forward an all-gather and a reduce-scatter (an all-reduce without SP), and
+  backward an all-gather of the output gradient, a reduce-scatter of the
+  input gradient and (SP) a re-gather of the input for wgrad
+  (``megatron/core/tensor_parallel/layers.py``,
+  ``LinearWithGradAccumulationAndAsyncCommunication``).  Without TP overlap
+  the last two run asynchronously beside the dgrad and wgrad GEMMs; the rest
+  are exposed.  With ``--tp-comm-overlap`` (Transformer Engine userbuffers,
+  SP and an NVLink-local group only) all of them are split and pipelined with
+  the GEMMs they feed: exposed = max(0, comm - GEMM time).
+* CP (formulas.md §7.3): the ring exchange of K/V blocks runs beside the
+  attention of the previous block (``docs/user-guide/features/context_parallel.md``).
+* EP (formulas.md §7.5), per dispatcher: ``alltoall`` sends one copy per routed
+  expert; ``allgather`` gathers every token over the EP group and
+  reduce-scatters the result; ``flex`` (DeepEP / HybridEP) sends a token once
+  per remote NVLink domain.  Four calls per layer and micro-batch (dispatch
+  and combine forward, their gradients backward), two more with full
+  recompute; with ETP an all-gather / reduce-scatter of the received tokens.
+  Only ``--overlap-moe-expert-parallel-comm`` hides them, behind the compute
+  of the other micro-batch in the merged forward-backward step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from parsearch.constraints import RECOMPUTE_CODES
+from parsearch.cost.collectives import LinkArrays, p2p_time, reduce_scatter_time
+from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.options import CostOptions
+from parsearch.workload import ModelSpec, TrainingSpec
+
+#: TP blocks per unit: a dense layer has two (attention, MLP); an MoE layer one plus
+#: one for TP-sharded shared experts; the output layer's vocab-parallel GEMM gathers its
+#: input forward and reduce-scatters its gradient backward (~3 of a block's 5 ops); the
+#: vocab-parallel embedding reduces its output forward (1 of 5).
+OUTPUT_TP_BLOCKS = 0.6
+EMBEDDING_TP_BLOCKS = 0.2
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The placed process groups of every layout (``LinkArrays`` per kind)."""
+
+    tp: LinkArrays
+    cp: LinkArrays
+    dp: LinkArrays
+    ep: LinkArrays
+    etp: LinkArrays
+    edp: LinkArrays
+    pp: LinkArrays
+
+
+@dataclass(frozen=True)
+class UnitComm:
+    """Exposed seconds per micro-batch of one unit, plus what overlap costs in SMs.
+
+    ``sm_slowdown`` is compute time added because overlapped communication
+    kernels hold SMs; ``network_bytes`` the bytes this GPU sends across the
+    NVLink-domain boundary (for the NIC-sharing floor).
+    """
+
+    tp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    sm_slowdown: np.ndarray
+    network_bytes: np.ndarray
+
+
+def _tp_blocks(model: ModelSpec, unit: str) -> float:
+    moe_unit = is_moe_unit(model, unit)
+    if unit in ("dense", "mtp") and not moe_unit:
+        return 2.0
+    if moe_unit:
+        shared = model.moe is not None and model.moe.shared_expert_ffn_hidden_size > 0
+        return 1.0 + (1.0 if shared else 0.0)
+    return OUTPUT_TP_BLOCKS if unit == "output" else EMBEDDING_TP_BLOCKS
+
+
+def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
+                    dispatcher: str) -> tuple[Any, Any]:
+    """(copies over NVLink, copies over the network) per token for one dispatch call.
+
+    Experts spread evenly over the ``n`` ranks of the EP group, ``k`` per NVLink
+    domain, ``M = n / k`` domains, uniform routing:
+
+    * ``alltoall``: a token goes once to each chosen expert: ``top_k (k-1)/n`` copies
+      stay in the domain, ``top_k (n-k)/n`` cross the network;
+    * ``flex``: once to each remote domain that hosts a chosen expert,
+      ``(M-1)(1 - (1 - 1/M)^top_k)`` on average, fanned out on NVLink there
+      [derived; DeepEP README: "forwarding from NVLink to RDMA"];
+    * ``allgather``: every token to every other rank: ``k-1`` and ``n-k`` copies.
+
+    >>> [float(x) for x in dispatch_copies(8, 64, 4, "alltoall")]  # 8 domains of 8, top-4
+    [0.4375, 3.5]
+    >>> round(float(dispatch_copies(8, 64, 4, "flex")[1]), 3)      # 7 * (1 - (7/8)**4)
+    2.897
+    """
+    k = np.asarray(members_per_domain, dtype=np.float64)
+    n = np.asarray(group_size, dtype=np.float64)
+    k = np.clip(k, 1.0, np.maximum(n, 1.0))
+    m = n / k
+    if dispatcher == "allgather":
+        return k - 1.0, n - k
+    intra = top_k * (k - 1.0) / np.maximum(n, 1.0)
+    if dispatcher == "flex":
+        inter = (m - 1.0) * (1.0 - (1.0 - 1.0 / np.maximum(m, 1.0)) ** top_k)
+    else:
+        inter = top_k * (n - k) / np.maximum(n, 1.0)
+    return intra, inter
+
+
+def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: int,
+                  dispatcher: str, alltoall_efficiency: float,
+                  call_latency_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, network bytes) of one dispatch (or combine) call of ``tokens`` per rank.
+
+    NVLink and network copies proceed at once; the slower link sets the time
+    (formulas.md §7.1 hierarchical all-to-all).  NCCL's all-to-all reaches
+    ``alltoall_efficiency`` of the ring-collective bandwidth the cluster file
+    states (nccl-tests busbw); DeepEP's RDMA kernels run near line rate (DeepEP
+    README: 43-58 GB/s per 400 Gb/s NIC), so ``flex`` uses the full rate.  Latency:
+    one call plus one network step per remote domain (NCCL sends to every peer).
+    """
+    n = np.maximum(np.asarray(link.size, dtype=np.float64), 1.0)
+    k = np.clip(np.asarray(link.members_per_domain, dtype=np.float64), 1.0, n)
+    intra, inter = dispatch_copies(k, n, top_k, dispatcher)
+    t = np.asarray(tokens, dtype=np.float64)
+    eff = 1.0 if dispatcher == "flex" else alltoall_efficiency
+    nvlink = np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64) * eff
+    network = np.asarray(link.network_bandwidth_Bps, dtype=np.float64) * eff
+    net_bytes = t * inter * bytes_per_token
+    intra_s = np.where(nvlink > 0, t * intra * bytes_per_token / np.where(nvlink > 0, nvlink, 1),
+                       0.0)
+    inter_s = np.where(network > 0, net_bytes / np.where(network > 0, network, 1), 0.0)
+    m = n / k
+    peers = (m - 1.0) if dispatcher != "flex" else np.minimum(m - 1.0, 1.0)
+    latency = call_latency_s + peers * np.asarray(link.network_latency_s, dtype=np.float64)
+    seconds = np.where(n > 1, np.maximum(intra_s, inter_s) + latency, 0.0)
+    return seconds, np.where(n > 1, net_bytes, 0.0)
+
+
+def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
+              options: CostOptions, cols: dict[str, np.ndarray], groups: Groups, unit: str,
+              compute: UnitCompute) -> UnitComm:
+    """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring)."""
+    tp, cp, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "etp", "mbs"))
+    sp = cols["sp"].astype(bool)
+    full = cols["recompute"] == RECOMPUTE_CODES["full"]
+    s, h = training.seq_len, model.hidden_size
+    latency = profile.collective_latency_s
+    share = profile.comm_sm_share
+    zeros = np.zeros_like(tp)
+
+    # --- TP / SP ---------------------------------------------------------------------
+    op = reduce_scatter_time(groups.tp, mbs * (s / cp) * h * ACT_BYTES)
+    op = np.where(tp > 1, op + latency, 0.0)
+    blocks = _tp_blocks(model, unit)
+    ops_per_block = np.where(sp, 5.0, 4.0) + np.where(full, 2.0, 0.0)
+    tp_total = blocks * ops_per_block * op
+    # Plain Megatron: the wgrad input re-gather (SP) or the dgrad all-reduce (no SP) and the
+    # dgrad reduce-scatter run asynchronously beside the backward GEMMs.
+    async_ops = blocks * 2.0 * op
+    backward_gemm = compute.tp_gemm * (2.0 / 3.0)
+    async_hidden = np.minimum(async_ops, backward_gemm)
+    tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
+    userbuffers = options.tp_comm_overlap & sp & tp_in_domain
+    hidden_ub = np.minimum(tp_total, compute.tp_gemm)
+    # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
+    budget = compute.total
+    tp_hidden = np.minimum(np.where(userbuffers, hidden_ub, async_hidden), budget)
+    budget = budget - tp_hidden
+    tp_exposed = tp_total - tp_hidden
+    sm_slowdown = share * tp_hidden
+
+    # --- CP (p2p ring of K/V blocks beside the attention) --------------------------------
+    cp_exposed = zeros
+    if unit in ("dense", "moe", "mtp"):
+        if model.mla is not None:
+            kv_width = model.num_attention_heads * (
+                model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim)
+            kv_rank = kv_width / tp
+        else:
+            kv_width = 2.0 * model.num_query_groups * model.head_dim
+            kv_rank = kv_width / np.minimum(tp, model.num_query_groups)
+        kv_bytes = mbs * (s / cp) * kv_rank * ACT_BYTES
+        cp_time = np.where(cp > 1, 3.0 * (cp - 1.0) * (p2p_time(groups.cp, kv_bytes) + latency),
+                           0.0)
+        cp_hidden = np.minimum(np.minimum(cp_time, compute.attention), budget)
+        budget = budget - cp_hidden
+        cp_exposed = cp_time - cp_hidden
+        sm_slowdown = sm_slowdown + share * cp_hidden
+
+    # --- EP / ETP ----------------------------------------------------------------------
+    ep_exposed, network_bytes = zeros, zeros
+    if is_moe_unit(model, unit) and model.moe is not None:
+        k = model.moe.top_k
+        imbalance = float(options.moe_imbalance or 1.0)
+        tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
+        low = options.fp8_dispatch and training.precision != "bf16"
+        dispatch_bytes = h * (1.0 if low else ACT_BYTES)
+        calls = 4.0 + np.where(full, 2.0, 0.0)
+        if options.moe_dispatcher == "allgather":
+            # Megatron-Core MoEAllGatherTokenDispatcher: all-gather of the hidden states over
+            # the EP group, reduce-scatter on combine (volume independent of top-k).
+            one = reduce_scatter_time(groups.ep, np.asarray(groups.ep.size) * tokens * h
+                                      * ACT_BYTES) + latency
+            ep_time = calls * one
+            _, bytes_one = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k, "allgather",
+                                         1.0, 0.0)
+            network_bytes = calls * bytes_one
+        else:
+            first, bytes_first = dispatch_time(groups.ep, tokens, dispatch_bytes, k,
+                                               options.moe_dispatcher,
+                                               profile.alltoall_efficiency, latency)
+            other, bytes_other = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k,
+                                               options.moe_dispatcher,
+                                               profile.alltoall_efficiency, latency)
+            ep_time = first + (calls - 1.0) * other
+            network_bytes = bytes_first + (calls - 1.0) * bytes_other
+        routed_copies = tokens * k
+        etp_time = np.where(etp > 1, 4.0 * (reduce_scatter_time(
+            groups.etp, etp * routed_copies * h * ACT_BYTES) + latency), 0.0)
+        ep_time = imbalance * (ep_time + etp_time)
+        # With --overlap-moe-expert-parallel-comm the merged forward/backward of two
+        # micro-batches runs one's dispatch and combine beside the other's compute.
+        ep_hidden = np.minimum(ep_time, budget) if options.moe_a2a_overlap else zeros
+        ep_exposed = ep_time - ep_hidden
+        sm_slowdown = sm_slowdown + share * ep_hidden
+    return UnitComm(tp=tp_exposed, cp=cp_exposed, ep=ep_exposed, sm_slowdown=sm_slowdown,
+                    network_bytes=network_bytes)

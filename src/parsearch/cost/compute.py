@@ -1,0 +1,270 @@
+"""Compute time of one pipeline unit (a layer, the embedding, the output layer) per micro-batch.
+
+Everything is elementwise over numpy columns of layouts.  The time of a unit
+on one GPU is built from what its kernels do:
+
+* GEMMs: FLOPs / (peak of the precision x efficiency), the efficiency
+  falling for small per-call GEMMs (:func:`gemm_efficiency`); backward runs
+  the dgrad and wgrad GEMMs, 2x the forward FLOPs (NAR21 Appendix);
+* MoE expert GEMMs as a grouped GEMM of the per-expert shape, with each
+  expert's rows padded to the GEMM tile (:func:`tile_padding`);
+* fused attention forward and backward, each with its own efficiency, the
+  backward doing 2.5x the forward FLOPs (FlashAttention-2, arXiv 2307.08691
+  §3: five matmuls in backward against two in forward);
+* memory-bound kernels priced by the HBM bytes they move
+  (:func:`memory_bound_bytes_per_token`);
+* a fixed GPU time per kernel, and the host time to issue them: a layer whose
+  GPU work is shorter than that waits for the CPU (eager mode; CUDA graphs
+  remove most of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from parsearch.constraints import RECOMPUTE_CODES
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.flops import stage_flops_core
+from parsearch.cost.stages import StageContent
+from parsearch.hardware import GpuProfile
+from parsearch.workload import ModelSpec, TrainingSpec
+
+ACT_BYTES = 2.0  # bf16 activations
+#: Rows of an expert GEMM tile: grouped GEMMs pad each expert's tokens up to a multiple
+#: of the tile M (128 in CUTLASS/cuBLAS grouped kernels and DeepGEMM's contiguous layout;
+#: Megatron's --moe-router-padding-for-fp8 pads to 16/32 for FP8 alignment).
+EXPERT_TILE_ROWS = 128
+#: Kernels per layer, forward + backward, in Megatron-Core with Transformer Engine: our count
+#: of the fused LayerNorm-Linear, attention, activation, residual and TP communication
+#: kernels (about 15 forward, twice that backward); an MoE layer adds router, top-k,
+#: permute/unpermute, dispatch/combine and the grouped GEMMs (about 20 forward, 40
+#: backward); FP8 adds a cast (and transpose) per GEMM input and output gradient.
+KERNELS_DENSE_LAYER = 45.0
+KERNELS_MOE_EXTRA = 60.0
+KERNELS_FP8_EXTRA = 20.0
+#: CUDA graphs replay a captured layer with one launch: the host issue time left is
+#: graph launches and the Python around them (CUDA C++ Programming Guide, "CUDA
+#: Graphs": work submitted as one unit removes per-kernel CPU launch overhead).
+CUDA_GRAPH_HOST_SHARE = 0.1
+#: Backward FLOPs of fused attention relative to forward (FlashAttention-2 §3.2).
+ATTENTION_BACKWARD_RATIO = 2.5
+#: Unfused attention (Megatron before FlashAttention): HBM bytes per attention-score
+#: element, our count: forward QK^T writes it (2), the fused scale-mask-softmax reads and
+#: writes it (4), dropout reads it and writes it and a 1-byte mask (5), the PV GEMM reads
+#: it (2) = 13; backward about 15 (dV GEMM read, dropout and softmax gradients, dS GEMM).
+UNFUSED_SCORE_BYTES_FORWARD = 13.0
+UNFUSED_SCORE_BYTES_BACKWARD = 15.0
+
+
+def unit_content(model: ModelSpec, unit: str) -> StageContent:
+    """A one-unit stage (``dense``, ``moe``, ``mtp``, ``embedding`` or ``output``)."""
+    last_is_moe = model.is_moe_layer(model.num_layers - 1)
+    return StageContent(
+        rank=0, pp=1, vpp=1, chunk_layer_indices=((),),
+        num_dense_layers=int(unit == "dense"),
+        num_moe_layers=int(unit == "moe"),
+        has_embedding=unit == "embedding",
+        has_output=unit == "output",
+        num_mtp_layers=int(unit == "mtp"),
+        mtp_is_moe=last_is_moe,
+    )
+
+
+def is_moe_unit(model: ModelSpec, unit: str) -> bool:
+    """Whether the unit holds routed experts (an MTP layer is MoE iff the last layer is)."""
+    return unit == "moe" or (unit == "mtp" and model.is_moe_layer(model.num_layers - 1))
+
+
+def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any) -> Any:
+    """eta(F) = eta_max * F / (F + F_half): small GEMMs reach less of the peak.
+
+    ``eta_max`` is capped by the large-matmul throughput measured on the GPU
+    (the profile's cited range); the saturating form is a smooth version of
+    Calculon's size-stepped matrix efficiency (``systems/h100_80g_nvl8.json``).
+    """
+    f = np.maximum(np.asarray(flops_per_call, dtype=np.float64), 1.0)
+    return profile.gemm_efficiency[precision] * f / (f + profile.gemm_half_flops)
+
+
+def tile_padding(rows_per_expert: Any) -> Any:
+    """Padded/real rows of a grouped GEMM: each expert's rows round up to the tile."""
+    rows = np.maximum(np.asarray(rows_per_expert, dtype=np.float64), 1e-9)
+    return np.ceil(rows / EXPERT_TILE_ROWS) * EXPERT_TILE_ROWS / rows
+
+
+def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: bool,
+                                 moe: bool, low_precision: bool) -> dict[str, Any]:
+    """HBM bytes per token of the non-GEMM kernels of one layer, forward + backward.
+
+    Counted per tensor an op reads and writes (bf16, 2 bytes), our count from
+    the op list of a Megatron-Core / Transformer Engine layer:
+
+    * ``per_hidden`` (on the tokens a rank holds, ÷tp with SP): two RMSNorms
+      (read x, write y: 4h forward; read x, dy, write dx: 6h backward) and two
+      residual adds (read 2h, write h forward; 2h backward): 36h;
+    * ``per_head`` (÷tp): RoPE on Q and K, forward and backward, 8 bytes per element;
+    * ``per_ffn`` (÷tp): SwiGLU reads 2f and writes f forward (6f), reads 2f + f and
+      writes 2f backward (10f) = 16f (GeLU 10f);
+    * ``per_routed_copy`` (per token copy sent to an expert): permute and unpermute
+      read and write h (8h forward, 8h backward) and the expert activation 16f_e/etp;
+    * ``quantize`` (FP8/FP4 only, formulas.md §7.7): every GEMM input and
+      output gradient is read in bf16 and written in 8 bits twice (row- and
+      column-wise for dgrad and wgrad): 4 bytes per element of the operands.
+    """
+    h = float(model.hidden_size)
+    attn_width = (model.num_attention_heads + model.num_query_groups) * model.head_dim
+    ffn_factor = 16.0 if model.mlp_activation == "swiglu" else 10.0
+    glu = 2.0 if model.mlp_activation == "swiglu" else 1.0
+    tp = np.asarray(tp, dtype=np.float64)
+    out: dict[str, Any] = {
+        "per_hidden": 36.0 * h if (dense or moe) else 0.0,
+        "per_head": 8.0 * attn_width / tp if (dense or moe) else 0.0 * tp,
+        "per_ffn": 0.0 * tp,
+        "per_routed_copy": 0.0 * tp,
+        "quantize_sp": 0.0 * tp,
+        "quantize_rows": 0.0 * tp,
+        "quantize_routed_copy": 0.0 * tp,
+    }
+    shared = model.moe.shared_expert_ffn_hidden_size if model.moe else 0
+    ffn = model.ffn_hidden_size if dense else (shared if moe else 0)
+    out["per_ffn"] = ffn_factor * ffn / tp
+    if moe and model.moe is not None:
+        fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
+        out["per_routed_copy"] = 16.0 * h + ffn_factor * fe
+    if low_precision and (dense or moe):
+        # Inputs of QKV and FC1 (h, quantized on the SP shard before the FP8 all-gather)
+        # and their output gradients (h) ...
+        out["quantize_sp"] = 4.0 * 4.0 * h
+        # ... the projection and FC2 inputs and the QKV / FC1 output gradients (÷tp).
+        q_width = model.num_attention_heads * model.head_dim
+        qkv = q_width + 2 * model.num_query_groups * model.head_dim
+        out["quantize_rows"] = 4.0 * (q_width + qkv + ffn * (1 + glu)) / tp
+        if moe and model.moe is not None:
+            fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
+            out["quantize_routed_copy"] = 4.0 * (2.0 * h + fe * (1 + glu))
+    return out
+
+
+@dataclass(frozen=True)
+class UnitCompute:
+    """Seconds per micro-batch of one unit on one GPU (arrays over layouts).
+
+    ``gemm_*`` are forward + backward (+ recompute) GEMM times, ``attention``
+    the fused attention, ``memory_bound`` the non-GEMM kernels, ``overhead``
+    the per-kernel GPU time plus the host time the GPU waits for.
+    ``tp_gemm`` is the GEMM time of the TP-sharded linears (what TP overlap
+    can hide behind); ``forward`` the forward time (what a recompute re-runs).
+    """
+
+    gemm: np.ndarray
+    routed: np.ndarray
+    attention: np.ndarray
+    logits: np.ndarray
+    memory_bound: np.ndarray
+    overhead: np.ndarray
+    tp_gemm: np.ndarray
+    forward: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return (self.gemm + self.routed + self.attention + self.logits + self.memory_bound
+                + self.overhead)
+
+
+def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
+                 profile: EfficiencyProfile, cols: dict[str, np.ndarray], unit: str, *,
+                 causal: bool, imbalance: float, cuda_graphs: bool,
+                 flash_attention: bool = True) -> UnitCompute:
+    """Compute time of ``unit`` for every layout in ``cols`` (see module docstring)."""
+    tp, cp, ep, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "ep", "etp", "mbs"))
+    sp = cols["sp"].astype(bool)
+    code = cols["recompute"]
+    s = training.seq_len
+    precision = training.precision
+    flops = stage_flops_core(model, s, unit_content(model, unit), tp=tp, cp=cp, ep=ep, etp=etp,
+                             mbs=mbs, recompute_code=code, causal=causal)
+    peak = gpu.peak_flops[precision]
+    peak_bf16 = gpu.peak_flops["bf16"]
+    # Dense-class GEMMs: QKV, attention output, FC1, FC2 per layer (4 calls).
+    t_gemm_fwd = flops.dense_gemm_flops / (
+        peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / 4.0))
+    # Expert GEMMs: one grouped GEMM per projection over the local experts, priced at the
+    # per-expert shape (rows = tokens per expert), rows padded to the tile.
+    local_experts = np.maximum(np.asarray(flops.gemm.local_experts, dtype=np.float64), 1.0)
+    per_expert_call = flops.routed_expert_flops / (2.0 * local_experts)
+    padding = tile_padding(flops.gemm.expert_tokens) if model.moe else 1.0
+    t_routed_fwd = imbalance * padding * flops.routed_expert_flops / (
+        peak * gemm_efficiency(profile, precision, per_expert_call)
+        * profile.grouped_gemm_efficiency)
+    # Fused attention on blocks of s/cp tokens (CP's ring runs over the local chunk),
+    # BF16 unless FP8 attention is requested (MCORE transformer_config fp8_dot_product_attention).
+    block = s / cp
+    size_factor = block / (block + profile.attention_half_block)
+    t_attn_fwd = flops.core_attention_flops / (
+        peak_bf16 * profile.attention_forward_efficiency * size_factor)
+    t_attn_bwd = ATTENTION_BACKWARD_RATIO * flops.core_attention_flops / (
+        peak_bf16 * profile.attention_backward_efficiency * size_factor)
+    if not flash_attention:
+        # Batched GEMMs over the full score matrix (the causal half is computed and
+        # masked), one (s/cp x d x s/cp) GEMM per head; backward 2x forward (NAR21).
+        full_scores = flops.core_attention_flops * (2.0 if causal else 1.0)
+        heads = max(model.num_attention_heads, 1)
+        per_call = full_scores / (2.0 * np.maximum(mbs * heads / tp, 1.0))
+        t_attn_fwd = full_scores / (peak_bf16 * gemm_efficiency(profile, "bf16", per_call))
+        t_attn_bwd = 2.0 * t_attn_fwd
+    # The output layer stays BF16 by default (MCORE transformer_config fp8_output_proj).
+    t_logits_fwd = flops.logits_flops / (
+        peak_bf16 * gemm_efficiency(profile, "bf16", flops.logits_flops))
+
+    full = code == RECOMPUTE_CODES["full"]
+    selective = code == RECOMPUTE_CODES["selective"]
+    gemm = 3.0 * t_gemm_fwd + np.where(full, t_gemm_fwd, 0.0)
+    routed = 3.0 * t_routed_fwd + np.where(full, t_routed_fwd, 0.0)
+    attention = t_attn_fwd + t_attn_bwd + np.where(full | selective, t_attn_fwd, 0.0)
+    logits = 3.0 * t_logits_fwd
+
+    # Memory-bound kernels (formulas.md §7.7 for the FP8 casts): bytes / achieved HBM rate.
+    is_layer = unit in ("dense", "moe", "mtp")
+    moe_unit = is_moe_unit(model, unit)
+    counts = memory_bound_bytes_per_token(
+        model, tp=tp, etp=etp, dense=is_layer and not moe_unit, moe=moe_unit,
+        low_precision=precision != "bf16")
+    tokens_sp = mbs * s / (cp * np.where(sp, tp, 1.0))  # rows of the SP-sharded tensors
+    rows = mbs * s / cp  # rows of the GEMMs after the SP all-gather
+    routed_copies = mbs * s / (tp * cp) * (model.moe.top_k if (moe_unit and model.moe) else 0)
+    byte_count = (tokens_sp * (counts["per_hidden"] + counts["quantize_sp"])
+                  + rows * (counts["per_head"] + counts["per_ffn"] + counts["quantize_rows"])
+                  + imbalance * routed_copies * (counts["per_routed_copy"]
+                                                 + counts["quantize_routed_copy"]))
+    if not flash_attention and is_layer:
+        score_bytes = (UNFUSED_SCORE_BYTES_FORWARD + UNFUSED_SCORE_BYTES_BACKWARD
+                       + np.where(full | selective, UNFUSED_SCORE_BYTES_FORWARD, 0.0))
+        byte_count = byte_count + (rows * model.num_attention_heads / tp * (s / cp)
+                                   * score_bytes)
+    if unit == "output":  # fused cross-entropy reads the logits and writes their gradient
+        byte_count = byte_count + rows * 8.0 * model.vocab_size / tp
+    hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
+    memory_bound = profile.memory_bound_factor * byte_count / hbm
+    memory_bound = memory_bound * (1.0 + np.where(full, 1.0 / 3.0, 0.0))  # forward re-run
+
+    # Per-kernel GPU time and host issue time (eager: the GPU idles when its work per
+    # layer is shorter than the CPU's issue time).
+    kernels = 0.0
+    if is_layer:
+        kernels = KERNELS_DENSE_LAYER + (KERNELS_MOE_EXTRA if moe_unit else 0.0)
+        kernels += KERNELS_FP8_EXTRA if precision != "bf16" else 0.0
+    kernel_time = kernels * profile.kernel_overhead_s * (1.0 + np.where(full, 1.0 / 3.0, 0.0))
+    host = profile.host_time_per_layer_s * kernels / KERNELS_DENSE_LAYER
+    host = host * (CUDA_GRAPH_HOST_SHARE if cuda_graphs else 1.0)
+    gpu_busy = gemm + routed + attention + logits + memory_bound + kernel_time
+    # The layer takes about max(GPU work, host issue time); a smooth maximum (a 4-norm)
+    # because the host runs ahead only partly (syncs, allocator): the wait is shared.
+    paced = (gpu_busy**4 + host**4) ** 0.25
+    overhead = kernel_time + (paced - gpu_busy)
+    forward = t_gemm_fwd + t_routed_fwd + t_attn_fwd + t_logits_fwd
+    return UnitCompute(gemm=gemm, routed=routed, attention=attention, logits=logits,
+                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits,
+                       forward=forward)

@@ -1,0 +1,77 @@
+"""Constants and options shared by the memory model's modules.
+
+The memory model is split by job: :mod:`parsearch.cost.memory_states`
+(weights, gradients, optimizer state), :mod:`parsearch.cost.activations`
+(activations per layer and per stage, recompute and offload) and
+:mod:`parsearch.cost.memory` (the public entry: a stage's total, the peak
+stage, scalar and vectorised fronts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from parsearch.errors import SpecError
+
+#: A float or an elementwise numpy array of floats.
+Num = Any
+
+ActivationModel = Literal["flash", "korthikanti"]
+
+GIB = 2**30
+
+#: Bytes per element of the low-precision copy of a GEMM operand (§7.7).  FP8: 1.
+#: NVFP4: 4 bits + one FP8 scale per 16 elements = 0.5625 [assumption: the
+#: recipe's high-precision exceptions (first/last layers, wgrad) are ignored].
+LOW_PRECISION_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+
+ACTIVATION_BYTES = 2.0  # 16-bit activations (KOR22 §4)
+FP32_BYTES = 4.0
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """Knobs of the memory model that the :class:`TrainingSpec` does not carry.
+
+    * ``activation_model``: ``"flash"`` (default; formulas.md §5.3 modern form)
+      or ``"korthikanti"`` (KOR22 Table 2; GPT with MHA, GeLU 4h, dropout,
+      no FlashAttention — MoE layers are then counted as dense layers).
+    * ``framework_overhead_bytes``: CUDA context, NCCL buffers, allocator
+      fragmentation.  **Not sourced**: no reference quantifies it
+      (formulas.md §5.4 last bullet); 3 GiB is our guess.
+    * ``fp8_param_gather``: FP8 primary weights (``--fp8-param-gather``)
+      drop the BF16 weight copy of GEMM weights (§7.7).
+    * ``moe_imbalance``: max/mean tokens per expert rank (§5.3 MoE, §7.5).
+    * ``fp32_logits``: an unfused cross-entropy keeps fp32 logits
+      (``s·b·V·4/(t·c)`` bytes, §5.4) for the micro-batch in backward.
+    """
+
+    activation_model: ActivationModel = "flash"
+    framework_overhead_bytes: float = 3.0 * GIB
+    fp8_param_gather: bool = False
+    moe_imbalance: float = 1.0
+    fp32_logits: bool = True
+
+    def __post_init__(self) -> None:
+        if self.activation_model not in ("flash", "korthikanti"):
+            raise SpecError(
+                f"memory: activation_model must be flash or korthikanti, "
+                f"got {self.activation_model!r}"
+            )
+        if self.framework_overhead_bytes < 0:
+            raise SpecError(
+                f"memory: framework_overhead_bytes must be >= 0, "
+                f"got {self.framework_overhead_bytes!r}"
+            )
+        if self.moe_imbalance < 1.0:
+            raise SpecError(f"memory: moe_imbalance must be >= 1, got {self.moe_imbalance!r}")
+
+
+def gemm_input_bytes(precision: str) -> float:
+    """Bytes per saved GEMM-input element: FP8/FP4 save linear inputs quantized (§7.7)."""
+    return min(LOW_PRECISION_BYTES[precision], ACTIVATION_BYTES)
+
+
+#: The default options (a module-level instance, usable as an argument default).
+DEFAULT_MEMORY_OPTIONS = MemoryOptions()

@@ -1,0 +1,198 @@
+"""Model state per GPU: weights, gradients and optimizer state of one pipeline stage.
+
+Sources (``shared/reference/formulas.md``): §5.1 (Megatron-Core
+``docs/user-guide/features/dist_optimizer.md``; ZeRO, arXiv 1910.02054 §5)
+and §5.2 (``theoretical_memory_usage.py::compute_weight_and_optimizer_memory``):
+dense and replicated parameters shard the optimizer over DP·CP, routed
+experts over EDP; FP8 weight copies §7.7.
+
+The gradient buffer is ``TrainingSpec.grad_bytes`` per parameter: 4 for fp32
+main gradients (Megatron default), 2 for BF16 main gradients; the FSDP
+transient gradient bucket uses the same width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from parsearch.cost.memory_options import LOW_PRECISION_BYTES, MemoryOptions, Num
+from parsearch.cost.stages import StageContent
+from parsearch.params import ParameterCounts, parameter_counts
+from parsearch.workload import ModelSpec, TrainingSpec
+
+
+@dataclass(frozen=True)
+class ModelStateBytes:
+    """Weights, gradients and optimizer state of some parameters, bytes per GPU."""
+
+    weights: Num
+    gradients: Num
+    optimizer: Num
+
+    @property
+    def total(self) -> Num:
+        """Sum of the three."""
+        return self.weights + self.gradients + self.optimizer
+
+
+def model_state_bytes(
+    params_per_gpu: Num,
+    *,
+    weight_bytes: float = 2.0,
+    grad_bytes: float = 4.0,
+    optimizer_bytes: float = 12.0,
+    distributed_optimizer: bool = True,
+    shard_degree: Num = 1,
+    fully_sharded: bool = False,
+) -> ModelStateBytes:
+    """Model-state bytes of ``params_per_gpu`` parameters held by one GPU.
+
+    Megatron-Core ``dist_optimizer.md`` (formulas.md §5.1): the distributed
+    optimizer (ZeRO-1) shards only the optimizer state (fp32 master + Adam
+    m, v = 12 bytes) over ``shard_degree`` ranks: 18 bytes per parameter
+    without, ``6 + 12/D`` with.
+
+    ``fully_sharded`` (ZeRO-3 / Megatron-FSDP ``optim_grads_params``; ZeRO
+    paper §5, (2 + 2 + K)·Ψ/N_d) shards weights and gradients too.
+
+    >>> s = model_state_bytes(1.0, distributed_optimizer=True, shard_degree=4)
+    >>> (s.weights, s.gradients, s.optimizer)
+    (2.0, 4.0, 3.0)
+    >>> s = model_state_bytes(1.0, shard_degree=4, fully_sharded=True)
+    >>> (s.weights, s.gradients, s.optimizer)
+    (0.5, 1.0, 3.0)
+    """
+    optimizer = params_per_gpu * optimizer_bytes
+    if distributed_optimizer or fully_sharded:
+        optimizer = optimizer / shard_degree
+    state_shards = shard_degree if fully_sharded else 1
+    return ModelStateBytes(
+        weights=params_per_gpu * weight_bytes / state_shards,
+        gradients=params_per_gpu * grad_bytes / state_shards,
+        optimizer=optimizer,
+    )
+
+
+@lru_cache(maxsize=256)
+def _counts(model: ModelSpec) -> ParameterCounts:
+    return parameter_counts(model)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one GPU of a stage holds, by optimizer-sharding class."""
+
+    dense: Num  # TP-sharded + replicated + embedding/output: optimizer over DP·CP
+    expert: Num  # routed experts: optimizer over EDP
+    dense_gemm: Num  # transformer-layer GEMM weights among ``dense`` (FP8 copies)
+    layers: int  # transformer (and MTP) layers on the stage
+
+
+def _attention_params_per_gpu(model: ModelSpec, pc: ParameterCounts, tp: Num) -> Num:
+    """One layer's attention weights on one TP rank (formulas.md §4: TP-sharded).
+
+    GQA: K/V are replicated once ``tp > g`` (layout-space.md R4), so a rank
+    holds ``kv / min(tp, g)`` of them.  MLA: MCORE keeps the q/kv
+    down-projections (``h·(q_lora + kv_lora + d_rope)``) unsharded
+    (``parallel_mode="duplicated"``); the rest is TP-sharded.
+    """
+    h = model.hidden_size
+    mla = model.mla
+    if mla is None:
+        kv = 2 * h * model.num_query_groups * model.head_dim
+        kv += 2 * model.num_query_groups * model.head_dim if model.qkv_bias else 0
+        return (pc.attention_per_layer - kv) / tp + kv / np.minimum(tp, model.num_query_groups)
+    down = h * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim)
+    return (pc.attention_per_layer - down) / tp + down
+
+
+def stage_params(
+    model: ModelSpec, content: StageContent, *, tp: Num, ep: Num, etp: Num
+) -> StageParams:
+    """formulas.md §5.2, per stage rather than only the first (with its caveat (iii))."""
+    pc = _counts(model)
+    attn = _attention_params_per_gpu(model, pc, tp)
+    n_dense, n_moe = content.num_dense_layers, content.num_moe_layers
+    dense_mlp = pc.dense_mlp_per_layer / tp
+    shared = pc.shared_experts_per_layer / tp
+    expert_shard = ep * etp
+    gemm = (n_dense + n_moe) * attn + n_dense * dense_mlp + n_moe * shared
+    replicated = n_dense * pc.replicated_per_layer_dense + n_moe * pc.replicated_per_layer_moe
+    expert = n_moe * pc.routed_experts_per_layer / expert_shard
+
+    n_mtp = content.num_mtp_layers
+    if n_mtp:
+        # MTP block (DeepSeek-V3 §2.2; MCORE places it on the last stage):
+        # one transformer layer + eh-projection 2h² (TP-sharded) + norms (replicated).
+        h = model.hidden_size
+        if content.mtp_is_moe:
+            layer = pc.attention_per_layer + pc.routed_experts_per_layer
+            layer += pc.shared_experts_per_layer + pc.replicated_per_layer_moe
+            gemm += n_mtp * (attn + shared)
+            replicated += n_mtp * pc.replicated_per_layer_moe
+            expert = expert + n_mtp * pc.routed_experts_per_layer / expert_shard
+        else:
+            layer = pc.attention_per_layer + pc.dense_mlp_per_layer
+            layer += pc.replicated_per_layer_dense
+            gemm += n_mtp * (attn + dense_mlp)
+            replicated += n_mtp * pc.replicated_per_layer_dense
+        extra = pc.mtp / n_mtp - layer  # eh-proj + MTP norms
+        gemm += n_mtp * 2 * h * h / tp
+        replicated += n_mtp * max(extra - 2 * h * h, 0)
+
+    # Embedding on the first stage, output layer on the last (vocab-parallel, ÷ tp).
+    # Tied embeddings with pp > 1: MCORE keeps a copy of the word embedding on the
+    # last stage (formulas.md §5.2 caveat (iii)).
+    vocab = 0.0
+    if content.has_embedding:
+        vocab += pc.embedding
+    if content.has_output:
+        vocab += pc.output if pc.output else (pc.embedding if content.pp > 1 else 0)
+        replicated += pc.final_norm
+    dense = gemm + replicated + vocab / tp
+    return StageParams(dense=dense, expert=expert, dense_gemm=gemm,
+                        layers=n_dense + n_moe + n_mtp)
+
+
+def stage_model_state(
+    training: TrainingSpec,
+    params: StageParams,
+    options: MemoryOptions,
+    *,
+    dp: Num,
+    cp: Num,
+    edp: Num,
+) -> ModelStateBytes:
+    """Weights/grads/optimizer; dense shard over DP·CP, experts over EDP (formulas.md §5.1)."""
+    common = {
+        "weight_bytes": training.weight_bytes,
+        "grad_bytes": training.grad_bytes,
+        "optimizer_bytes": training.optimizer_bytes,
+        "distributed_optimizer": training.distributed_optimizer,
+        "fully_sharded": training.fsdp,
+    }
+    dense = model_state_bytes(params.dense, shard_degree=dp * cp, **common)
+    expert = model_state_bytes(params.expert, shard_degree=edp, **common)
+    weights = dense.weights + expert.weights
+    if training.precision != "bf16":
+        # formulas.md §7.7: FP8 GEMMs keep a low-precision copy of every GEMM weight
+        # next to the BF16 one, unless FP8 primary weights replace the BF16 copy.
+        low = LOW_PRECISION_BYTES[training.precision]
+        gemm_params = params.dense_gemm / (dp * cp if training.fsdp else 1)
+        gemm_params = gemm_params + params.expert / (edp if training.fsdp else 1)
+        per_param = low - training.weight_bytes if options.fp8_param_gather else low
+        weights = weights + gemm_params * per_param
+    if training.fsdp:
+        # formulas.md §5.1 ZeRO-3 transient peak [derived]: the unsharded BF16 weights of
+        # the layer being computed and the prefetched next one, plus a gradient bucket of
+        # one layer (grad_bytes: fp32 or BF16 main grads) before its reduce-scatter.
+        per_layer = (params.dense + params.expert) / max(params.layers, 1)
+        weights = weights + per_layer * (2.0 * training.weight_bytes + training.grad_bytes)
+    return ModelStateBytes(
+        weights=weights,
+        gradients=dense.gradients + expert.gradients,
+        optimizer=dense.optimizer + expert.optimizer,
+    )

@@ -1,0 +1,104 @@
+"""What the time model prices besides the training spec: the features a run turns on.
+
+Each switch names the Megatron-Core / Megatron-Bridge feature it stands for,
+so the launch settings can turn on exactly what was priced.  Defaults follow
+Megatron-Bridge's performance recipes (``scripts/performance`` and the
+``CommOverlapConfig`` / DDP config defaults of NVIDIA-NeMo/Megatron-Bridge):
+TP communication overlap on, overlapped gradient reduce and parameter gather
+on, the ``alltoall`` token dispatcher, no MoE all-to-all overlap, no CUDA
+graphs.  Overlap is never a free fraction: the time model hides
+communication only where the feature is on, and only up to the independent
+compute the schedule offers (:mod:`parsearch.cost.communication`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from parsearch.cost.memory import MemoryOptions
+from parsearch.errors import SpecError
+
+if TYPE_CHECKING:
+    from parsearch.cost.efficiency import EfficiencyProfile
+
+#: Megatron-Core ``--moe-token-dispatcher-type`` values the model prices.
+MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
+#: Default share of HBM a layout must leave free (allocator fragmentation, NCCL and
+#: cuBLAS workspaces the memory model does not count; PyTorch's caching allocator
+#: typically leaves several percent of HBM unusable).
+DEFAULT_MEMORY_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """Features and accounting knobs of the time model.
+
+    * ``moe_dispatcher``: ``alltoall`` (Megatron-Core ``MoEAlltoAllTokenDispatcher``:
+      one copy per routed expert), ``allgather`` (Megatron-Core's default: all-gather
+      of the hidden states over the TP×EP group, reduce-scatter on combine) or
+      ``flex`` (DeepEP / HybridEP: one network copy per remote domain).
+    * ``tp_comm_overlap``: Transformer Engine userbuffers overlap of the TP
+      collectives with the GEMMs they feed (``--tp-comm-overlap``; needs SP and
+      an NVLink-local TP group).
+    * ``moe_a2a_overlap``: overlap of the EP all-to-all of one micro-batch with
+      the compute of another (``--overlap-moe-expert-parallel-comm``).
+    * ``overlap_grad_reduce`` / ``overlap_param_gather``: Megatron DDP
+      (``--overlap-grad-reduce``, ``--overlap-param-gather``).
+    * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
+    * ``flash_attention``: fused attention (FlashAttention / cuDNN); ``False`` prices
+      Megatron's pre-2022 path (batched GEMMs over the full s x s scores plus the
+      fused scale-mask-softmax and dropout kernels that read and write them).
+    * ``moe_imbalance``: max/mean tokens per expert rank (``None``: the profile's).
+    * ``grad_reduce_bytes``: element size of the DP gradient reduction (4: fp32,
+      2: bf16, ``grad_reduce_in_fp32=False``); ``param_gather_bytes``: of the
+      parameter all-gather (1 with ``--fp8-param-gather``).
+    * ``fp8_dispatch``: EP dispatch sent in FP8 when training in FP8.
+    * ``memory_margin``: the share of HBM a layout must leave free to count as fitting.
+    """
+
+    causal: bool = True
+    moe_dispatcher: str = "alltoall"
+    tp_comm_overlap: bool = True
+    moe_a2a_overlap: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    cuda_graphs: bool = False
+    flash_attention: bool = True
+    moe_imbalance: float | None = None
+    grad_reduce_bytes: float = 4.0
+    param_gather_bytes: float = 2.0
+    fp8_dispatch: bool = False
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.memory_margin, (int, float)) and math.isfinite(self.memory_margin)
+                and 0.0 <= self.memory_margin < 1.0):
+            raise SpecError(
+                f"memory_margin must be in [0, 1): the share of HBM kept free, got "
+                f"{self.memory_margin!r}"
+            )
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise SpecError(
+                f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
+                f"got {self.moe_dispatcher!r}"
+            )
+        if self.moe_imbalance is not None and not (
+                math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1.0):
+            raise SpecError(f"moe_imbalance must be a number >= 1 (max/mean tokens per expert "
+                            f"rank), got {self.moe_imbalance!r}")
+        for name in ("grad_reduce_bytes", "param_gather_bytes"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise SpecError(f"{name} must be a positive number of bytes, got {value!r}")
+
+    def resolved(self, profile: EfficiencyProfile) -> CostOptions:
+        """The options with every ``None`` filled in from ``profile``."""
+        return replace(
+            self,
+            moe_imbalance=(
+                profile.moe_imbalance if self.moe_imbalance is None else self.moe_imbalance
+            ),
+        )

@@ -1,0 +1,221 @@
+"""Fit an efficiency profile's residual factors to measured runs, honestly.
+
+The cost model's structure carries the physics; calibration only moves a few
+residual factors, each a physical quantity with a cited prior and range
+(``priors`` in the profile YAML):
+
+* robust loss on the log ratio ``log(predicted / measured)`` (soft-L1: rows a
+  structure cannot explain do not drag the rest), plus a penalty pulling every
+  factor toward its prior, in units of its cited range;
+* every factor bounded by its cited range; a fitted factor that ends on a
+  bound means the structure is wrong, and the fit is reported as failed
+  (:attr:`CalibrationResult.on_bound`) instead of widening the range;
+* with few runs, fewer factors are fitted (at most one per
+  :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from parsearch.cost.analytic import CostModel, CostOptions, layout_columns, score_columns
+from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
+from parsearch.errors import ParsearchError
+from parsearch.published_runs import PublishedRun, dedupe, dev_rows
+from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
+
+#: Factors in the order they are fitted when the data allow only some of them.
+FIT_ORDER: tuple[str, ...] = (
+    "gemm_efficiency.bf16", "gemm_efficiency.fp8", "gemm_efficiency.fp4",
+    "attention_forward_efficiency", "memory_bound_factor", "grouped_gemm_efficiency",
+    "alltoall_efficiency", "host_time_per_layer_s",
+)
+ROWS_PER_FACTOR = 4
+#: Robust-loss scale: log ratios beyond ~10 % count linearly, not quadratically.
+LOSS_SCALE = 0.1
+#: Weight of the pull toward the prior, per factor, in units of its cited range.
+PRIOR_WEIGHT = 0.3
+#: A factor within this share of its range from a bound is "on the bound".
+BOUND_TOLERANCE = 0.01
+
+#: Model families for leave-one-family-out (base model name -> family).  Kimi-K2 uses
+#: DeepSeek-V3's architecture, so it is held out together with it.
+FAMILIES: dict[str, str] = {
+    "DeepSeekV3": "deepseek", "Kimi_K2": "deepseek",
+    "LLAMA3_8B": "llama3", "LLAMA3-8B": "llama3", "LLAMA3_70B": "llama3",
+    "Qwen3_30B_a3B": "qwen3", "Qwen2-57B-A14B": "qwen2", "Mixtral-8x22B": "mixtral",
+}
+
+
+def model_family(run: PublishedRun) -> str:
+    """The family a run's model belongs to (GPT-style paper models are ``gpt``)."""
+    base = run.base_model
+    if base.startswith("GPT"):
+        return "gpt"
+    return FAMILIES.get(base, base.lower())
+
+
+@dataclass(frozen=True)
+class PreparedRow:
+    """One measured run ready to be priced under any profile of its generation."""
+
+    run: PublishedRun
+    cost_model: CostModel
+    columns: dict[str, np.ndarray]
+    measured: float
+    generation: str
+    note: str
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    @property
+    def family(self) -> str:
+        return model_family(self.run)
+
+    @property
+    def kind(self) -> str:
+        """``dense`` or ``moe``: the error band a prediction of this row belongs to."""
+        return "moe" if self.run.is_moe else "dense"
+
+
+def prepare_rows(runs: Iterable[PublishedRun], *, options: CostOptions | None = None,
+                 include_partial: bool = False) -> list[PreparedRow]:
+    """Usable runs (latest release of each layout), read from their recorded setup."""
+    options = replace(options or CostOptions(), memory_margin=0.0)  # these runs did run
+    usable = [r for r in runs if r.skip_reason is None and r.measured_tokens_per_s_per_gpu
+              and r.model_spec is not None and r.cluster is not None
+              and (r.verified == "yes" or (include_partial and r.verified == "partial"))]
+    if not include_partial:
+        usable = dev_rows(usable)
+    fabrics: dict = {}
+    out = []
+    for run in dedupe(usable):
+        assert run.cluster is not None
+        try:
+            fabric = fabric_for(fabrics, run.cluster, run.num_gpus)
+            reading = best_reading(run, fabric, options)
+            cm = run_cost_model(run, fabric, options, reading.training)
+        except ParsearchError:
+            continue
+        if not reading.estimate.fits:
+            continue
+        out.append(PreparedRow(run, cm, layout_columns([reading.layout]),
+                               float(run.measured_tokens_per_s_per_gpu or 0.0),
+                               cm.profile.name, reading.note))
+    return out
+
+
+def predict(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = None) -> np.ndarray:
+    """Predicted tokens/s/GPU of each row (under ``profile``, else its own profile)."""
+    out = np.empty(len(rows))
+    for i, row in enumerate(rows):
+        cm = row.cost_model
+        if profile is not None:
+            cm = replace(cm, profile=profile,
+                         options=replace(cm.options, moe_imbalance=None).resolved(profile))
+        out[i] = float(score_columns(cm, row.columns, with_memory=False)
+                       ["tokens_per_s_per_gpu"][0])
+    return out
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """The fitted profile and how the fit went."""
+
+    profile: EfficiencyProfile
+    fitted: tuple[str, ...]
+    on_bound: tuple[str, ...]
+    loss_before: float
+    loss_after: float
+    n_rows: int
+
+    @property
+    def ok(self) -> bool:
+        """False when a fitted factor ended on its cited bound (the structure is wrong)."""
+        return not self.on_bound
+
+
+def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                max_factors: int | None = None) -> list[str]:
+    """The factors the rows can inform, at most one per :data:`ROWS_PER_FACTOR` rows."""
+    precisions = {r.cost_model.training.precision for r in rows}
+    any_moe = any(r.run.is_moe for r in rows)
+    wanted = []
+    for name in FIT_ORDER:
+        if name not in profile.priors:
+            continue
+        if name.startswith("gemm_efficiency.") and name.split(".")[1] not in precisions:
+            continue
+        if name in ("grouped_gemm_efficiency", "alltoall_efficiency") and not any_moe:
+            continue
+        wanted.append(name)
+    limit = max(0, len(rows) // ROWS_PER_FACTOR)
+    if max_factors is not None:
+        limit = min(limit, max_factors)
+    return wanted[:limit]
+
+
+def _robust_mean(log_ratios: np.ndarray) -> float:
+    z = log_ratios / LOSS_SCALE
+    return float(np.mean(2.0 * (np.sqrt(1.0 + z * z) - 1.0)) * LOSS_SCALE**2)
+
+
+def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = None, *,
+              factors: Sequence[str] | None = None, max_evaluations: int = 200,
+              ) -> CalibrationResult:
+    """Fit ``profile`` (default: the rows' generation profile) to ``rows``."""
+    if not rows:
+        raise ParsearchError("calibration needs at least one measured run")
+    generations = {r.generation for r in rows}
+    if len(generations) > 1:
+        raise ParsearchError(f"calibrate one GPU generation at a time, got {sorted(generations)}")
+    start = profile or efficiency_for_gpu(rows[0].cost_model.fabric.gpu.name)
+    names = list(factors) if factors is not None else factors_for(rows, start)
+    measured = np.array([r.measured for r in rows])
+    before = _robust_mean(np.log(predict(rows, start) / measured))
+    if not names:
+        return CalibrationResult(start, (), (), before, before, len(rows))
+    priors = [start.priors[n] for n in names]
+    logscale = [p.high / max(p.low, 1e-30) >= 10.0 for p in priors]
+
+    def to_value(u: np.ndarray) -> dict[str, float]:
+        values = {}
+        for name, prior, log, x in zip(names, priors, logscale, u, strict=True):
+            if log:
+                values[name] = math.exp(math.log(prior.low)
+                                        + x * (math.log(prior.high) - math.log(prior.low)))
+            else:
+                values[name] = prior.low + x * (prior.high - prior.low)
+        return values
+
+    def to_unit(name: str, value: float) -> float:
+        prior = start.priors[name]
+        if prior.high / max(prior.low, 1e-30) >= 10.0:
+            return (math.log(value) - math.log(prior.low)) / (
+                math.log(prior.high) - math.log(prior.low))
+        return (value - prior.low) / (prior.high - prior.low)
+
+    u_prior = np.array([to_unit(n, p.value) for n, p in zip(names, priors, strict=True)])
+
+    def residuals(u: np.ndarray) -> np.ndarray:
+        trial = start.with_values(to_value(u))
+        logs = np.log(np.maximum(predict(rows, trial), 1e-9) / measured)
+        scale = math.sqrt(len(rows))
+        return np.concatenate([logs, PRIOR_WEIGHT * LOSS_SCALE * (u - u_prior) * scale
+                               / math.sqrt(len(rows))])
+
+    u0 = np.clip(np.array([to_unit(n, start.get(n)) for n in names]), 0.02, 0.98)
+    fit = least_squares(residuals, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=LOSS_SCALE,
+                        max_nfev=max_evaluations, diff_step=1e-3)
+    best = start.with_values(to_value(fit.x))
+    after = _robust_mean(np.log(predict(rows, best) / measured))
+    on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
+                     if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
+    return CalibrationResult(best, tuple(names), on_bound, before, after, len(rows))

@@ -1,0 +1,203 @@
+"""Out-of-sample accuracy: leave one model family (or source) out, per GPU generation.
+
+For every generation and every held-out group (a model family, or a source),
+the generation's profile is calibrated on the other runs of that generation
+(:func:`~parsearch.validation.calibration.calibrate`) and the held-out runs
+are predicted with it.  The report gives, per generation, the out-of-sample
+MAPE beside the in-sample one (calibrated on everything), the pairwise order
+accuracy within (model, GPU) groups for pairs whose measurements differ by
+more than :data:`ORDER_MIN_GAP`, and the error band of each kind of
+prediction (dense or MoE) from the out-of-sample log ratios.
+
+A generation with a single family (Ampere: GPT-style models only) cannot be
+validated by family; it falls back to leave-one-source-out and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand
+from parsearch.validation.calibration import (
+    CalibrationResult,
+    PreparedRow,
+    calibrate,
+    predict,
+)
+
+#: Pairs whose measurements differ by less than this are not counted for order accuracy
+#: (run-to-run and release-to-release noise is of that order).
+ORDER_MIN_GAP = 0.15
+#: Quantiles of the out-of-sample log ratio that bound a prediction's error band.
+BAND_QUANTILES = (0.1, 0.9)
+
+
+@dataclass(frozen=True)
+class RowPrediction:
+    """One run, predicted in and out of sample."""
+
+    id: str
+    model: str
+    gpu: str
+    generation: str
+    family: str
+    source: str
+    kind: str
+    layout: str
+    measured: float
+    in_sample: float
+    out_of_sample: float
+
+    @property
+    def ape_in(self) -> float:
+        return abs(self.in_sample / self.measured - 1.0)
+
+    @property
+    def ape_out(self) -> float:
+        return abs(self.out_of_sample / self.measured - 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ape_in_sample": self.ape_in,
+                "ape_out_of_sample": self.ape_out}
+
+
+@dataclass(frozen=True)
+class GenerationSummary:
+    generation: str
+    n: int
+    holdout: str
+    mape_in: float
+    mape_out: float
+    median_ape_out: float
+    order_pairs: int
+    order_accuracy_in: float
+    order_accuracy_out: float
+    fits_on_bound: int
+    folds: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    rows: tuple[RowPrediction, ...]
+    generations: tuple[GenerationSummary, ...]
+    bands: dict[str, ErrorBand] = field(default_factory=dict)
+    in_sample_profiles: dict[str, CalibrationResult] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generations": [g.to_dict() for g in self.generations],
+            "bands": {k: b.__dict__ for k, b in self.bands.items()},
+            "rows": [r.to_dict() for r in self.rows],
+            "in_sample_fits": {g: {"fitted": list(c.fitted), "on_bound": list(c.on_bound),
+                                   "values": {n: c.profile.get(n) for n in c.fitted}}
+                               for g, c in self.in_sample_profiles.items()},
+        }
+
+
+def _holdout_key(row: PreparedRow, by: str) -> str:
+    return row.family if by == "family" else row.run.source_tag
+
+
+def pairwise_order_accuracy(groups: dict[tuple[str, str], list[tuple[float, float]]],
+                            min_gap: float = ORDER_MIN_GAP) -> tuple[int, float]:
+    """(pairs counted, share ordered right) over pairs within each group.
+
+    Each group holds (measured, predicted) points; a pair counts when the larger
+    measurement exceeds the smaller by more than ``min_gap``.
+
+    >>> pairwise_order_accuracy({("m", "g"): [(100.0, 10.0), (130.0, 12.0), (110.0, 9.0)]})
+    (2, 1.0)
+    >>> pairwise_order_accuracy({("m", "g"): [(100.0, 12.0), (130.0, 10.0)]})
+    (1, 0.0)
+    """
+    total = right = 0
+    for points in groups.values():
+        for i in range(len(points)):
+            for j in range(i + 1, len(points)):
+                (mi, pi), (mj, pj) = points[i], points[j]
+                if max(mi, mj) <= (1.0 + min_gap) * min(mi, mj):
+                    continue
+                total += 1
+                right += int((mi - mj) * (pi - pj) > 0)
+    return total, (right / total if total else math.nan)
+
+
+def _order(rows: Sequence[RowPrediction], attr: str) -> tuple[int, float]:
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        groups[(r.model.split(" (")[0], r.gpu)].append((r.measured, getattr(r, attr)))
+    return pairwise_order_accuracy(groups)
+
+
+def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
+                   max_evaluations: int = 150,
+                   profiles: dict[str, EfficiencyProfile] | None = None) -> CrossValidation:
+    """Leave-one-``by``-out (``family`` or ``source``) per GPU generation."""
+    if by not in ("family", "source"):
+        raise ValueError(f"by must be family or source, got {by!r}")
+    out_rows: list[RowPrediction] = []
+    summaries: list[GenerationSummary] = []
+    fits: dict[str, CalibrationResult] = {}
+    by_generation: dict[str, list[PreparedRow]] = defaultdict(list)
+    for row in rows:
+        by_generation[row.generation].append(row)
+    for generation, members in sorted(by_generation.items()):
+        start = (profiles or {}).get(generation)
+        holdout = by
+        if len({_holdout_key(r, by) for r in members}) < 2:
+            holdout = "source" if by == "family" else "family"
+        keys = sorted({_holdout_key(r, holdout) for r in members})
+        full = calibrate(members, start, max_evaluations=max_evaluations)
+        fits[generation] = full
+        in_pred = predict(members, full.profile)
+        oos = np.full(len(members), np.nan)
+        on_bound = 0
+        for key in keys:
+            test = [i for i, r in enumerate(members) if _holdout_key(r, holdout) == key]
+            train = [r for r in members if _holdout_key(r, holdout) != key]
+            if len(keys) < 2 or not train:
+                fold_profile = start
+            else:
+                fold = calibrate(train, start, max_evaluations=max_evaluations)
+                on_bound += int(not fold.ok)
+                fold_profile = fold.profile
+            oos[test] = predict([members[i] for i in test], fold_profile)
+        gen_rows = [
+            RowPrediction(id=r.id, model=r.run.model, gpu=r.run.gpu, generation=generation,
+                          family=r.family, source=r.run.source_tag, kind=r.kind,
+                          layout=r.run.layout.key(), measured=r.measured,
+                          in_sample=float(a), out_of_sample=float(b))
+            for r, a, b in zip(members, in_pred, oos, strict=True)]
+        out_rows.extend(gen_rows)
+        pairs, acc_out = _order(gen_rows, "out_of_sample")
+        _, acc_in = _order(gen_rows, "in_sample")
+        summaries.append(GenerationSummary(
+            generation=generation, n=len(gen_rows), holdout=holdout,
+            mape_in=float(np.mean([r.ape_in for r in gen_rows])),
+            mape_out=float(np.mean([r.ape_out for r in gen_rows])),
+            median_ape_out=float(np.median([r.ape_out for r in gen_rows])),
+            order_pairs=pairs, order_accuracy_in=acc_in, order_accuracy_out=acc_out,
+            fits_on_bound=on_bound + int(not full.ok), folds=len(keys)))
+    return CrossValidation(tuple(out_rows), tuple(summaries), error_bands(out_rows, by), fits)
+
+
+def error_bands(rows: Sequence[RowPrediction], method: str) -> dict[str, ErrorBand]:
+    """Per ``generation/kind`` (e.g. ``hopper/moe``) quantiles of the out-of-sample log ratio."""
+    logs: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.out_of_sample > 0 and math.isfinite(r.out_of_sample):
+            logs[f"{r.generation}/{r.kind}"].append(math.log(r.out_of_sample / r.measured))
+    bands = {}
+    for key, values in sorted(logs.items()):
+        lo, hi = np.quantile(values, BAND_QUANTILES)
+        bands[key] = ErrorBand(float(lo), float(hi), len(values), f"leave-one-{method}-out")
+    return bands

@@ -1,0 +1,123 @@
+"""What each published run turned on, read from its public recipe (``data/run_setups.csv``).
+
+The file (provenance in ``data/RUN_SETUPS.md``) records, per published run
+id, the Megatron-Bridge / Megatron-LM settings of the recipe that produced
+it, each with its repository, commit and path.  :func:`apply_setup` turns a
+run's record into the cost model's options and training setup, so
+validation prices what ran instead of guessing what would fit.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, replace
+from functools import cache
+from importlib import resources
+
+from parsearch.cost.options import CostOptions
+from parsearch.workload import RECOMPUTE_MODULES, TrainingSpec
+
+SETUP_FILE = "run_setups.csv"
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """The recipe settings of one published run (``None``: the recipe does not say)."""
+
+    id: str
+    moe_dispatcher: str | None
+    tp_comm_overlap: bool | None
+    moe_a2a_overlap: bool | None
+    overlap_grad_reduce: bool | None
+    overlap_param_gather: bool | None
+    recompute: str | None
+    recompute_num_layers: int | None
+    recompute_modules: tuple[str, ...]
+    cpu_offloading: bool | None
+    cpu_offloading_num_layers: int | None
+    fsdp: bool | None
+    cuda_graphs: bool | None
+    fp8_param_gather: bool | None
+    grad_reduce_in_fp32: bool | None
+    locator: str
+
+
+def _flag(text: str) -> bool | None:
+    text = text.strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    return None
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _setup(row: dict[str, str]) -> RunSetup:
+    cell = {k: (v or "").strip() for k, v in row.items()}
+    granularity = cell.get("recompute_granularity", "").lower() or None
+    graphs = cell.get("cuda_graphs", "").lower()
+    modules = tuple(m for m in cell.get("recompute_modules", "").replace(",", " ").split()
+                    if m in RECOMPUTE_MODULES)
+    return RunSetup(
+        id=cell["id"],
+        moe_dispatcher=cell.get("moe_dispatcher") or None,
+        tp_comm_overlap=_flag(cell.get("tp_comm_overlap", "")),
+        moe_a2a_overlap=_flag(cell.get("moe_a2a_overlap", "")),
+        overlap_grad_reduce=_flag(cell.get("overlap_grad_reduce", "")),
+        overlap_param_gather=_flag(cell.get("overlap_param_gather", "")),
+        recompute=granularity if granularity in ("none", "selective", "full") else None,
+        recompute_num_layers=_int(cell.get("recompute_num_layers", "")),
+        recompute_modules=modules,
+        cpu_offloading=_flag(cell.get("cpu_offloading", "")),
+        cpu_offloading_num_layers=_int(cell.get("cpu_offloading_num_layers", "")),
+        fsdp=_flag(cell.get("fsdp", "")),
+        cuda_graphs=(None if not graphs else graphs not in ("none", "false", "no")),
+        fp8_param_gather=_flag(cell.get("fp8_param_gather", "")),
+        grad_reduce_in_fp32=_flag(cell.get("grad_reduce_in_fp32", "")),
+        locator=cell.get("recipe_locator", ""),
+    )
+
+
+@cache
+def load_run_setups() -> dict[str, RunSetup]:
+    """Every recorded setup, by published run id."""
+    text = resources.files("parsearch.data").joinpath(SETUP_FILE).read_text(encoding="utf-8")
+    return {row["id"]: _setup(row) for row in csv.DictReader(text.splitlines())
+            if row.get("id")}
+
+
+def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
+                *, moe: bool, precision: str) -> tuple[TrainingSpec, CostOptions]:
+    """Training setup and cost options with what the recipe states (the rest unchanged)."""
+    changes: dict[str, object] = {}
+    if moe and setup.moe_dispatcher in ("alltoall", "allgather", "flex"):
+        changes["moe_dispatcher"] = setup.moe_dispatcher
+    for name in ("tp_comm_overlap", "moe_a2a_overlap", "overlap_grad_reduce",
+                 "overlap_param_gather", "cuda_graphs"):
+        value = getattr(setup, name)
+        if value is not None:
+            changes[name] = value
+    if setup.grad_reduce_in_fp32 is not None:
+        changes["grad_reduce_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
+    if setup.fp8_param_gather is not None and precision != "bf16":
+        changes["param_gather_bytes"] = 1.0 if setup.fp8_param_gather else 2.0
+        changes["memory"] = replace(options.memory, fp8_param_gather=setup.fp8_param_gather)
+    options = replace(options, **changes)  # type: ignore[arg-type]
+    train: dict[str, object] = {}
+    if setup.fsdp is not None:
+        train["fsdp"] = setup.fsdp
+    if setup.recompute == "selective" and setup.recompute_modules:
+        train["recompute_modules"] = setup.recompute_modules
+    if setup.recompute == "full" and setup.recompute_num_layers:
+        train["recompute_num_layers"] = setup.recompute_num_layers
+    if setup.cpu_offloading and setup.cpu_offloading_num_layers:
+        train["activation_offload_layers"] = setup.cpu_offloading_num_layers
+    if setup.grad_reduce_in_fp32 is not None:
+        train["grad_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
+    return replace(training, **train), options  # type: ignore[arg-type]
