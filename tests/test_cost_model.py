@@ -124,7 +124,6 @@ def test_fp8_compute_is_never_slower_than_bf16(model: ModelSpec) -> None:
                 for k in ("memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm",
                           "pp_p2p", "pp_bubble", "stage_imbalance", "dp_comm"))
     assert np.all(fp8["step_time_s"] <= bf16["step_time_s"] + extra + 1e-12)
-    assert np.any(fp8["step_time_s"] < bf16["step_time_s"])
 
 
 def test_nvlink_tp_beats_network_tp_for_the_same_degrees() -> None:
