@@ -232,6 +232,10 @@ def test_memory_never_grows_with_pp(case: tuple, act_model: str) -> None:
     options = MemoryOptions(activation_model=act_model)
     pp2 = layout.pp * 2
     assume(model.num_layers % pp2 == 0)
+    # Only for a uniform layer stack: with a leading dense layer heavier than the MoE ones,
+    # stage 0 at 2p keeps 2p micro-batches of that heavy layer alone, which can exceed p
+    # micro-batches of (heavy + light) layers (a real effect, not a bug).
+    assume(model.moe is None or (model.moe.first_k_dense == 0 and model.moe.layer_freq == 1))
     bigger = replace(layout, pp=pp2, num_gpus=layout.num_gpus * 2)
     assert bigger.dp == layout.dp and bigger.edp == layout.edp
     # KOR22 Table 2 footnote: the first stage also keeps the embedding's token inputs and
