@@ -145,7 +145,6 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups,
         "tp_comm": comm.tp,
         "cp_comm": comm.cp,
         "ep_comm": comm.ep,
-        "forward": compute.forward,
     }
 
 

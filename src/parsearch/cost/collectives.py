@@ -52,14 +52,14 @@ class LinkArrays:
         )
 
 
-def _split(link: LinkArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_group(link: LinkArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(members in one domain k, domains spanned M, group size n), as float arrays."""
     n = np.maximum(np.asarray(link.size, dtype=np.float64), 1.0)
     k = np.clip(np.asarray(link.members_per_domain, dtype=np.float64), 1.0, n)
     return k, n / k, n
 
 
-def _safe_div(num: Num, den: Num) -> np.ndarray:
+def safe_div(num: Num, den: Num) -> np.ndarray:
     den = np.asarray(den, dtype=np.float64)
     return np.where(den > 0, np.asarray(num, dtype=np.float64) / np.where(den > 0, den, 1.0), 0.0)
 
@@ -78,10 +78,10 @@ def reduce_scatter_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
     Latency: ring steps (k-1) on NVLink plus ceil(log2 M) network steps (NCCL
     tree/PAT algorithms at scale; NCCL 2.4 blog).
     """
-    k, m, n = _split(link)
+    k, m, n = split_group(link)
     s = np.asarray(size_bytes, dtype=np.float64)
-    intra = _safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
-    inter = _safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
+    intra = safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
+    inter = safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
     latency = (k - 1.0) * link.nvlink_latency_s + _log2_steps(m) * link.network_latency_s
     return np.where(n > 1, intra + inter + latency, 0.0)
 
@@ -103,10 +103,10 @@ def all_to_all_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
     both proceed at once, so the slower sets the time (formulas.md §7.1
     hierarchical all-to-all).  Latency: one step per peer domain plus one on NVLink.
     """
-    k, m, n = _split(link)
+    k, m, n = split_group(link)
     s = np.asarray(size_bytes, dtype=np.float64)
-    intra = _safe_div((k - 1.0) / n * s, link.nvlink_bandwidth_Bps)
-    inter = _safe_div((n - k) / n * s, link.network_bandwidth_Bps)
+    intra = safe_div((k - 1.0) / n * s, link.nvlink_bandwidth_Bps)
+    inter = safe_div((n - k) / n * s, link.network_bandwidth_Bps)
     latency = np.where(k > 1, link.nvlink_latency_s, 0.0) + (m - 1.0) * link.network_latency_s
     return np.where(n > 1, np.maximum(intra, inter) + latency, 0.0)
 
@@ -116,36 +116,9 @@ def p2p_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
 
     Neighbours in one domain use NVLink; otherwise the network.
     """
-    k, _m, n = _split(link)
+    k, _m, n = split_group(link)
     s = np.asarray(size_bytes, dtype=np.float64)
     inside = k >= n
     bandwidth = np.where(inside, link.nvlink_bandwidth_Bps, link.network_bandwidth_Bps)
     latency = np.where(inside, link.nvlink_latency_s, link.network_latency_s)
-    return np.where(n > 1, _safe_div(s, bandwidth) + latency, 0.0)
-
-
-def token_dispatch_time(link: LinkArrays, tokens: Num, bytes_per_token: float, top_k: int,
-                        deduplicate: bool) -> np.ndarray:
-    """MoE token dispatch (or combine) of ``tokens`` per rank, each to ``top_k`` experts.
-
-    Experts are spread evenly over the ``n`` ranks of the EP group, ``k`` ranks per NVLink
-    domain and ``M = n/k`` domains; routing is uniform.  The plain all-to-all dispatcher
-    (Megatron-Core ``MoEAlltoAllTokenDispatcher``) sends one copy per chosen expert:
-    ``top_k*(k-1)/n`` of them over NVLink and ``top_k*(n-k)/n`` over the network
-    (formulas.md §7.5).  A deduplicating dispatcher (DeepEP / HybridEP, ``flex``) sends a
-    token once to each remote domain that hosts one of its experts and fans it out over
-    NVLink there (formulas.md §7.5, "de-duplicates cross-node copies"); with uniform
-    routing a token reaches ``(M-1)*(1-(1-1/M)^top_k)`` remote domains on average
-    [derived].  Both directions proceed at once; the slower link sets the time.
-    """
-    k, m, n = _split(link)
-    t = np.asarray(tokens, dtype=np.float64)
-    intra_copies = top_k * (k - 1.0) / n
-    if deduplicate:
-        inter_copies = (m - 1.0) * (1.0 - (1.0 - 1.0 / m) ** top_k)
-    else:
-        inter_copies = top_k * (n - k) / n
-    intra = _safe_div(t * intra_copies * bytes_per_token, link.nvlink_bandwidth_Bps)
-    inter = _safe_div(t * inter_copies * bytes_per_token, link.network_bandwidth_Bps)
-    latency = np.where(k > 1, link.nvlink_latency_s, 0.0) + (m - 1.0) * link.network_latency_s
-    return np.where(n > 1, np.maximum(intra, inter) + latency, 0.0)
+    return np.where(n > 1, safe_div(s, bandwidth) + latency, 0.0)

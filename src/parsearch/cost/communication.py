@@ -35,7 +35,13 @@ from typing import Any
 import numpy as np
 
 from parsearch.constraints import RECOMPUTE_CODES
-from parsearch.cost.collectives import LinkArrays, p2p_time, reduce_scatter_time
+from parsearch.cost.collectives import (
+    LinkArrays,
+    p2p_time,
+    reduce_scatter_time,
+    safe_div,
+    split_group,
+)
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
@@ -133,18 +139,14 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     README: 43-58 GB/s per 400 Gb/s NIC), so ``flex`` uses the full rate.  Latency:
     one call plus one network step per remote domain (NCCL sends to every peer).
     """
-    n = np.maximum(np.asarray(link.size, dtype=np.float64), 1.0)
-    k = np.clip(np.asarray(link.members_per_domain, dtype=np.float64), 1.0, n)
+    k, m, n = split_group(link)
     intra, inter = dispatch_copies(k, n, top_k, dispatcher)
     t = np.asarray(tokens, dtype=np.float64)
     eff = 1.0 if dispatcher == "flex" else alltoall_efficiency
-    nvlink = np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64) * eff
-    network = np.asarray(link.network_bandwidth_Bps, dtype=np.float64) * eff
     net_bytes = t * inter * bytes_per_token
-    intra_s = np.where(nvlink > 0, t * intra * bytes_per_token / np.where(nvlink > 0, nvlink, 1),
-                       0.0)
-    inter_s = np.where(network > 0, net_bytes / np.where(network > 0, network, 1), 0.0)
-    m = n / k
+    intra_s = safe_div(t * intra * bytes_per_token,
+                       np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64) * eff)
+    inter_s = safe_div(net_bytes, np.asarray(link.network_bandwidth_Bps, dtype=np.float64) * eff)
     peers = (m - 1.0) if dispatcher != "flex" else np.minimum(m - 1.0, 1.0)
     latency = call_latency_s + peers * np.asarray(link.network_latency_s, dtype=np.float64)
     seconds = np.where(n > 1, np.maximum(intra_s, inter_s) + latency, 0.0)

@@ -156,7 +156,7 @@ class UnitCompute:
     the fused attention, ``memory_bound`` the non-GEMM kernels, ``overhead``
     the per-kernel GPU time plus the host time the GPU waits for.
     ``tp_gemm`` is the GEMM time of the TP-sharded linears (what TP overlap
-    can hide behind); ``forward`` the forward time (what a recompute re-runs).
+    can hide behind).
     """
 
     gemm: np.ndarray
@@ -166,7 +166,6 @@ class UnitCompute:
     memory_bound: np.ndarray
     overhead: np.ndarray
     tp_gemm: np.ndarray
-    forward: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
@@ -264,7 +263,5 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     # because the host runs ahead only partly (syncs, allocator): the wait is shared.
     paced = (gpu_busy**4 + host**4) ** 0.25
     overhead = kernel_time + (paced - gpu_busy)
-    forward = t_gemm_fwd + t_routed_fwd + t_attn_fwd + t_logits_fwd
     return UnitCompute(gemm=gemm, routed=routed, attention=attention, logits=logits,
-                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits,
-                       forward=forward)
+                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits)

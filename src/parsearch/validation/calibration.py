@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from parsearch.cost.analytic import CostModel, CostOptions, layout_columns, score_columns
-from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
+from parsearch.cost.efficiency import EfficiencyProfile, Prior, efficiency_for_gpu
 from parsearch.errors import ParsearchError
 from parsearch.published_runs import PublishedRun, dedupe, dev_rows
 from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
@@ -167,6 +167,29 @@ def _robust_mean(log_ratios: np.ndarray) -> float:
     return float(np.mean(2.0 * (np.sqrt(1.0 + z * z) - 1.0)) * LOSS_SCALE**2)
 
 
+def _log_scaled(prior: Prior) -> bool:
+    """Ranges spanning a decade or more are searched on a log scale."""
+    return prior.high / max(prior.low, 1e-30) >= 10.0
+
+
+def _to_unit(prior: Prior, value: float) -> float:
+    """Position of ``value`` in the prior's range, 0 (low) .. 1 (high)."""
+    if _log_scaled(prior):
+        return math.log(value / prior.low) / math.log(prior.high / prior.low)
+    return (value - prior.low) / (prior.high - prior.low)
+
+
+def _values(names: Sequence[str], priors: Sequence[Prior], u: np.ndarray) -> dict[str, float]:
+    """Parameter values at unit positions ``u`` (the inverse of :func:`_to_unit`)."""
+    out = {}
+    for name, prior, x in zip(names, priors, u, strict=True):
+        if _log_scaled(prior):
+            out[name] = prior.low * (prior.high / prior.low) ** float(x)
+        else:
+            out[name] = prior.low + float(x) * (prior.high - prior.low)
+    return out
+
+
 def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = None, *,
               factors: Sequence[str] | None = None, max_evaluations: int = 200,
               ) -> CalibrationResult:
@@ -183,38 +206,18 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     if not names:
         return CalibrationResult(start, (), (), before, before, len(rows))
     priors = [start.priors[n] for n in names]
-    logscale = [p.high / max(p.low, 1e-30) >= 10.0 for p in priors]
-
-    def to_value(u: np.ndarray) -> dict[str, float]:
-        values = {}
-        for name, prior, log, x in zip(names, priors, logscale, u, strict=True):
-            if log:
-                values[name] = math.exp(math.log(prior.low)
-                                        + x * (math.log(prior.high) - math.log(prior.low)))
-            else:
-                values[name] = prior.low + x * (prior.high - prior.low)
-        return values
-
-    def to_unit(name: str, value: float) -> float:
-        prior = start.priors[name]
-        if prior.high / max(prior.low, 1e-30) >= 10.0:
-            return (math.log(value) - math.log(prior.low)) / (
-                math.log(prior.high) - math.log(prior.low))
-        return (value - prior.low) / (prior.high - prior.low)
-
-    u_prior = np.array([to_unit(n, p.value) for n, p in zip(names, priors, strict=True)])
+    u_prior = np.array([_to_unit(p, p.value) for p in priors])
 
     def residuals(u: np.ndarray) -> np.ndarray:
-        trial = start.with_values(to_value(u))
+        trial = start.with_values(_values(names, priors, u))
         logs = np.log(np.maximum(predict(rows, trial), 1e-9) / measured)
-        scale = math.sqrt(len(rows))
-        return np.concatenate([logs, PRIOR_WEIGHT * LOSS_SCALE * (u - u_prior) * scale
-                               / math.sqrt(len(rows))])
+        return np.concatenate([logs, PRIOR_WEIGHT * LOSS_SCALE * (u - u_prior)])
 
-    u0 = np.clip(np.array([to_unit(n, start.get(n)) for n in names]), 0.02, 0.98)
+    u0 = np.clip(np.array([_to_unit(p, start.get(n)) for n, p in zip(names, priors, strict=True)]),
+                 0.02, 0.98)
     fit = least_squares(residuals, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=LOSS_SCALE,
                         max_nfev=max_evaluations, diff_step=1e-3)
-    best = start.with_values(to_value(fit.x))
+    best = start.with_values(_values(names, priors, fit.x))
     after = _robust_mean(np.log(predict(rows, best) / measured))
     on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
                      if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
