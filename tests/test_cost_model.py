@@ -156,3 +156,22 @@ def test_pipeline_schedule_matches_narayanan_bubble_for_equal_stages() -> None:
 def test_unequal_stages_pay_for_the_slowest() -> None:
     busy, bubble = pipeline_time(np.array([[1.0, 2.0]]), np.array([4]), np.array([1]))
     assert busy[0] == 8.0 and bubble[0] == 1.0
+
+
+def test_partial_recompute_prices_between_none_and_full() -> None:
+    """--recompute-num-layers N re-runs only N layers per model chunk (Megatron block method)."""
+    from parsearch.layout import parse_layout_string
+
+    model = get_preset("llama3-8b")
+    fabric = build_fabric(load_cluster("dgx-h100"), 8)
+    base = TrainingSpec(seq_len=8192, global_batch=64)
+
+    def step(recompute: str, layers: int | None = None) -> float:
+        training = replace(base, recompute_num_layers=layers)
+        layout = parse_layout_string(f"mbs=1,recompute={recompute}", 8)
+        return estimate(build_cost_model(model, training, fabric), layout).step_time_s
+
+    none, full = step("none"), step("full")
+    partial = [step("full", n) for n in (4, 16, 32)]
+    assert none < partial[0] < partial[1] < full
+    assert partial[2] == pytest.approx(full)  # every layer of the single chunk

@@ -36,11 +36,12 @@ from parsearch.cost.collectives import (
     reduce_scatter_time,
 )
 from parsearch.cost.communication import Groups, unit_comm
-from parsearch.cost.compute import ACT_BYTES, unit_compute
+from parsearch.cost.compute import ACT_BYTES, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
+from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
 from parsearch.cost.schedule import pipeline_time
 from parsearch.cost.stages import rows_by_split, stage_contents
 from parsearch.errors import SpecError
@@ -116,6 +117,9 @@ def usable_memory_bytes(gpu: GpuProfile, options: CostOptions | None) -> float:
 
 # --- unit prices -------------------------------------------------------------------------
 
+# The embedding and the output layer are never recomputed (Megatron checkpoints layers).
+_NO_RECOMPUTE = LayerShares(*(np.zeros(()) for _ in range(6)))
+
 
 def _groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
     strides = group_strides(cols["tp"], cols["cp"], cols["pp"], cols["ep"], cols["etp"],
@@ -129,14 +133,18 @@ def _groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
     return Groups(**out)
 
 
-def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups,
-                 unit: str) -> dict[str, np.ndarray]:
+def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
+                 shares: RecomputeShares) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of one unit on one GPU, by stage part."""
     opt = cm.options
+    layer = unit in ("dense", "moe", "mtp")
+    recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
     compute = unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
-                           causal=opt.causal, imbalance=float(opt.moe_imbalance or 1.0),
+                           recompute=recompute, causal=opt.causal,
+                           imbalance=float(opt.moe_imbalance or 1.0),
                            cuda_graphs=opt.cuda_graphs, flash_attention=opt.flash_attention)
-    comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute)
+    comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
+                     recompute)
     return {
         "compute": compute.gemm + compute.routed + compute.attention + compute.logits
         + comm.sm_slowdown,
@@ -199,7 +207,9 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     if "m" not in cols:
         cols["m"] = training.global_batch // (cols["mbs"] * cols["dp"])
     groups = _groups(fabric, cols)
-    prices = {unit: _unit_prices(cm, cols, groups, unit) for unit in UNITS}
+    shares = recompute_shares(model, training, cols["recompute"], pp=cols["pp"],
+                              vpp=cols["vpp"], tp=cols["tp"], sp=cols["sp"])
+    prices = {unit: _unit_prices(cm, cols, groups, unit, shares) for unit in UNITS}
     params = _unit_params(cm, cols)
     # PP p2p (formulas.md §7.4): one activation forward and one gradient backward per
     # micro-batch and model chunk, b*(s/c)*h (/tp with SP) elements.

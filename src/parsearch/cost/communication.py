@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.collectives import (
     LinkArrays,
     p2p_time,
@@ -45,6 +44,7 @@ from parsearch.cost.collectives import (
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
+from parsearch.cost.recompute import LayerShares
 from parsearch.workload import ModelSpec, TrainingSpec
 
 #: TP blocks per unit: a dense layer has two (attention, MLP); an MoE layer one plus
@@ -155,11 +155,15 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
 
 def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
               options: CostOptions, cols: dict[str, np.ndarray], groups: Groups, unit: str,
-              compute: UnitCompute) -> UnitComm:
-    """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring)."""
+              compute: UnitCompute, recompute: LayerShares) -> UnitComm:
+    """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring).
+
+    Recompute re-runs the forward collectives of what it recomputes (``recompute.tp_comm``
+    and ``recompute.ep_comm`` of the two forward TP ops per block and the two forward
+    dispatch/combine calls).
+    """
     tp, cp, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "etp", "mbs"))
     sp = cols["sp"].astype(bool)
-    full = cols["recompute"] == RECOMPUTE_CODES["full"]
     s, h = training.seq_len, model.hidden_size
     latency = profile.collective_latency_s
     share = profile.comm_sm_share
@@ -169,7 +173,7 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     op = reduce_scatter_time(groups.tp, mbs * (s / cp) * h * ACT_BYTES)
     op = np.where(tp > 1, op + latency, 0.0)
     blocks = _tp_blocks(model, unit)
-    ops_per_block = np.where(sp, 5.0, 4.0) + np.where(full, 2.0, 0.0)
+    ops_per_block = np.where(sp, 5.0, 4.0) + 2.0 * recompute.tp_comm
     tp_total = blocks * ops_per_block * op
     # Plain Megatron: the wgrad input re-gather (SP) or the dgrad all-reduce (no SP) and the
     # dgrad reduce-scatter run asynchronously beside the backward GEMMs.
@@ -212,7 +216,7 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
         tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
         low = options.fp8_dispatch and training.precision != "bf16"
         dispatch_bytes = h * (1.0 if low else ACT_BYTES)
-        calls = 4.0 + np.where(full, 2.0, 0.0)
+        calls = 4.0 + 2.0 * recompute.ep_comm
         if options.moe_dispatcher == "allgather":
             # Megatron-Core MoEAllGatherTokenDispatcher: all-gather of the hidden states over
             # the EP group, reduce-scatter on combine (volume independent of top-k).

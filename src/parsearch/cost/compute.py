@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.flops import stage_flops_core
+from parsearch.cost.recompute import LayerShares
 from parsearch.cost.stages import StageContent
 from parsearch.hardware import GpuProfile
 from parsearch.workload import ModelSpec, TrainingSpec
@@ -175,9 +175,14 @@ class UnitCompute:
 
 def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  profile: EfficiencyProfile, cols: dict[str, np.ndarray], unit: str, *,
-                 causal: bool, imbalance: float, cuda_graphs: bool,
+                 recompute: LayerShares, causal: bool, imbalance: float, cuda_graphs: bool,
                  flash_attention: bool = True) -> UnitCompute:
-    """Compute time of ``unit`` for every layout in ``cols`` (see module docstring)."""
+    """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
+
+    ``recompute`` gives the share of each forward cost category the unit re-runs in
+    backward (:func:`parsearch.cost.recompute.recompute_shares`: full, partial
+    ``--recompute-num-layers`` or per-module selective recompute).
+    """
     tp, cp, ep, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "ep", "etp", "mbs"))
     sp = cols["sp"].astype(bool)
     code = cols["recompute"]
@@ -218,11 +223,9 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     t_logits_fwd = flops.logits_flops / (
         peak_bf16 * gemm_efficiency(profile, "bf16", flops.logits_flops))
 
-    full = code == RECOMPUTE_CODES["full"]
-    selective = code == RECOMPUTE_CODES["selective"]
-    gemm = 3.0 * t_gemm_fwd + np.where(full, t_gemm_fwd, 0.0)
-    routed = 3.0 * t_routed_fwd + np.where(full, t_routed_fwd, 0.0)
-    attention = t_attn_fwd + t_attn_bwd + np.where(full | selective, t_attn_fwd, 0.0)
+    gemm = (3.0 + recompute.gemm) * t_gemm_fwd
+    routed = (3.0 + recompute.routed) * t_routed_fwd
+    attention = t_attn_fwd + t_attn_bwd + recompute.core_attention * t_attn_fwd
     logits = 3.0 * t_logits_fwd
 
     # Memory-bound kernels (formulas.md §7.7 for the FP8 casts): bytes / achieved HBM rate.
@@ -240,14 +243,15 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                                                  + counts["quantize_routed_copy"]))
     if not flash_attention and is_layer:
         score_bytes = (UNFUSED_SCORE_BYTES_FORWARD + UNFUSED_SCORE_BYTES_BACKWARD
-                       + np.where(full | selective, UNFUSED_SCORE_BYTES_FORWARD, 0.0))
+                       + recompute.core_attention * UNFUSED_SCORE_BYTES_FORWARD)
         byte_count = byte_count + (rows * model.num_attention_heads / tp * (s / cp)
                                    * score_bytes)
     if unit == "output":  # fused cross-entropy reads the logits and writes their gradient
         byte_count = byte_count + rows * 8.0 * model.vocab_size / tp
     hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
     memory_bound = profile.memory_bound_factor * byte_count / hbm
-    memory_bound = memory_bound * (1.0 + np.where(full, 1.0 / 3.0, 0.0))  # forward re-run
+    # The forward is about a third of the counted bytes; recompute re-runs its share.
+    memory_bound = memory_bound * (1.0 + recompute.elementwise / 3.0)
 
     # Per-kernel GPU time and host issue time (eager: the GPU idles when its work per
     # layer is shorter than the CPU's issue time).
@@ -255,7 +259,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     if is_layer:
         kernels = KERNELS_DENSE_LAYER + (KERNELS_MOE_EXTRA if moe_unit else 0.0)
         kernels += KERNELS_FP8_EXTRA if precision != "bf16" else 0.0
-    kernel_time = kernels * profile.kernel_overhead_s * (1.0 + np.where(full, 1.0 / 3.0, 0.0))
+    kernel_time = kernels * profile.kernel_overhead_s * (1.0 + recompute.elementwise / 3.0)
     host = profile.host_time_per_layer_s * kernels / KERNELS_DENSE_LAYER
     host = host * (CUDA_GRAPH_HOST_SHARE if cuda_graphs else 1.0)
     gpu_busy = gemm + routed + attention + logits + memory_bound + kernel_time
