@@ -98,3 +98,24 @@ def test_memory_readings_never_override_stated_settings() -> None:
     assert {layout.recompute for _t, layout, _n in readings} == {"full"}
     fsdp = replace(unstated, notes="FSDP=64")
     assert all(t.fsdp for t, _l, _n in memory_saving_candidates(fsdp))
+
+
+def test_recipe_recompute_layers_count_only_with_the_block_method() -> None:
+    """Megatron's --recompute-num-layers is a layer count with --recompute-method block but
+    a checkpoint-group size with uniform (every layer recomputed)."""
+    from parsearch.cost.analytic import CostOptions
+    from parsearch.validation.recipes import apply_setup
+
+    setups = load_run_setups()
+    runs = {r.id: r for r in load_published_runs()}
+    for run_id, layers in (("r0316", None), ("r0250", 5)):  # NAR21 uniform; Bridge block
+        run = runs[run_id]
+        training, _ = apply_setup(setups[run_id], _training(run), CostOptions(), moe=False,
+                                  precision=run.precision)
+        assert training.recompute_num_layers == layers
+
+
+def _training(run):  # type: ignore[no-untyped-def]
+    from parsearch.published_runs import training_spec
+
+    return training_spec(run)

@@ -45,6 +45,10 @@ EXPERT_TILE_ROWS = 128
 KERNELS_DENSE_LAYER = 45.0
 KERNELS_MOE_EXTRA = 60.0
 KERNELS_FP8_EXTRA = 20.0
+#: Expert GEMMs: Transformer Engine's GroupedLinear (``general_grouped_gemm``) issues one
+#: cuBLAS GEMM per local expert (spread over several CUDA streams), so FC1 and FC2 forward,
+#: dgrad and wgrad cost 6 kernels per local expert and layer.
+KERNELS_PER_LOCAL_EXPERT = 6.0
 #: CUDA graphs replay a captured layer with one launch: the host issue time left is
 #: graph launches and the Python around them (CUDA C++ Programming Guide, "CUDA
 #: Graphs": work submitted as one unit removes per-kernel CPU launch overhead).
@@ -259,6 +263,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     if is_layer:
         kernels = KERNELS_DENSE_LAYER + (KERNELS_MOE_EXTRA if moe_unit else 0.0)
         kernels += KERNELS_FP8_EXTRA if precision != "bf16" else 0.0
+        if moe_unit:
+            kernels = kernels + KERNELS_PER_LOCAL_EXPERT * local_experts
     kernel_time = kernels * profile.kernel_overhead_s * (1.0 + recompute.elementwise / 3.0)
     host = profile.host_time_per_layer_s * kernels / KERNELS_DENSE_LAYER
     host = host * (CUDA_GRAPH_HOST_SHARE if cuda_graphs else 1.0)

@@ -31,6 +31,7 @@ class RunSetup:
     overlap_grad_reduce: bool | None
     overlap_param_gather: bool | None
     recompute: str | None
+    recompute_method: str | None
     recompute_num_layers: int | None
     recompute_modules: tuple[str, ...]
     cpu_offloading: bool | None
@@ -72,6 +73,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         overlap_grad_reduce=_flag(cell.get("overlap_grad_reduce", "")),
         overlap_param_gather=_flag(cell.get("overlap_param_gather", "")),
         recompute=granularity if granularity in ("none", "selective", "full") else None,
+        recompute_method=cell.get("recompute_method", "").lower() or None,
         recompute_num_layers=_int(cell.get("recompute_num_layers", "")),
         recompute_modules=modules,
         cpu_offloading=_flag(cell.get("cpu_offloading", "")),
@@ -114,7 +116,10 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         train["fsdp"] = setup.fsdp
     if setup.recompute == "selective" and setup.recompute_modules:
         train["recompute_modules"] = setup.recompute_modules
-    if setup.recompute == "full" and setup.recompute_num_layers:
+    # Only Megatron's block method counts recomputed layers; with the uniform method
+    # --recompute-num-layers is the size of each checkpointed group (every layer recomputed).
+    if (setup.recompute == "full" and setup.recompute_method == "block"
+            and setup.recompute_num_layers):
         train["recompute_num_layers"] = setup.recompute_num_layers
     if setup.cpu_offloading and setup.cpu_offloading_num_layers:
         train["activation_offload_layers"] = setup.cpu_offloading_num_layers
