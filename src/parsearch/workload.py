@@ -254,6 +254,9 @@ class TrainingSpec:
       ``--fine-grained-activation-offloading --offload-modules ...`` works
       with both and offloads module inputs, which for all modules is the
       same bytes).
+    * ``pipeline_layout`` — Megatron's ``--pipeline-model-parallel-layout``
+      (e.g. ``Et*4|(t*4|)*14tmL``): used for the layouts whose ``pp*vpp``
+      equals its number of virtual stages, instead of ``pipeline_split``.
     """
 
     seq_len: int
@@ -273,6 +276,7 @@ class TrainingSpec:
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
     activation_offload_layers: int = 0
+    pipeline_layout: str | None = None
 
     def __post_init__(self) -> None:
         owner = "training"
@@ -321,6 +325,10 @@ class TrainingSpec:
             )
         if len(set(modules)) != len(modules):
             raise SpecError(f"{owner}: recompute_modules repeats a module: {modules!r}")
+        if self.pipeline_layout is not None:  # syntax now; stage/layer counts per layout
+            from parsearch.pipeline_layout import parse_pipeline_layout
+
+            parse_pipeline_layout(self.pipeline_layout)
         value = self.activation_offload_layers
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(

@@ -43,7 +43,7 @@ from parsearch.cost.memory import memory_arrays
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
 from parsearch.cost.schedule import pipeline_time
-from parsearch.cost.stages import rows_by_split, stage_contents
+from parsearch.cost.stages import effective_split, rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.hardware import GpuProfile
 from parsearch.layout import Layout
@@ -222,7 +222,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)
     for pp, vpp, idx in rows_by_split(cols["pp"], cols["vpp"]):
-        feats = _stage_features(model, pp, vpp, training.pipeline_split)
+        feats = _stage_features(model, pp, vpp, effective_split(training, pp, vpp))
         _score_group(cm, cols, idx, feats, prices, params, pp_send, groups, out, slowest_stage)
     step = sum(out[f"time_{k}"] for k in TIME_KEYS)
     tokens = float(training.global_batch * training.seq_len)

@@ -39,11 +39,15 @@ ACT_BYTES = 2.0  # bf16 activations
 EXPERT_TILE_ROWS = 128
 #: Kernels per layer, forward + backward, in Megatron-Core with Transformer Engine: our count
 #: of the fused LayerNorm-Linear, attention, activation, residual and TP communication
-#: kernels (about 15 forward, twice that backward); an MoE layer adds router, top-k,
-#: permute/unpermute, dispatch/combine and the grouped GEMMs (about 20 forward, 40
-#: backward); FP8 adds a cast (and transpose) per GEMM input and output gradient.
+#: kernels (about 15 forward, twice that backward).  An MoE layer adds, forward, the
+#: router (gate GEMM, softmax/sigmoid, top-k, load-balancing loss: ~15 ops), the
+#: dispatcher's preprocessing (token counts, their exchange and host copy: ~10), permute
+#: and chunk sorting (~10), dispatch and combine, the activation, unsort and unpermute
+#: (~10): about 50 forward and 100 backward (``moe/router.py``, ``moe/token_dispatcher.py``,
+#: ``moe/moe_utils.py`` of Megatron-Core), plus the expert GEMMs below; FP8 adds a cast
+#: (and transpose) per GEMM input and output gradient.
 KERNELS_DENSE_LAYER = 45.0
-KERNELS_MOE_EXTRA = 60.0
+KERNELS_MOE_EXTRA = 150.0
 KERNELS_FP8_EXTRA = 20.0
 #: Expert GEMMs: Transformer Engine's GroupedLinear (``general_grouped_gemm``) issues one
 #: cuBLAS GEMM per local expert (spread over several CUDA streams), so FC1 and FC2 forward,
@@ -61,6 +65,8 @@ ATTENTION_BACKWARD_RATIO = 2.5
 #: it (2) = 13; backward about 15 (dV GEMM read, dropout and softmax gradients, dS GEMM).
 UNFUSED_SCORE_BYTES_FORWARD = 13.0
 UNFUSED_SCORE_BYTES_BACKWARD = 15.0
+#: CP ring merge: bytes per attention-output element and ring step, forward + backward.
+CP_MERGE_BYTES = 20.0
 
 
 def unit_content(model: ModelSpec, unit: str) -> StageContent:
@@ -209,7 +215,10 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         * profile.grouped_gemm_efficiency)
     # Fused attention on blocks of s/cp tokens (CP's ring runs over the local chunk),
     # BF16 unless FP8 attention is requested (MCORE transformer_config fp8_dot_product_attention).
-    block = s / cp
+    # With CP > 1 the causal load balancing splits each rank's share into two chunks of
+    # s/(2 cp) tokens and the ring runs one kernel per chunk pair (Megatron-Core
+    # context_parallel.md; Transformer Engine AttnFuncWithCPAndKVP2P).
+    block = np.where(cp > 1, s / (2.0 * cp), float(s))
     size_factor = block / (block + profile.attention_half_block)
     t_attn_fwd = flops.core_attention_flops / (
         peak_bf16 * profile.attention_forward_efficiency * size_factor)
@@ -245,6 +254,15 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                   + rows * (counts["per_head"] + counts["per_ffn"] + counts["quantize_rows"])
                   + imbalance * routed_copies * (counts["per_routed_copy"]
                                                  + counts["quantize_routed_copy"]))
+    if is_layer:
+        # CP ring: each of the cp steps writes a partial attention output that is merged
+        # into fp32 accumulators (output and log-sum-exp correction, TE
+        # AttnFuncWithCPAndKVP2P); our count: read the bf16 partial (2 B) and read and write
+        # the fp32 accumulator (8 B) per output element and step, forward and backward.
+        heads_width = model.num_attention_heads * model.head_dim / tp
+        steps = cp  # the rank's mbs*s/cp tokens, merged once per ring step
+        byte_count = byte_count + np.where(
+            cp > 1, rows * heads_width * steps * CP_MERGE_BYTES, 0.0)
     if not flash_attention and is_layer:
         score_bytes = (UNFUSED_SCORE_BYTES_FORWARD + UNFUSED_SCORE_BYTES_BACKWARD
                        + recompute.core_attention * UNFUSED_SCORE_BYTES_FORWARD)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.stages import StageContent, stage_contents
+from parsearch.cost.stages import StageContent, effective_split, stage_contents
 from parsearch.layout import Layout
 from parsearch.params import mlp_matrix_factor
 from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
@@ -460,5 +460,6 @@ def all_stage_flops(
     model: ModelSpec, training: TrainingSpec, layout: Layout, causal: bool = True
 ) -> tuple[StageFlops, ...]:
     """:func:`stage_flops` for every pipeline rank of ``layout``."""
-    contents = stage_contents(model, layout.pp, layout.vpp, training.pipeline_split)
+    contents = stage_contents(model, layout.pp, layout.vpp,
+                              effective_split(training, layout.pp, layout.vpp))
     return tuple(stage_flops(model, training, layout, c, causal) for c in contents)

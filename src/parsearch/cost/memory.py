@@ -48,7 +48,7 @@ from parsearch.cost.memory_states import (
     stage_model_state,
     stage_params,
 )
-from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
+from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
 from parsearch.layout import Layout
 from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
@@ -232,7 +232,8 @@ def estimate_memory(
     options: MemoryOptions = DEFAULT_MEMORY_OPTIONS,
 ) -> MemoryEstimate:
     """Memory per GPU of every pipeline stage of ``layout``; the peak is the largest total."""
-    contents = stage_contents(model, layout.pp, layout.vpp, training.pipeline_split)
+    contents = stage_contents(model, layout.pp, layout.vpp,
+                              effective_split(training, layout.pp, layout.vpp))
     per_stage = tuple(stage_memory(model, training, layout, c, options) for c in contents)
     totals = [b.total for b in per_stage]
     return MemoryEstimate(per_stage=per_stage, peak_stage=totals.index(max(totals)))
@@ -282,7 +283,8 @@ def memory_arrays(
     for pp_g, vpp_g, idx in rows_by_split(pp_a, vpp_a):
         best_total = np.full(idx.size, -np.inf)
         layers = {kind: _take(lb, idx, n) for kind, lb in all_layers.items()}
-        for content in stage_contents(model, int(pp_g), int(vpp_g), training.pipeline_split):
+        split = effective_split(training, int(pp_g), int(vpp_g))
+        for content in stage_contents(model, int(pp_g), int(vpp_g), split):
             b = stage_memory_core(
                 model, training, content,
                 tp=tp_a[idx], cp=cp_a[idx], ep=ep_a[idx], etp=etp_a[idx], mbs=mbs_a[idx],

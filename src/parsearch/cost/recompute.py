@@ -61,7 +61,7 @@ from parsearch.cost.flops import (
     dense_mlp_forward_flops,
     shared_expert_forward_flops,
 )
-from parsearch.cost.stages import StageContent, rows_by_split, stage_contents
+from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
 from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats.
@@ -246,7 +246,7 @@ def _full_fractions(model: ModelSpec, training: TrainingSpec, pp: np.ndarray,
     if training.recompute_num_layers is None:
         return dense, moe
     for p, v, rows in rows_by_split(pp, vpp):
-        d, m = full_recompute_fractions(model, p, v, training.pipeline_split,
+        d, m = full_recompute_fractions(model, p, v, effective_split(training, p, v),
                                         training.recompute_num_layers)
         dense.reshape(-1)[rows], moe.reshape(-1)[rows] = d, m
     return dense, moe

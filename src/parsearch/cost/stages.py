@@ -52,7 +52,8 @@ from itertools import pairwise
 import numpy as np
 
 from parsearch.errors import SpecError
-from parsearch.workload import PIPELINE_SPLITS, ModelSpec, require_choice
+from parsearch.pipeline_layout import layout_layer_counts
+from parsearch.workload import PIPELINE_SPLITS, ModelSpec, TrainingSpec, require_choice
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,14 @@ class StageContent:
 
 
 def _check_degrees(num_layers: int, pp: int, vpp: int, split: str) -> None:
+    if split not in PIPELINE_SPLITS:  # a --pipeline-model-parallel-layout string
+        counts = layout_layer_counts(split)
+        if len(counts) != pp * vpp or sum(counts) != num_layers:
+            raise SpecError(
+                f"pipeline layout {split!r} has {len(counts)} virtual stages and "
+                f"{sum(counts)} layers; the layout needs pp*vpp={pp * vpp} and "
+                f"num_layers={num_layers}")
+        return
     require_choice("pipeline", "split", split, PIPELINE_SPLITS)
     for name, value in (("num_layers", num_layers), ("pp", pp), ("vpp", vpp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -155,9 +164,15 @@ def virtual_stage_layer_counts(
     >>> virtual_stage_layer_counts(4, 3, 2)  # L+2 stages: embedding and loss alone
     (0, 1, 1, 1, 1, 0)
 
-    A 0 is an embedding-only (first) or loss-only (last) virtual stage.
+    A 0 is an embedding-only (first) or loss-only (last) virtual stage.  ``split`` may
+    also be a Megatron layout string (:mod:`parsearch.pipeline_layout`):
+
+    >>> virtual_stage_layer_counts(5, 2, 1, "Et*2|t*3L")
+    (2, 3)
     """
     _check_degrees(num_layers, pp, vpp, split)
+    if split not in PIPELINE_SPLITS:
+        return layout_layer_counts(split)
     stages = pp * vpp
     base, extra = divmod(num_layers, stages)
     counts = [base] * stages
@@ -220,6 +235,15 @@ def stage_contents(
             )
         )
     return tuple(result)
+
+
+def effective_split(training: TrainingSpec, pp: int, vpp: int) -> str:
+    """The split of ``(pp, vpp)``: the training's layout string where it has ``pp*vpp``
+    virtual stages (a recipe's ``--pipeline-model-parallel-layout``), else its split mode."""
+    layout = training.pipeline_layout
+    if layout is not None and len(layout_layer_counts(layout)) == pp * vpp:
+        return layout
+    return training.pipeline_split
 
 
 def rows_by_split(pp: np.ndarray, vpp: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:

@@ -15,6 +15,8 @@ from functools import cache
 from importlib import resources
 
 from parsearch.cost.options import CostOptions
+from parsearch.errors import SpecError
+from parsearch.pipeline_layout import layout_layer_counts
 from parsearch.workload import RECOMPUTE_MODULES, TrainingSpec
 
 SETUP_FILE = "run_setups.csv"
@@ -40,6 +42,7 @@ class RunSetup:
     cuda_graphs: bool | None
     fp8_param_gather: bool | None
     grad_reduce_in_fp32: bool | None
+    pipeline_layout: str | None
     locator: str
 
 
@@ -82,6 +85,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         cuda_graphs=(None if not graphs else graphs not in ("none", "false", "no")),
         fp8_param_gather=_flag(cell.get("fp8_param_gather", "")),
         grad_reduce_in_fp32=_flag(cell.get("grad_reduce_in_fp32", "")),
+        pipeline_layout=cell.get("pipeline_layout") or None,
         locator=cell.get("recipe_locator", ""),
     )
 
@@ -95,8 +99,13 @@ def load_run_setups() -> dict[str, RunSetup]:
 
 
 def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
-                *, moe: bool, precision: str) -> tuple[TrainingSpec, CostOptions]:
-    """Training setup and cost options with what the recipe states (the rest unchanged)."""
+                *, moe: bool, precision: str,
+                num_layers: int | None = None) -> tuple[TrainingSpec, CostOptions]:
+    """Training setup and cost options with what the recipe states (the rest unchanged).
+
+    The recipe's pipeline layout string is taken when it holds ``num_layers``
+    transformer layers (a recipe for a variant with other layers is ignored).
+    """
     changes: dict[str, object] = {}
     if moe and setup.moe_dispatcher in ("alltoall", "allgather", "flex"):
         changes["moe_dispatcher"] = setup.moe_dispatcher
@@ -123,6 +132,13 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         train["recompute_num_layers"] = setup.recompute_num_layers
     if setup.cpu_offloading and setup.cpu_offloading_num_layers:
         train["activation_offload_layers"] = setup.cpu_offloading_num_layers
+    if setup.pipeline_layout and num_layers is not None:
+        try:
+            layers = sum(layout_layer_counts(setup.pipeline_layout))
+        except SpecError:
+            layers = -1
+        if layers == num_layers:
+            train["pipeline_layout"] = setup.pipeline_layout
     if setup.grad_reduce_in_fp32 is not None:
         train["grad_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
     return replace(training, **train), options  # type: ignore[arg-type]

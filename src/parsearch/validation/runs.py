@@ -176,7 +176,8 @@ def recipe_accounting(run: PublishedRun, training: TrainingSpec,
     setup = load_run_setups().get(run.id)
     if setup is None:
         return training, options
-    return apply_setup(setup, training, options, moe=run.is_moe, precision=run.precision)
+    return apply_setup(setup, training, options, moe=run.is_moe, precision=run.precision,
+                       num_layers=run.model_spec.num_layers if run.model_spec else None)
 
 
 def fabric_for(cache: dict[tuple[str, int], Fabric], cluster: str, num_gpus: int) -> Fabric:
