@@ -192,7 +192,7 @@ def _values(names: Sequence[str], priors: Sequence[Prior], u: np.ndarray) -> dic
 
 def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = None, *,
               factors: Sequence[str] | None = None, max_evaluations: int = 200,
-              ) -> CalibrationResult:
+              prior_weight: float = PRIOR_WEIGHT) -> CalibrationResult:
     """Fit ``profile`` (default: the rows' generation profile) to ``rows``."""
     if not rows:
         raise ParsearchError("calibration needs at least one measured run")
@@ -211,10 +211,10 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     def residuals(u: np.ndarray) -> np.ndarray:
         trial = start.with_values(_values(names, priors, u))
         logs = np.log(np.maximum(predict(rows, trial), 1e-9) / measured)
-        return np.concatenate([logs, PRIOR_WEIGHT * LOSS_SCALE * (u - u_prior)])
+        return np.concatenate([logs, prior_weight * LOSS_SCALE * (u - u_prior)])
 
-    u0 = np.clip(np.array([_to_unit(p, start.get(n)) for n, p in zip(names, priors, strict=True)]),
-                 0.02, 0.98)
+    u0 = np.clip(u_prior, 0.02, 0.98)  # from the priors: the fit does not depend on the
+    # values a previous calibration left in the profile
     fit = least_squares(residuals, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=LOSS_SCALE,
                         max_nfev=max_evaluations, diff_step=1e-3)
     best = start.with_values(_values(names, priors, fit.x))

@@ -25,6 +25,7 @@ import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand
 from parsearch.validation.calibration import (
+    PRIOR_WEIGHT,
     CalibrationResult,
     PreparedRow,
     calibrate,
@@ -140,7 +141,8 @@ def _order(rows: Sequence[RowPrediction], attr: str) -> tuple[int, float]:
 
 def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
                    max_evaluations: int = 150,
-                   profiles: dict[str, EfficiencyProfile] | None = None) -> CrossValidation:
+                   profiles: dict[str, EfficiencyProfile] | None = None,
+                   prior_weight: float = PRIOR_WEIGHT) -> CrossValidation:
     """Leave-one-``by``-out (``family`` or ``source``) per GPU generation."""
     if by not in ("family", "source"):
         raise ValueError(f"by must be family or source, got {by!r}")
@@ -156,7 +158,8 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
         if len({_holdout_key(r, by) for r in members}) < 2:
             holdout = "source" if by == "family" else "family"
         keys = sorted({_holdout_key(r, holdout) for r in members})
-        full = calibrate(members, start, max_evaluations=max_evaluations)
+        full = calibrate(members, start, max_evaluations=max_evaluations,
+                         prior_weight=prior_weight)
         fits[generation] = full
         in_pred = predict(members, full.profile)
         oos = np.full(len(members), np.nan)
@@ -167,7 +170,8 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
             if len(keys) < 2 or not train:
                 fold_profile = start
             else:
-                fold = calibrate(train, start, max_evaluations=max_evaluations)
+                fold = calibrate(train, start, max_evaluations=max_evaluations,
+                                 prior_weight=prior_weight)
                 on_bound += int(not fold.ok)
                 fold_profile = fold.profile
             oos[test] = predict([members[i] for i in test], fold_profile)
