@@ -119,3 +119,18 @@ def _training(run):  # type: ignore[no-untyped-def]
     from parsearch.published_runs import training_spec
 
     return training_spec(run)
+
+
+def test_calibration_does_not_depend_on_values_an_earlier_fit_left() -> None:
+    """Each fit starts from the priors, so held-out folds never inherit in-sample values."""
+    from parsearch.cost.efficiency import load_efficiency_profile
+    from parsearch.validation.calibration import calibrate, prepare_rows
+
+    rows = [r for r in prepare_rows(load_published_runs()) if r.generation == "ampere"][:8]
+    shipped = load_efficiency_profile("ampere")
+    skewed = shipped.with_values({"memory_bound_factor": 1.9, "gemm_efficiency.bf16": 0.66})
+    a = calibrate(rows, shipped, max_evaluations=30)
+    b = calibrate(rows, skewed, max_evaluations=30)
+    assert a.fitted == b.fitted
+    for name in shipped.priors:
+        assert a.profile.get(name) == pytest.approx(b.profile.get(name))

@@ -111,7 +111,11 @@ class StageContent:
 
 def _check_degrees(num_layers: int, pp: int, vpp: int, split: str) -> None:
     if split not in PIPELINE_SPLITS:  # a --pipeline-model-parallel-layout string
-        counts = layout_layer_counts(split)
+        try:
+            counts = layout_layer_counts(split)
+        except SpecError as error:
+            raise SpecError(f"pipeline split {split!r} is neither even, uneven nor a Megatron "
+                            f"pipeline layout string ({error})") from None
         if len(counts) != pp * vpp or sum(counts) != num_layers:
             raise SpecError(
                 f"pipeline layout {split!r} has {len(counts)} virtual stages and "

@@ -200,6 +200,9 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     if len(generations) > 1:
         raise ParsearchError(f"calibrate one GPU generation at a time, got {sorted(generations)}")
     start = profile or efficiency_for_gpu(rows[0].cost_model.fabric.gpu.name)
+    # Every factor starts at its prior: a factor this fit does not move must not carry a
+    # value an earlier fit (for instance on held-out runs) left in the profile.
+    start = start.with_values({name: prior.value for name, prior in start.priors.items()})
     names = list(factors) if factors is not None else factors_for(rows, start)
     measured = np.array([r.measured for r in rows])
     before = _robust_mean(np.log(predict(rows, start) / measured))
@@ -213,8 +216,7 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
         logs = np.log(np.maximum(predict(rows, trial), 1e-9) / measured)
         return np.concatenate([logs, prior_weight * LOSS_SCALE * (u - u_prior)])
 
-    u0 = np.clip(u_prior, 0.02, 0.98)  # from the priors: the fit does not depend on the
-    # values a previous calibration left in the profile
+    u0 = np.clip(u_prior, 0.02, 0.98)
     fit = least_squares(residuals, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=LOSS_SCALE,
                         max_nfev=max_evaluations, diff_step=1e-3)
     best = start.with_values(_values(names, priors, fit.x))
