@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "topology_cmds",
     "cost_cmds",
     "search_cmds",
+    "calibrate_cmds",
 )
 
 

@@ -1,0 +1,208 @@
+"""Does calibrating on a few measured layouts improve predictions of the others?
+
+    python benchmarks/calibration_simulation.py [--seeds 5] [--skip-published] [--skip-simulation]
+
+1. Simulation.  A synthetic "true" cluster the tool does not ship: the DGX H100
+   cluster file with slower NICs (200 Gb/s at 0.80 efficiency instead of
+   400 Gb/s at 0.92) and a Hopper profile with lower GEMM efficiency and other
+   residual factors moved (:data:`TRUE_FACTORS`).  The tool only knows the
+   nominal ``dgx-h100`` file and the shipped ``hopper`` profile.  For K = 3, 5,
+   10 layouts, either planned (:func:`plan_profiling`) or drawn at random from
+   the same top region (the best layout of each of the 30 best predicted
+   shapes), "measure" them (true throughput times log-normal noise,
+   :data:`NOISE`), calibrate (:func:`fit_user_profile`), then report:
+   the MAPE on 50 other layouts (the best layout of shapes 31-80, never
+   measured), the rank of the true best layout of the region (up to 90
+   shapes) in the calibrated ranking, and the regret (true throughput lost
+   by taking the predicted best).
+2. Published runs.  For each (model, GPU) group of the bundled runs with at
+   least 4 runs: leave one run out, calibrate on the group's other runs,
+   predict it; compare with the shipped profile.  The shipped profile was
+   fitted to all published runs of its generation, the held-out run
+   included, so the comparison favours it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from parsearch.cost.analytic import CostModel, build_cost_model, score_columns
+from parsearch.cost.efficiency import efficiency_for_gpu
+from parsearch.model_files import resolve_model
+from parsearch.published_runs import load_published_runs
+from parsearch.search.exhaustive import rank_feasible, scan_table
+from parsearch.space import require_layouts
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
+from parsearch.validation.calibration import predict, prepare_rows
+from parsearch.validation.measurements import Measurement
+from parsearch.validation.plan_profiling import plan_profiling
+from parsearch.validation.user_calibration import fit_user_profile, prepare_measurements
+from parsearch.workload import TrainingSpec
+
+NOMINAL_CLUSTER = "dgx-h100"
+#: The true cluster's network: half the NIC bandwidth, lower achieved efficiency.
+TRUE_NETWORK = {"nic_bandwidth_Gbps": 200, "network_efficiency": 0.80}
+#: The true cluster's residual factors (the shipped Hopper values are 0.81, 0.30, 2.0,
+#: 1.2 ms, 0.84, 0.79).
+TRUE_FACTORS = {"gemm_efficiency.bf16": 0.66, "attention_forward_efficiency": 0.45,
+                "memory_bound_factor": 1.4, "host_time_per_layer_s": 0.0008,
+                "grouped_gemm_efficiency": 0.75, "alltoall_efficiency": 0.65}
+NOISE = 0.02
+POOL_SHAPES = 30
+REGION_SHAPES = 90
+KS = (3, 5, 10)
+SCENARIOS = (("llama3-70b", 128, 512, 8192), ("mixtral-8x22b", 128, 256, 4096))
+
+
+def true_cluster_file(folder: Path) -> str:
+    data = yaml.safe_load(_cluster_path().read_text(encoding="utf-8"))
+    data.update(TRUE_NETWORK)
+    data["name"] = "dgx-h100-slow-nics"
+    path = folder / "dgx-h100-slow-nics.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return str(path)
+
+
+def _cluster_path() -> Path:
+    from parsearch.resources import data_dir
+
+    return data_dir("topologies") / f"{NOMINAL_CLUSTER}.yaml"
+
+
+def tokens(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(score_columns(cm, cols, with_memory=False)["tokens_per_s_per_gpu"])
+
+
+def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
+                 seeds: int) -> None:
+    model = resolve_model(name)
+    training = TrainingSpec(seq_len=seq, global_batch=batch)
+    shipped = efficiency_for_gpu("h100-sxm")
+    nominal = build_cost_model(model, training, build_fabric(load_cluster(NOMINAL_CLUSTER), gpus),
+                               profile=shipped)
+    true_profile = shipped.with_values({k: v for k, v in TRUE_FACTORS.items()
+                                        if k in shipped.priors})
+    truth = build_cost_model(model, training, build_fabric(load_cluster(true_path), gpus),
+                             profile=true_profile)
+    table = require_layouts(model, training, gpus)
+    scan = scan_table(nominal, table)
+    region = scan.feasible_rows[rank_feasible(scan, top=REGION_SHAPES, diverse=True)]
+    layouts = [table.layout(int(r)) for r in region]
+    cols = {k: v[region] for k, v in table.columns.items()}
+    true_tokens = tokens(truth, cols)
+    best = int(np.argmax(true_tokens))
+    evaluation = np.arange(POOL_SHAPES, len(region))[:50]
+    print(f"\n{name} on {gpus} GPUs (batch {batch}, seq {seq}): region of {len(region)} shapes, "
+          f"true best {layouts[best].key()} ({true_tokens[best]:,.0f} tok/s/GPU); "
+          f"error on {len(evaluation)} layouts "
+          f"(shapes {POOL_SHAPES + 1}-{POOL_SHAPES + len(evaluation)})")
+
+    def score(profile: object) -> tuple[float, int, float]:
+        pred = tokens(replace(nominal, profile=profile), cols)
+        mape = float(np.mean(np.abs(pred[evaluation] / true_tokens[evaluation] - 1.0)))
+        order = np.argsort(-pred)
+        rank = int(np.nonzero(order == best)[0][0]) + 1
+        regret = 1.0 - true_tokens[order[0]] / true_tokens[best]
+        return mape, rank, regret
+
+    def measure(indices: list[int], rng: np.random.Generator) -> list[Measurement]:
+        return [Measurement(f"sim {layouts[i].key()}", name, NOMINAL_CLUSTER, layouts[i], batch,
+                            seq, training.precision,
+                            float(true_tokens[i] * math.exp(rng.normal(0.0, NOISE))))
+                for i in indices]
+
+    def calibrated(indices: list[int], rng: np.random.Generator) -> tuple[object, tuple]:
+        rows, problems = prepare_measurements(measure(indices, rng), shipped)
+        assert not problems, problems
+        profile, fitted, *_ = fit_user_profile(rows, shipped)
+        return profile, fitted
+
+    mape0, rank0, regret0 = score(shipped)
+    print(f"  {'K':>3} {'strategy':<9} {'MAPE(50)':>9} {'rank of true best':>18} "
+          f"{'regret':>7}  fitted")
+    print(f"  {0:>3} {'shipped':<9} {mape0:>9.1%} {rank0:>18d} {regret0:>7.1%}")
+    keys = {table.layout(int(r)).key(): i for i, r in enumerate(region)}
+    for k in KS:
+        t0 = time.perf_counter()
+        plan = plan_profiling(nominal, k=k, gpus_per_node=8, candidates=POOL_SHAPES)
+        planned = [keys[p.layout.key()] for p in plan.picks]
+        results = []
+        for seed in range(seeds):
+            profile, fitted = calibrated(planned, np.random.default_rng(seed))
+            results.append(score(profile))
+        m, r, g = (np.mean([x[i] for x in results]) for i in range(3))
+        print(f"  {k:>3} {'planned':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%}  {', '.join(fitted)}")
+        results = []
+        for seed in range(seeds):
+            rng = np.random.default_rng(1000 + seed)
+            pick = sorted(rng.choice(POOL_SHAPES, size=k, replace=False).tolist())
+            profile, fitted = calibrated(pick, rng)
+            results.append(score(profile))
+        m, r, g = (np.mean([x[i] for x in results]) for i in range(3))
+        print(f"  {k:>3} {'random':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%}  (mean of {seeds} draws; "
+              f"{time.perf_counter() - t0:.0f} s)")
+        sys.stdout.flush()
+
+
+def published_groups(min_runs: int = 4) -> None:
+    rows = prepare_rows(load_published_runs())
+    groups = defaultdict(list)
+    for row in rows:
+        groups[(row.run.base_model, row.run.gpu)].append(row)
+    print("\nPublished runs: leave one run out within each (model, GPU) group; calibrate on "
+          "the group's other runs (starting from the shipped profile) and predict it")
+    print(f"  {'model':<16} {'GPU':<22} {'runs':>4} {'shipped MAPE':>12} {'calibrated MAPE':>15}")
+    all_before, all_after = [], []
+    for (model, gpu), members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        if len(members) < min_runs:
+            continue
+        t0 = time.perf_counter()
+        shipped = members[0].cost_model.profile
+        before = np.abs(predict(members, shipped) / [r.measured for r in members] - 1.0)
+        after = []
+        for i, row in enumerate(members):
+            others = members[:i] + members[i + 1:]
+            profile, *_ = fit_user_profile(others, shipped)
+            after.append(abs(predict([row], profile)[0] / row.measured - 1.0))
+        all_before += before.tolist()
+        all_after += after
+        print(f"  {model:<16} {gpu:<22} {len(members):>4} {np.mean(before):>12.1%} "
+              f"{np.mean(after):>15.1%}  ({time.perf_counter() - t0:.0f} s)")
+        sys.stdout.flush()
+    print(f"  {'all':<16} {'':<22} {len(all_before):>4} {np.mean(all_before):>12.1%} "
+          f"{np.mean(all_after):>15.1%}")
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--skip-published", action="store_true")
+    parser.add_argument("--skip-simulation", action="store_true")
+    args = parser.parse_args()
+    if not args.skip_simulation:
+        print(f"True cluster: {NOMINAL_CLUSTER} with {TRUE_NETWORK}; true factors "
+              f"{TRUE_FACTORS}; measurement noise {NOISE:.0%} (log-normal)")
+        with tempfile.TemporaryDirectory() as folder:
+            path = true_cluster_file(Path(folder))
+            for scenario in SCENARIOS:
+                run_scenario(*scenario, path, args.seeds)
+    if not args.skip_published:
+        published_groups()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

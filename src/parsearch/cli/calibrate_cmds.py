@@ -1,0 +1,226 @@
+"""``parsearch calibrate`` (fit a profile to your runs) and ``parsearch plan-profiling``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from parsearch.cli.common import (
+    add_cluster_option,
+    add_cost_options,
+    add_format_option,
+    add_model_option,
+    add_training_options,
+    cost_model_from_args,
+    model_from_args,
+    non_negative_int,
+    positive_int,
+    print_json,
+    print_table,
+    training_from_args,
+)
+from parsearch.errors import SpecError
+from parsearch.workload import PRECISIONS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_calibrate(subparsers)
+    _register_plan(subparsers)
+
+
+def _register_calibrate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "calibrate", help="fit an efficiency profile to measured runs of your cluster",
+        description="Read measured runs (Megatron-LM / Megatron-Bridge training logs, or a "
+        "CSV/YAML with columns model, cluster, num_gpus, global_batch, seq_len, precision, "
+        "layout and tokens_per_s_per_gpu or step_time_s, plus optional feature columns), fit "
+        "the residual factors of the GPU generation's efficiency profile to them (bounded by "
+        "the cited ranges, pulled toward the shipped values; fewer factors with few runs), "
+        "report the leave-one-run-out error before and after, and write a profile that "
+        "search, pareto and explain take with --efficiency FILE.")
+    parser.add_argument("--measurements", nargs="+", required=True, metavar="FILE",
+                        help=".csv / .yaml tables; any other file is read as a Megatron log")
+    parser.add_argument("--model", metavar="M", default=None,
+                        help="the model of measurements that do not name one (logs never do)")
+    parser.add_argument("--cluster", metavar="C", default=None,
+                        help="the cluster of measurements that do not name one; rows naming "
+                        "another cluster are left out")
+    parser.add_argument("--efficiency", metavar="NAME|FILE", default=None,
+                        help="profile to start from (default: the one covering the GPU)")
+    parser.add_argument("--out", required=True, metavar="PROFILE.yaml",
+                        help="where to write the calibrated profile")
+    hints = parser.add_argument_group("what a log may not say")
+    hints.add_argument("--layout", metavar="L", default=None,
+                       help="layout string for logs without an arguments block "
+                       "(Megatron-Bridge), e.g. \"tp=4,pp=2,sp=true\"")
+    hints.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                       help="world size for logs that do not state it")
+    hints.add_argument("--seq-len", type=positive_int, default=None, metavar="S")
+    hints.add_argument("--precision", choices=PRECISIONS, default=None)
+    hints.add_argument("--warmup-iterations", type=non_negative_int, default=None,
+                       metavar="W", help="iterations dropped at the start of each run and "
+                       "after a batch-size change (default 10)")
+    parser.add_argument("--no-leave-one-out", action="store_true",
+                        help="skip the leave-one-run-out accuracy (one fit instead of n+1)")
+    add_format_option(parser, ("table", "json"))
+    parser.set_defaults(handler=run_calibrate)
+
+
+def _register_plan(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan-profiling", help="the layouts worth measuring next, with launch files",
+        description="Among the best predicted layouts (one per shape), pick K whose "
+        "measurement most reduces the expected number of misordered pairs in the top of the "
+        "ranking: layouts the profile cannot tell apart, and layouts exercising factors the "
+        "data leave loose.  Gives the iterations each needs and, with --launch-dir, a "
+        "launch script per layout.")
+    add_model_option(parser)
+    add_cluster_option(parser)
+    parser.add_argument("--gpus", type=positive_int, required=True, metavar="N")
+    add_training_options(parser)
+    add_cost_options(parser)
+    parser.add_argument("--k", type=positive_int, default=5, metavar="K",
+                        help="layouts to measure (default 5)")
+    parser.add_argument("--candidates", type=positive_int, default=None, metavar="M",
+                        help="shapes considered from the top of the ranking (default 30)")
+    parser.add_argument("--measurements", nargs="+", default=(), metavar="FILE",
+                        help="runs already measured (logs or tables) on this cluster: the "
+                        "plan conditions on them")
+    parser.add_argument("--launch-dir", metavar="DIR", default=None,
+                        help="write one launch script per planned layout into DIR")
+    add_format_option(parser, ("table", "json"))
+    parser.set_defaults(handler=run_plan)
+
+
+def _defaults(args: argparse.Namespace) -> Any:
+    from parsearch.validation.measurements import WARMUP_ITERATIONS, Defaults
+
+    warmup = args.warmup_iterations if getattr(args, "warmup_iterations", None) is not None \
+        else WARMUP_ITERATIONS
+    return Defaults(model=args.model, cluster=args.cluster, layout=getattr(args, "layout", None),
+                    num_gpus=getattr(args, "gpus", None), seq_len=getattr(args, "seq_len", None),
+                    precision=getattr(args, "precision", None), warmup_iterations=warmup)
+
+
+def _load_rows(args: argparse.Namespace, profile: Any) -> tuple[list[Any], list[str]]:
+    """Prepared rows of the measurements, and one line per input left out."""
+    from parsearch.validation.measurements import load_measurements
+    from parsearch.validation.user_calibration import prepare_measurements
+
+    loaded = load_measurements(args.measurements, _defaults(args))
+    problems = list(loaded.problems)
+    kept = []
+    for m in loaded.measurements:
+        if args.cluster and m.cluster and m.cluster != args.cluster:
+            problems.append(f"{m.source}: cluster {m.cluster}, not --cluster {args.cluster}; "
+                            "left out")
+            continue
+        kept.append(m)
+    rows, bad = prepare_measurements(kept, profile)
+    for line in [*loaded.notes, *problems, *bad]:
+        print(f"parsearch {args.command}: {line}", file=sys.stderr)
+    return rows, problems + bad
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from parsearch.cost.efficiency import load_efficiency_profile, profile_to_yaml
+    from parsearch.validation.user_calibration import calibrate_user
+
+    profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
+    rows, problems = _load_rows(args, profile)
+    if not rows:
+        raise SpecError(f"no usable measurement in {', '.join(args.measurements)} "
+                        f"({len(problems)} left out, reasons above)")
+    result = calibrate_user(rows, profile, leave_one_out=not args.no_leave_one_out)
+    header = (f"# Efficiency profile calibrated by `parsearch calibrate` to {len(rows)} "
+              f"measured run(s).\n# {result.why}.\n# Leave-one-run-out MAPE: shipped "
+              f"{result.mape_before:.1%}, calibrated {_pct(result.mape_after)}.\n"
+              + "".join(f"# run: {r.source} {r.layout} on {r.num_gpus} GPUs\n"
+                        for r in result.rows))
+    out = Path(args.out)
+    try:
+        out.write_text(profile_to_yaml(result.profile, header), encoding="utf-8")
+    except OSError as error:
+        raise SpecError(f"--out {out}: cannot write it: {error.strerror or error}") from None
+    if args.format == "json":
+        print_json({**result.to_dict(), "out": str(out), "left_out": problems})
+        return 0
+    print_table(("run", "layout", "gpus", "measured", "shipped", "err before", "loo pred",
+                 "err after"),
+                [(r.source, r.layout, r.num_gpus, r.measured, r.shipped,
+                  f"{r.error_before:+.1%}",
+                  r.leave_one_out if r.leave_one_out == r.leave_one_out else "-",
+                  _pct(r.error_after, sign=True))
+                 for r in result.rows])
+    print(f"\n{result.why}")
+    for name in result.fitted:
+        prior = result.base.priors[name]
+        mark = "  (on its bound: the structure misses something)" if name in result.on_bound \
+            else ""
+        print(f"  {name}: {result.base.get(name):.4g} -> {result.profile.get(name):.4g} "
+              f"(range {prior.low:.4g}..{prior.high:.4g}){mark}")
+    print(f"leave-one-run-out MAPE: shipped {result.mape_before:.1%} -> calibrated "
+          f"{_pct(result.mape_after)} (in sample {result.mape_in_sample:.1%}); "
+          f"{len(problems)} input(s) left out")
+    print(f"wrote {out}: use it with --efficiency {out}")
+    return 0
+
+
+def _pct(x: float, sign: bool = False) -> str:
+    if x != x:  # NaN: not computed (--no-leave-one-out, or a single run)
+        return "n/a"
+    return f"{x:+.1%}" if sign else f"{x:.1%}"
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from parsearch.topology.cluster import load_cluster
+    from parsearch.validation.plan_profiling import (
+        CANDIDATES,
+        TOP_PAIRS,
+        launch_script,
+        plan_profiling,
+    )
+
+    model = model_from_args(args)
+    training = training_from_args(args)
+    cm = cost_model_from_args(args, model, training, args.gpus)
+    measured: list[Any] = []
+    if args.measurements:
+        rows, _ = _load_rows(args, cm.profile)
+        measured = [r for r in rows if r.generation == cm.profile.name]
+    plan = plan_profiling(cm, k=args.k, measured=measured,
+                          gpus_per_node=load_cluster(args.cluster).gpus_per_node,
+                          candidates=args.candidates or CANDIDATES)
+    written = []
+    if args.launch_dir:
+        folder = Path(args.launch_dir)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for pick in plan.picks:
+                path = folder / f"profile_{pick.order:02d}_{pick.layout.key()}.sh"
+                path.write_text(launch_script(pick, model.name), encoding="utf-8")
+                path.chmod(0o755)
+                written.append(str(path))
+        except OSError as error:
+            raise SpecError(f"--launch-dir {folder}: cannot write: "
+                            f"{error.strerror or error}") from None
+    if args.format == "json":
+        print_json({**plan.to_dict(), "launch_files": written})
+        return 0
+    print_table(("#", "layout", "pred rank", "tokens/s/GPU", "step s", "iters", "minutes",
+                 "why"),
+                [(p.order, p.layout.key(), p.predicted_rank, p.tokens_per_s_per_gpu,
+                  p.step_time_s, p.iterations, p.minutes, "; ".join(p.reasons[:-1]))
+                 for p in plan.picks])
+    print(f"\nexpected misordered pairs among the top {TOP_PAIRS}: "
+          f"{plan.misordered_before:.2f} -> {plan.misordered_after:.2f} after these "
+          f"{len(plan.picks)} measurement(s); {plan.candidates} shapes considered")
+    loose = [f"{n} {plan.factor_sd_before[n]:.2f}->{plan.factor_sd_after[n]:.2f}"
+             for n in plan.factors]
+    print("factor spread (sd, share of cited range): " + ", ".join(loose))
+    print("each run: --log-interval 1 --log-throughput; the first 10 iterations are warm-up")
+    for path in written:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,325 @@
+"""Calibrate a generation's efficiency profile to measurements of the user's own cluster.
+
+Each measurement (:mod:`parsearch.validation.measurements`) becomes a
+:class:`~parsearch.validation.calibration.PreparedRow`: its model, cluster,
+layout, batch, precision and the features it ran with.  The fit is the cost
+model's own bounded, regularised procedure
+(:func:`~parsearch.validation.calibration.calibrate`) with two choices made
+for a handful of runs of one cluster:
+
+* the shipped profile is the starting point: every factor starts at (and is
+  pulled toward) its shipped value, which was fitted to the published runs,
+  inside the cited range, which stays the bound;
+* only factors the measurements can inform are fitted: those whose whole cited
+  range moves the runs' predicted throughput by at least
+  :data:`MIN_SENSITIVITY` (in log), most sensitive first, at most one per
+  :data:`~parsearch.validation.calibration.ROWS_PER_FACTOR` runs, rounded up
+  (one factor from a single run).  The report says how many were fitted and why.
+
+Accuracy is reported as leave-one-run-out: each run predicted by the shipped
+profile (which has never seen it) and by a profile calibrated on the other
+runs (factor choice included).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from parsearch.constraints import check_layout
+from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, layout_columns
+from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
+from parsearch.errors import ParsearchError
+from parsearch.model_files import resolve_model
+from parsearch.published_runs import PublishedRun
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
+from parsearch.validation.calibration import (
+    FIT_ORDER,
+    ROWS_PER_FACTOR,
+    PreparedRow,
+    calibrate,
+    predict,
+)
+from parsearch.validation.crossval import BAND_QUANTILES
+from parsearch.validation.measurements import Measurement
+from parsearch.workload import ModelSpec, TrainingSpec
+
+#: A factor whose whole cited range moves the measured runs' log throughput by less than this
+#: (mean over the runs) cannot be informed by them and is not fitted.
+MIN_SENSITIVITY = 0.01
+#: Evaluations allowed to one fit (a few runs converge in far fewer).
+MAX_EVALUATIONS = 100
+#: Runs needed before the leave-one-run-out errors replace the shipped error band.
+MIN_RUNS_FOR_BAND = 5
+
+
+def prepare_measurements(measurements: Sequence[Measurement],
+                         profile: EfficiencyProfile | None = None,
+                         ) -> tuple[list[PreparedRow], list[str]]:
+    """Rows ready for calibration, and one line per measurement that cannot be priced."""
+    rows: list[PreparedRow] = []
+    problems: list[str] = []
+    models: dict[str, ModelSpec] = {}
+    fabrics: dict[tuple[str, int], Any] = {}
+    for m in measurements:
+        try:
+            rows.append(_prepare(m, profile, models, fabrics))
+        except ParsearchError as error:
+            problems.append(f"{m.source}: {error}" if m.source not in str(error) else str(error))
+    return rows, problems
+
+
+def _prepare(m: Measurement, profile: EfficiencyProfile | None, models: dict[str, ModelSpec],
+             fabrics: dict[tuple[str, int], Any]) -> PreparedRow:
+    if m.model is None:
+        raise ParsearchError("the measurement does not name the model; pass --model")
+    if m.cluster is None:
+        raise ParsearchError("the measurement does not name the cluster; pass --cluster")
+    if m.model not in models:
+        models[m.model] = resolve_model(m.model)
+    model = models[m.model]
+    for name, value in m.model_facts.items():
+        if getattr(model, name) != value:
+            raise ParsearchError(f"the log states {name}={value} but model {model.name} has "
+                                 f"{getattr(model, name)}; pass the --model that ran")
+    key = (m.cluster, m.layout.num_gpus)
+    if key not in fabrics:
+        fabrics[key] = build_fabric(load_cluster(m.cluster), m.layout.num_gpus)
+    fabric = fabrics[key]
+    lay = m.layout
+    training = TrainingSpec(
+        seq_len=m.seq_len, global_batch=m.global_batch, micro_batch_sizes=(lay.mbs,),
+        precision=m.precision, recompute_modes=(lay.recompute,),  # type: ignore[arg-type]
+        sequence_parallel="on" if lay.sp or lay.tp == 1 else "off", **m.training)
+    violations = check_layout(model, training, lay)
+    if violations:
+        v = violations[0]
+        raise ParsearchError(f"layout {lay.key()} on {lay.num_gpus} GPUs breaks {v.rule}: "
+                             f"{v.message}")
+    # A measured run did run: its memory is not judged against a safety margin.
+    options = CostOptions(memory_margin=0.0, **m.options)
+    cm = build_cost_model(model, training, fabric, profile=profile, options=options)
+    notes = list(m.notes)
+    if not estimate(cm, lay).fits:
+        notes.append("the memory model says this layout does not fit (it ran: the memory "
+                     "model is pessimistic here)")
+    run = PublishedRun(
+        id=m.source, source="user measurements", source_tag="USER", source_locator=m.source,
+        model=model.name, gpu=fabric.gpu.name, cluster=m.cluster, num_gpus=lay.num_gpus,
+        layout=lay, global_batch=m.global_batch, seq_len=m.seq_len,
+        precision=m.precision,  # type: ignore[arg-type]
+        precision_raw=m.precision, fp8_recipe=None,
+        measured_tokens_per_s_per_gpu=m.tokens_per_s_per_gpu, measured_tflops_per_gpu=None,
+        measured_mfu=None, conversion="reported", verified="yes", notes="; ".join(notes),
+        model_spec=model, model_source=None, release=None, assumptions=(), skip_reason=None)
+    return PreparedRow(run, cm, layout_columns([lay]), m.tokens_per_s_per_gpu,
+                       cm.profile.name, "; ".join(notes))
+
+
+def anchored(profile: EfficiencyProfile) -> EfficiencyProfile:
+    """``profile`` with each prior's value moved to the profile's (fitted) value.
+
+    :func:`calibrate` starts every factor at its prior value and pulls it
+    there; anchoring makes that the shipped, already-fitted value, so a few
+    runs move the profile away from what the published runs established only
+    as far as they show.
+    """
+    priors = {}
+    for name, prior in profile.priors.items():
+        try:
+            value = min(max(profile.get(name), prior.low), prior.high)
+        except (AttributeError, KeyError):
+            value = prior.value
+        priors[name] = Prior(value, prior.low, prior.high, prior.source)
+    return replace(profile, priors=priors)
+
+
+def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                  names: Sequence[str] | None = None) -> dict[str, float]:
+    """Mean |log throughput change| of the rows when a factor goes from its low to high bound."""
+    out = {}
+    for name in names if names is not None else FIT_ORDER:
+        prior = profile.priors.get(name)
+        if prior is None or prior.high <= prior.low:
+            continue
+        low = predict(rows, profile.with_values({name: prior.low}))
+        high = predict(rows, profile.with_values({name: prior.high}))
+        out[name] = float(np.mean(np.abs(np.log(high / low))))
+    return out
+
+
+def factor_limit(n_rows: int) -> int:
+    """Factors ``n_rows`` runs may fit: one per ``ROWS_PER_FACTOR``, rounded up, at least one.
+
+    >>> [factor_limit(n) for n in (1, 3, 4, 5, 10)]
+    [1, 1, 1, 2, 3]
+    """
+    return max(1, math.ceil(n_rows / ROWS_PER_FACTOR))
+
+
+def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                   ) -> tuple[list[str], dict[str, float], str]:
+    """The factors to fit, every factor's sensitivity, and a sentence saying why."""
+    sens = sensitivities(rows, profile)
+    informative = sorted((n for n, s in sens.items() if s >= MIN_SENSITIVITY),
+                         key=lambda n: -sens[n])
+    limit = factor_limit(len(rows))
+    chosen = informative[:limit]
+    why = (f"fitted {len(chosen)} of the {len(informative)} factors these runs inform "
+           f"(|d log throughput| >= {MIN_SENSITIVITY} over the cited range)")
+    if len(informative) > limit:
+        why += (f"; {len(rows)} run(s) allow at most {limit} (one per {ROWS_PER_FACTOR} runs): "
+                f"left at the shipped values: {', '.join(informative[limit:])}")
+    return chosen, sens, why
+
+
+@dataclass(frozen=True)
+class RowReport:
+    """One measured run: shipped prediction, leave-one-out and in-sample calibrated."""
+
+    source: str
+    layout: str
+    num_gpus: int
+    measured: float
+    shipped: float
+    leave_one_out: float
+    calibrated: float
+
+    @property
+    def error_before(self) -> float:
+        return self.shipped / self.measured - 1.0
+
+    @property
+    def error_after(self) -> float:
+        return self.leave_one_out / self.measured - 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "layout": self.layout, "num_gpus": self.num_gpus,
+            "measured_tokens_per_s_per_gpu": self.measured,
+            "shipped_prediction": self.shipped,
+            "leave_one_out_prediction": _finite(self.leave_one_out),
+            "calibrated_prediction": self.calibrated,
+            "error_before": self.error_before, "error_after": _finite(self.error_after),
+        }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+@dataclass(frozen=True)
+class UserCalibration:
+    """The fitted profile and how well it predicts runs it has not seen."""
+
+    profile: EfficiencyProfile
+    base: EfficiencyProfile
+    fitted: tuple[str, ...]
+    on_bound: tuple[str, ...]
+    sensitivity: dict[str, float]
+    why: str
+    rows: tuple[RowReport, ...]
+
+    @property
+    def mape_before(self) -> float:
+        return float(np.mean([abs(r.error_before) for r in self.rows]))
+
+    @property
+    def mape_after(self) -> float:
+        """Leave-one-run-out MAPE of the calibrated profile (NaN with a single run)."""
+        errors = [abs(r.error_after) for r in self.rows if math.isfinite(r.error_after)]
+        return float(np.mean(errors)) if errors else math.nan
+
+    @property
+    def mape_in_sample(self) -> float:
+        return float(np.mean([abs(r.calibrated / r.measured - 1.0) for r in self.rows]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile.name,
+            "runs": len(self.rows),
+            "fitted": {n: {"value": self.profile.get(n), "shipped": self.base.get(n),
+                           "low": self.base.priors[n].low, "high": self.base.priors[n].high}
+                       for n in self.fitted},
+            "on_bound": list(self.on_bound),
+            "why": self.why,
+            "sensitivity": self.sensitivity,
+            "mape_before": self.mape_before,
+            "mape_leave_one_out_after": _finite(self.mape_after),
+            "mape_in_sample_after": self.mape_in_sample,
+            "rows": [r.to_dict() for r in self.rows],
+        }
+
+
+def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None,
+                     ) -> tuple[EfficiencyProfile, tuple[str, ...], tuple[str, ...],
+                                dict[str, float], str]:
+    """(profile, fitted, on_bound, sensitivities, why) for ``rows`` of one generation."""
+    if not rows:
+        raise ParsearchError("no usable measurements to calibrate on")
+    generations = sorted({r.generation for r in rows})
+    if len(generations) > 1:
+        raise ParsearchError(f"the measurements span GPU generations {', '.join(generations)}; "
+                             "calibrate one cluster (or generation) at a time with --cluster")
+    base = base or rows[0].cost_model.profile
+    start = anchored(base)
+    names, sens, why = choose_factors(rows, start)
+    fit = calibrate(rows, start, factors=names, max_evaluations=MAX_EVALUATIONS)
+    return fit.profile, fit.fitted, fit.on_bound, sens, why
+
+
+def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
+                   leave_one_out: bool = True) -> UserCalibration:
+    """Fit on all runs; with ``leave_one_out``, predict each run from a fit to the others."""
+    profile, fitted, on_bound, sens, why = fit_user_profile(rows, base)
+    base = base or rows[0].cost_model.profile
+    shipped = predict(rows, base)
+    calibrated = predict(rows, profile)
+    loo = np.full(len(rows), np.nan)
+    if leave_one_out and len(rows) > 1:
+        for i in range(len(rows)):
+            others = [r for j, r in enumerate(rows) if j != i]
+            fold, *_ = fit_user_profile(others, base)
+            loo[i] = predict([rows[i]], fold)[0]
+    reports = tuple(RowReport(r.id, r.run.layout.key(), r.run.num_gpus, r.measured,
+                              float(a), float(b), float(c))
+                    for r, a, b, c in zip(rows, shipped, loo, calibrated, strict=True))
+    bands = _bands(rows, loo, base)
+    names = ", ".join(f"{n}={profile.get(n):.4g}" for n in fitted) or "nothing"
+    source = (base.source.split("; calibration")[0]
+              + f"; calibrated by parsearch calibrate to {len(rows)} measured run(s): {names}")
+    written = replace(profile, priors=base.priors, uncertainty=bands, source=source)
+    return UserCalibration(written, base, fitted, on_bound, sens, why, reports)
+
+
+def _bands(rows: Sequence[PreparedRow], loo: np.ndarray,
+           base: EfficiencyProfile) -> dict[str, ErrorBand]:
+    """Error bands of the calibrated profile, per kind of prediction (dense / MoE).
+
+    With :data:`MIN_RUNS_FOR_BAND` leave-one-out predictions of a kind: their
+    10th-90th percentile log ratios.  With fewer: the shipped band's width, centred
+    on the mean leave-one-out log ratio (0 without any): the shipped band's offset is
+    the shipped profile's bias on the published runs, which the calibration removes.
+    """
+    bands = {}
+    logs: dict[str, list[float]] = {}
+    for r, pred in zip(rows, loo, strict=True):
+        if math.isfinite(pred):
+            logs.setdefault(r.kind, []).append(math.log(pred / r.measured))
+    for kind, band in base.uncertainty.items():
+        values = logs.get(kind, [])
+        if len(values) >= MIN_RUNS_FOR_BAND:
+            lo, hi = np.quantile(values, BAND_QUANTILES)
+            bands[kind] = ErrorBand(float(lo), float(hi), len(values),
+                                    "leave-one-run-out on the user's measurements")
+            continue
+        centre = float(np.mean(values)) if values else 0.0
+        half = (band.high - band.low) / 2.0
+        bands[kind] = ErrorBand(centre - half, centre + half, band.n,
+                                f"{band.method} width, centred on the calibration")
+    return bands
