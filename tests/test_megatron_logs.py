@@ -47,7 +47,7 @@ def _load(name: str, defaults: Defaults = DEFAULTS):
 
 
 def test_complete_run_reads_arguments_and_skips_warm_up() -> None:
-    path = LOGS / "llama3_8b_tp2_pp2_complete.log"
+    path = LOGS / "llama3_8b_tp2_pp2_complete.out"
     (run,) = read_megatron_log(path)
     assert run.finished and not run.died
     loaded = _load(path.name)
@@ -64,7 +64,7 @@ def test_complete_run_reads_arguments_and_skips_warm_up() -> None:
 
 
 def test_run_that_died_is_flagged_and_its_truncated_line_ignored() -> None:
-    path = LOGS / "llama3_8b_tp4_died.log"
+    path = LOGS / "llama3_8b_tp4_died.out"
     (run,) = read_megatron_log(path)
     assert run.died and not run.finished
     assert len(run.malformed_lines) == 1
@@ -77,14 +77,14 @@ def test_run_that_died_is_flagged_and_its_truncated_line_ignored() -> None:
 
 
 def test_run_that_died_in_warm_up_gives_one_clear_line() -> None:
-    loaded = _load("llama3_8b_died_in_warmup.log")
+    loaded = _load("llama3_8b_died_in_warmup.out")
     assert loaded.measurements == ()
     (problem,) = loaded.problems
     assert "\n" not in problem and "warm-up" in problem and "died_in_warmup" in problem
 
 
 def test_changed_batch_size_gives_one_reading_per_batch() -> None:
-    path = LOGS / "llama3_8b_batch_rampup.log"
+    path = LOGS / "llama3_8b_batch_rampup.out"
     loaded = _load(path.name)
     by_batch = {m.global_batch: m for m in loaded.measurements}
     assert set(by_batch) == {64, 128}
@@ -97,23 +97,23 @@ def test_changed_batch_size_gives_one_reading_per_batch() -> None:
 
 
 def test_several_runs_in_one_file_with_launcher_prefixes() -> None:
-    runs = read_megatron_log(LOGS / "llama3_8b_two_runs.log")
+    runs = read_megatron_log(LOGS / "llama3_8b_two_runs.out")
     assert [r.index for r in runs] == [1, 2]
     assert all(r.finished for r in runs)
-    loaded = _load("llama3_8b_two_runs.log")
+    loaded = _load("llama3_8b_two_runs.out")
     layouts = [(m.layout.tp, m.layout.pp, m.layout.vpp, m.layout.sp) for m in loaded.measurements]
     assert layouts == [(2, 2, 1, True), (1, 4, 2, False)]
     assert {m.model_facts["num_layers"] for m in loaded.measurements} == {32}
 
 
 def test_garbage_lines_are_ignored_and_missing_facts_asked_for_in_one_line() -> None:
-    loaded = _load("garbage_no_arguments.log")
+    loaded = _load("garbage_no_arguments.out")
     assert loaded.measurements == ()
     (problem,) = loaded.problems
     assert "--gpus" in problem and "\n" not in problem
     hinted = Defaults(model="llama3-8b", cluster="dgx-h100", num_gpus=16, seq_len=8192,
                       layout="tp=2,pp=2,sp=true", precision="bf16")
-    loaded = _load("garbage_no_arguments.log", hinted)
+    loaded = _load("garbage_no_arguments.out", hinted)
     (m,) = loaded.measurements
     assert (m.layout.tp, m.layout.pp, m.layout.num_gpus) == (2, 2, 16)
     assert any("2 truncated or malformed" in n for n in loaded.notes)
