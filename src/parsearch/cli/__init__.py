@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "cost_cmds",
     "search_cmds",
     "calibrate_cmds",
+    "serve_cmd",
 )
 
 

@@ -1,0 +1,157 @@
+"""Validate the serving cost model against published serving measurements.
+
+For every row of ``src/parsearch/data/serving_runs.csv`` (provenance in SERVING_RUNS.md):
+
+* predicted throughput of the published layout: the best batch that fits (max-throughput
+  rows have no concurrency; the engine fills its batch up to the KV capacity and its
+  ``max_batch_size``), compared with the measured output tokens/s of the whole group;
+* rank of the published layout among all instance shapes on the same GPU budget (each
+  shape at its best batch, ranked by whole-group throughput): is it in the top 5?
+
+No parameter of the serving model is fitted to these rows, so every error is out of
+sample.  Usage: ``python benchmarks/validate_serving.py [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from parsearch.presets import get_preset
+from parsearch.serve.api import _context
+from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated
+from parsearch.serve.space import enumerate_serving_layouts
+from parsearch.serve.spec import ServingWorkload
+from parsearch.topology.cluster import load_cluster
+
+DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "serving_runs.csv"
+#: TensorRT-LLM defaults: max_batch_size 2048, max_num_tokens 8192 (TensorRT-LLM docs
+#: "Tuning Max Batch Size and Max Num Tokens").
+TRTLLM_MAX_BATCH = 2048
+TRTLLM_MAX_TOKENS = 8192
+
+
+def load_rows(path: Path = DATA) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def workload_for(row: dict[str, str]) -> ServingWorkload:
+    precision = row["precision"]
+    # KV dtype is not stated by the tables: FP8 KV assumed with FP8/FP4 checkpoints
+    # (ModelOpt checkpoints ship an FP8 KV-cache scale), BF16 otherwise.
+    kv = row["kv_precision"] or ("bf16" if precision == "bf16" else "fp8")
+    return ServingWorkload(isl=int(row["isl"]), osl=int(row["osl"]), precision=precision,
+                           kv_precision=kv, max_batch=TRTLLM_MAX_BATCH,
+                           max_num_batched_tokens=TRTLLM_MAX_TOKENS,
+                           concurrency=int(row["concurrency"]) if row["concurrency"] else None)
+
+
+def _shape(e: ServingEstimate) -> tuple[int, int, int, int]:
+    lay = e.layout
+    return (lay.tp, lay.attention_dp, lay.pp, lay.ep)
+
+
+def _published_match(row: dict[str, str], e: ServingEstimate, moe: bool) -> bool:
+    """Same layout as published.  MoE rows state only the total width (TensorRT-LLM's TP with
+    attention DP and an unstated EP), so any (tp, attention_dp, ep) of that width matches."""
+    lay = e.layout
+    if lay.pp != int(row["pp"]) or lay.replicas * lay.gpus_per_replica != int(row["num_gpus"]):
+        return False
+    if moe:
+        return lay.stage_width == int(row["tp"])
+    return lay.tp == int(row["tp"])
+
+
+def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
+    model = get_preset(row["model"])
+    cluster = load_cluster(row["cluster"])
+    workload = workload_for(row)
+    n = int(row["num_gpus"])
+    ctx = _context(model, cluster, workload, None, None)
+    layouts = enumerate_serving_layouts(model, workload, n, cluster.job_domain_size)
+    estimates = [evaluate_aggregated(ctx, layout, n) for layout in layouts]
+    best: dict[tuple[int, int, int, int], ServingEstimate] = {}
+    for e in estimates:
+        if e.fits and (_shape(e) not in best or e.tokens_per_s > best[_shape(e)].tokens_per_s):
+            best[_shape(e)] = e
+    ranked = sorted(best.values(), key=lambda e: -e.tokens_per_s)
+    moe = model.moe is not None
+    matches = [i for i, e in enumerate(ranked) if _published_match(row, e, moe)]
+    measured = float(row["output_tokens_per_s"])
+    out: dict[str, Any] = {"id": row["id"], "model": row["model"], "gpu": row["gpu"],
+                           "layout": f"tp{row['tp']}pp{row['pp']}", "isl": int(row["isl"]),
+                           "osl": int(row["osl"]), "precision": row["precision"],
+                           "measured": measured, "shapes": len(ranked)}
+    if not matches:
+        out.update(predicted=None, ape=None, rank=None, top5=False)
+        return out
+    pick = ranked[matches[0]]
+    out.update(predicted=round(pick.tokens_per_s, 1), batch=pick.layout.batch,
+               ape=abs(pick.tokens_per_s - measured) / measured,
+               log_ratio=math.log(pick.tokens_per_s / measured),
+               rank=matches[0] + 1, top5=matches[0] < 5, best=ranked[0].layout.label())
+    return out
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = [r for r in results if r["ape"] is not None]
+    by: dict[str, dict[str, list[float]]] = {"gpu": defaultdict(list), "model": defaultdict(list)}
+    for r in scored:
+        by["gpu"][r["gpu"]].append(r["ape"])
+        by["model"][r["model"]].append(r["ape"])
+    contested = [r for r in scored if r["shapes"] > 5]
+    worst = sorted(scored, key=lambda r: -r["ape"])[:8]
+    return {
+        "rows": len(results), "scored": len(scored),
+        "unscored": [r["id"] for r in results if r["ape"] is None],
+        "mape": statistics.fmean(r["ape"] for r in scored) if scored else None,
+        "median_ape": statistics.median(r["ape"] for r in scored) if scored else None,
+        "mean_log_ratio": statistics.fmean(r["log_ratio"] for r in scored) if scored else None,
+        "top5_share": sum(r["top5"] for r in scored) / len(scored) if scored else None,
+        "top5_share_contested": (sum(r["top5"] for r in contested) / len(contested)
+                                 if contested else None),
+        "contested_rows": len(contested),
+        "mape_by_gpu": {k: statistics.fmean(v) for k, v in sorted(by["gpu"].items())},
+        "mape_by_model": {k: statistics.fmean(v) for k, v in sorted(by["model"].items())},
+        "largest_errors": [{k: r[k] for k in ("id", "model", "gpu", "layout", "isl", "osl",
+                                              "measured", "predicted", "ape")} for r in worst],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    results = [evaluate_row(row) for row in load_rows()]
+    summary = summarize(results)
+    if args.json:
+        json.dump({"summary": summary, "rows": results}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"rows {summary['rows']}, scored {summary['scored']}, unscored {summary['unscored']}")
+    print(f"MAPE {summary['mape']:.3f}  median APE {summary['median_ape']:.3f}  "
+          f"mean log(pred/meas) {summary['mean_log_ratio']:+.3f}")
+    print(f"published layout in top 5: {summary['top5_share']:.3f} of rows; "
+          f"{summary['top5_share_contested']} of the {summary['contested_rows']} rows with more "
+          "than 5 candidate shapes")
+    for kind in ("gpu", "model"):
+        items = summary[f"mape_by_{kind}"].items()
+        print(f"MAPE by {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in items))
+    print("largest errors:")
+    for r in summary["largest_errors"]:
+        print(f"  {r['id']} {r['model']} {r['gpu']} {r['layout']} {r['isl']}/{r['osl']}: "
+              f"measured {r['measured']:.0f}, predicted {r['predicted']:.0f} "
+              f"(APE {r['ape']:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

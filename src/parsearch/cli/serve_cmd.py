@@ -1,0 +1,145 @@
+"""``parsearch serve``: serving layouts (TP, PP, EP, attention DP, replicas) under targets."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from parsearch.cli.common import (
+    add_cluster_option,
+    add_format_option,
+    add_model_option,
+    model_from_args,
+    non_negative_float,
+    positive_int,
+    print_json,
+    print_table,
+)
+from parsearch.errors import SpecError
+from parsearch.serve.api import ServeResult, serve_layouts
+from parsearch.serve.kv_cache import sliding_window_from_config
+from parsearch.serve.spec import (
+    KV_PRECISIONS,
+    SERVING_MODES,
+    WEIGHT_PRECISIONS,
+    ServingWorkload,
+    SlidingWindow,
+)
+
+_HEADERS = ("rank", "tp", "adp", "pp", "ep", "replicas", "gpus", "batch", "tok/s", "tok/s/gpu",
+            "tok/s/user", "ttft_ms", "tpot_ms", "kv_GiB/gpu", "mem_GiB/gpu", "bound")
+
+
+def _positive_number(text: str) -> float:
+    value = non_negative_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="best serving layouts and replicas under latency targets",
+        description="Find the serving layouts (TP, PP, EP, attention DP per instance, replicas, "
+        "batch) of a model on a GPU budget: throughput of the whole group, per GPU and per "
+        "user, TTFT, TPOT, memory, the Pareto front and vLLM/SGLang launch lines.",
+    )
+    add_model_option(parser)
+    add_cluster_option(parser)
+    parser.add_argument("--gpus", type=positive_int, required=True, metavar="N",
+                        help="GPU budget")
+    parser.add_argument("--isl", type=positive_int, required=True, metavar="I",
+                        help="input tokens per request")
+    parser.add_argument("--osl", type=positive_int, required=True, metavar="O",
+                        help="output tokens per request")
+    parser.add_argument("--ttft-ms", type=_positive_number, default=None, metavar="X",
+                        help="time-to-first-token target (ms)")
+    parser.add_argument("--tpot-ms", type=_positive_number, default=None, metavar="Y",
+                        help="time-per-output-token target (ms)")
+    parser.add_argument("--precision", choices=WEIGHT_PRECISIONS, default="bf16",
+                        help="weight precision (default bf16)")
+    parser.add_argument("--kv-precision", choices=KV_PRECISIONS, default=None,
+                        help="KV-cache precision (default: bf16 for bf16 weights, else fp8)")
+    parser.add_argument("--mode", choices=SERVING_MODES, default="aggregated",
+                        help="aggregated continuous batching (default) or disaggregated "
+                        "prefill/decode instances")
+    parser.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
+                        help="requests in flight over the whole group (default: choose)")
+    parser.add_argument("--request-rate", type=_positive_number, default=None, metavar="R",
+                        help="requests/s to carry: rank by the fewest GPUs that carry it")
+    parser.add_argument("--max-batch", type=positive_int, default=1024, metavar="B",
+                        help="most requests per instance (vLLM --max-num-seqs; default 1024)")
+    parser.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
+                        help="sliding-window size in tokens (with --windowed-layers)")
+    parser.add_argument("--windowed-layers", type=positive_int, default=None, metavar="L",
+                        help="number of layers that use the sliding window")
+    parser.add_argument("--top", type=positive_int, default=10, metavar="K",
+                        help="layouts to list (default 10)")
+    add_format_option(parser, ("table", "json"))
+    parser.set_defaults(handler=run)
+
+
+def _window(args: argparse.Namespace) -> SlidingWindow | None:
+    if (args.sliding_window is None) != (args.windowed_layers is None):
+        raise SpecError("--sliding-window and --windowed-layers go together "
+                        "(window in tokens and how many layers use it)")
+    if args.sliding_window is not None:
+        return SlidingWindow(args.sliding_window, args.windowed_layers)
+    if args.model.endswith(".json"):
+        return sliding_window_from_config(args.model)
+    return None
+
+
+def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
+    kv = args.kv_precision or ("bf16" if args.precision == "bf16" else "fp8")
+    return ServingWorkload(isl=args.isl, osl=args.osl, ttft_ms=args.ttft_ms,
+                           tpot_ms=args.tpot_ms, precision=args.precision, kv_precision=kv,
+                           mode=args.mode, concurrency=args.concurrency,
+                           request_rate=args.request_rate, max_batch=args.max_batch)
+
+
+def run(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    result = serve_layouts(model=model, cluster=args.cluster, num_gpus=args.gpus,
+                           workload=workload_from_args(args), window=_window(args),
+                           top=args.top)
+    if args.format == "json":
+        print_json(result.to_dict())
+    else:
+        _print(result)
+    return 0
+
+
+def _row(rank: Any, d: dict[str, Any]) -> list[Any]:
+    lay = d["layout"]
+    return [rank, lay["tp"], lay["attention_dp"], lay["pp"], lay["ep"], lay["replicas"],
+            d["gpus"], d["batch"], d["tokens_per_s"], d["tokens_per_s_per_gpu"],
+            d["tokens_per_s_per_user"], d["ttft_ms"], d["tpot_ms"],
+            d["kv_cache_gib_per_gpu"], d["memory_gib_per_gpu"], d["bottleneck"]]
+
+
+def _print(result: ServeResult) -> None:
+    q = result.query
+    out = sys.stdout
+    out.write(f"{q['model']} on {q['num_gpus']} x {q['gpu']} ({q['cluster']}), isl {q['isl']} "
+              f"osl {q['osl']}, weights {q['precision']}, KV {q['kv_precision']}, {q['mode']}; "
+              f"{result.considered} layouts, {result.fitting} fit\n")
+    rows = [_row(e.rank, e.estimate.to_dict()) for e in result.entries]
+    print_table(_HEADERS, rows)
+    best = result.best
+    if best is not None and best.estimate.prefill_layout is not None:
+        p = best.estimate.prefill_layout
+        out.write(f"best: prefill instances tp{p.tp} adp{p.attention_dp} pp{p.pp} ep{p.ep} "
+                  f"x{p.replicas}\n")
+    out.write("\nPareto front (tokens/s per GPU vs tokens/s per user):\n")
+    print_table(_HEADERS, [_row("-", e.to_dict()) for e in result.front])
+    if best is not None:
+        launch = best.launch
+        out.write(f"\nlaunch (best, x{launch.replicas}):\n  {' '.join(launch.vllm)}\n"
+                  f"  {' '.join(launch.sglang)}\n")
+        if launch.prefill_replicas:
+            out.write(f"prefill (x{launch.prefill_replicas}):\n  "
+                      f"{' '.join(launch.prefill_vllm)}\n  {' '.join(launch.prefill_sglang)}\n")
+        for note in launch.notes:
+            out.write(f"  note: {note}\n")

@@ -1,0 +1,171 @@
+"""Public serving API beside :func:`parsearch.search.api.search_layouts`.
+
+>>> from parsearch.presets import get_preset
+>>> from parsearch.serve.spec import ServingWorkload
+>>> w = ServingWorkload(isl=1000, osl=1000, precision="fp8", kv_precision="fp8", tpot_ms=50)
+>>> r = serve_layouts(model=get_preset("llama3-70b"), cluster="dgx-h100", num_gpus=8,
+...                   workload=w, top=3)
+>>> len(r.entries) <= 3, r.best.estimate.tpot_ms <= 50, r.best.estimate.gpus <= 8
+(True, True, True)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu, load_efficiency_profile
+from parsearch.errors import NoValidLayoutError, SpecError
+from parsearch.hardware import load_gpu_profile
+from parsearch.serve.cost import rates_for
+from parsearch.serve.evaluate import (
+    ServingContext,
+    ServingEstimate,
+    evaluate_aggregated,
+    evaluate_disaggregated,
+)
+from parsearch.serve.front import pareto_points, rank_estimates
+from parsearch.serve.kv_cache import sliding_window_for
+from parsearch.serve.launch import ServingLaunch, launch_settings
+from parsearch.serve.space import require_serving_layouts
+from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
+from parsearch.topology.cluster import ClusterSpec, load_cluster
+from parsearch.workload import ModelSpec
+
+#: Prefill instance shapes tried per query in disaggregated mode (the best by requests/s per GPU).
+PREFILL_SHAPES = 6
+
+
+@dataclass(frozen=True)
+class ServeEntry:
+    rank: int
+    estimate: ServingEstimate
+    launch: ServingLaunch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, **self.estimate.to_dict(), "launch": self.launch.to_dict()}
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """Ranked layouts meeting the targets, the Pareto front, and what was considered."""
+
+    query: dict[str, Any]
+    considered: int
+    fitting: int
+    entries: tuple[ServeEntry, ...]
+    front: tuple[ServingEstimate, ...]
+    elapsed_s: float
+
+    @property
+    def best(self) -> ServeEntry | None:
+        return self.entries[0] if self.entries else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query": dict(self.query), "considered": self.considered,
+                "fitting": self.fitting, "results": [e.to_dict() for e in self.entries],
+                "front": [e.to_dict() for e in self.front],
+                "elapsed_s": round(self.elapsed_s, 3)}
+
+
+def model_id_for(model: ModelSpec) -> str:
+    """A Hugging Face id for launch lines: the one the preset's source names, else its name."""
+    first = model.source.split()[0] if model.source else ""
+    return first if first.count("/") == 1 else model.name
+
+
+def _context(model: ModelSpec, cluster: ClusterSpec, workload: ServingWorkload,
+             window: SlidingWindow | None,
+             efficiency: EfficiencyProfile | str | None) -> ServingContext:
+    gpu = load_gpu_profile(cluster.gpu)
+    if workload.kv_precision == "fp4" and "fp4" not in gpu.peak_flops:
+        raise SpecError(f"kv_precision fp4 needs FP4 tensor cores (Blackwell); {gpu.name} has "
+                        "none: use bf16 or fp8")
+    if isinstance(efficiency, str):
+        profile = load_efficiency_profile(efficiency)
+    else:
+        profile = efficiency or efficiency_for_gpu(gpu.name)
+    return ServingContext(model=model, workload=workload, cluster=cluster, gpu=gpu,
+                          profile=profile, rates=rates_for(gpu, profile, workload.precision),
+                          window=sliding_window_for(model, window))
+
+
+def score_layouts(ctx: ServingContext, num_gpus: int,
+                  layouts: list[ServingLayout]) -> list[ServingEstimate]:
+    """Every layout scored in the workload's mode."""
+    aggregated = [evaluate_aggregated(ctx, layout, num_gpus) for layout in layouts]
+    if ctx.workload.mode == "aggregated":
+        return aggregated
+    shapes: dict[tuple[int, int, int, int], ServingEstimate] = {}
+    for est in aggregated:  # one (smallest-batch) entry per instance shape
+        lay = est.layout
+        key = (lay.tp, lay.attention_dp, lay.pp, lay.ep)
+        if est.fits and (key not in shapes or lay.batch < shapes[key].layout.batch):
+            shapes[key] = est
+    prefill = sorted(shapes.values(), key=lambda e: e.ttft_ms * e.layout.gpus_per_replica)
+    out = []
+    for p in prefill[:PREFILL_SHAPES]:
+        for d in aggregated:
+            if d.fits and p.layout.gpus_per_replica + d.layout.gpus_per_replica <= num_gpus:
+                est = evaluate_disaggregated(ctx, p.layout, d.layout, num_gpus)
+                if est is not None:
+                    out.append(est)
+    return out
+
+
+def _no_result_message(model: ModelSpec, workload: ServingWorkload, num_gpus: int,
+                       estimates: list[ServingEstimate]) -> str:
+    fitting = [e for e in estimates if e.fits]
+    if not fitting:
+        return (f"no serving layout of {model.name} fits on {num_gpus} GPUs with "
+                f"{workload.precision} weights and isl+osl={workload.context} tokens of KV "
+                "cache per request (or the request rate needs more GPUs); try more GPUs, "
+                "--precision fp8/fp4, --kv-precision fp8 or shorter requests")
+    best_ttft = min(e.ttft_ms for e in fitting)
+    best_tpot = min(e.tpot_ms for e in fitting)
+    return (f"no layout meets the latency targets (ttft <= {workload.ttft_ms} ms, tpot <= "
+            f"{workload.tpot_ms} ms); the best reachable on {num_gpus} GPUs are ttft "
+            f"{best_ttft:.1f} ms and tpot {best_tpot:.2f} ms (not necessarily together)")
+
+
+def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int,
+                  workload: ServingWorkload, window: SlidingWindow | None = None, top: int = 10,
+                  efficiency: EfficiencyProfile | str | None = None,
+                  model_id: str | None = None) -> ServeResult:
+    """The best serving layouts of ``model`` on up to ``num_gpus`` GPUs of ``cluster``.
+
+    Raises :class:`NoValidLayoutError` (one line, saying why) when no layout fits or none
+    meets the latency targets.
+    """
+    start = time.perf_counter()
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise SpecError(f"num_gpus must be a positive integer, got {num_gpus!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise SpecError(f"top must be a positive integer, got {top!r}")
+    spec = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    if spec.max_gpus is not None and num_gpus > spec.max_gpus:
+        raise SpecError(f"--gpus {num_gpus} exceeds cluster {spec.name}'s max_gpus={spec.max_gpus}")
+    ctx = _context(model, spec, workload, window, efficiency)
+    layouts = require_serving_layouts(model, workload, num_gpus, spec.job_domain_size)
+    estimates = score_layouts(ctx, num_gpus, layouts)
+    ranked = rank_estimates(estimates, by_gpus=workload.request_rate is not None)
+    if not ranked:
+        raise NoValidLayoutError(_no_result_message(model, workload, num_gpus, estimates))
+    name = model_id or model_id_for(model)
+    entries = tuple(
+        ServeEntry(rank=i + 1, estimate=e,
+                   launch=launch_settings(name, e.layout, workload, e.prefill_layout))
+        for i, e in enumerate(ranked[:top])
+    )
+    query = {"model": model.name, "cluster": spec.name, "gpu": ctx.gpu.name,
+             "num_gpus": num_gpus, "isl": workload.isl, "osl": workload.osl,
+             "precision": workload.precision, "kv_precision": workload.kv_precision,
+             "mode": workload.mode, "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
+             "concurrency": workload.concurrency, "request_rate": workload.request_rate,
+             "sliding_window": None if ctx.window is None else
+             {"window": ctx.window.window, "windowed_layers": ctx.window.windowed_layers}}
+    return ServeResult(query=query, considered=len(layouts),
+                       fitting=sum(e.fits for e in estimates), entries=entries,
+                       front=tuple(pareto_points(estimates)),
+                       elapsed_s=time.perf_counter() - start)

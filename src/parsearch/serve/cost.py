@@ -1,0 +1,367 @@
+"""Time of prefill and decode on one serving instance.
+
+Decode is memory-bandwidth bound: each step reads the stage's weights (of MoE layers,
+only the experts some token was routed to) and the KV cache of every sequence once
+(roofline, Williams et al. 2009; LLM decode analysis in Pope et al. 2022, arXiv
+2211.05102 §2-3).  Prefill is compute bound: ``2 * params_active * tokens`` GEMM FLOPs
+(Kaplan et al. 2020, arXiv 2001.08361 §2.1) plus causal attention FLOPs.  On top come
+the per-layer TP all-reduces (two per layer, Megatron-LM arXiv 1909.08053 §3), the MoE
+dispatch/combine all-to-alls, pipeline hand-offs, and per-kernel and per-step overheads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_time, p2p_time
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.hardware import GpuProfile
+from parsearch.params import ParameterCounts
+from parsearch.serve.kv_cache import kv_bytes_per_sequence, stage_layers
+from parsearch.serve.memory import stage_weights
+from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
+from parsearch.topology.fabric import Fabric
+from parsearch.workload import ModelSpec
+
+_ACT = ELEMENT_BYTES["bf16"]  # activations and all-reduce payloads are BF16
+#: Kernels per transformer layer in a decode step (norms, QKV, rope/cache write, attention,
+#: output projection, all-reduce, MLP GEMMs and activation); an estimate from vLLM/SGLang
+#: decode traces, which show 10-15 kernels per Llama layer with fusions.
+KERNELS_PER_LAYER = 12
+#: Scheduler, sampling and detokenization time per decode step that is not hidden by
+#: asynchronous scheduling (assumption: vLLM V1 and TensorRT-LLM overlap most host work;
+#: 0.3 ms remains, the order of the gaps between steps in their published traces).
+STEP_OVERHEAD_S = 3e-4
+#: Bytes per element of MoE dispatch (FP8) and combine (BF16) traffic (DeepEP README:
+#: "FP8 dispatching and BF16 combining").
+DISPATCH_BYTES, COMBINE_BYTES = 1.0, 2.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achievable rates of one GPU for one weight precision."""
+
+    peak_flops: float        # tensor-core peak of the GEMM precision
+    gemm: float              # large-GEMM fraction of it
+    gemm_half_flops: float   # GEMM size reaching half of ``gemm``
+    grouped_gemm: float      # an expert grouped GEMM relative to one GEMM of its shape
+    bf16_flops: float        # attention runs in BF16
+    attention: float
+    attention_half_block: float
+    hbm_Bps: float           # achievable HBM bytes/s
+    kernel_s: float
+    collective_latency_s: float
+    alltoall: float
+
+
+def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) -> Rates:
+    """Rates from the datasheet and the efficiency profile.  A GPU without tensor cores for
+    ``precision`` (FP4 on Hopper) runs weight-only quantization: weights are dequantized and
+    the GEMM runs in BF16 (vLLM/Marlin weight-only kernels)."""
+    compute = precision if precision in gpu.peak_flops else "bf16"
+    return Rates(
+        peak_flops=gpu.peak_flops[compute],
+        gemm=profile.gemm_efficiency.get(compute, profile.gemm_efficiency["bf16"]),
+        gemm_half_flops=profile.gemm_half_flops,
+        grouped_gemm=profile.grouped_gemm_efficiency,
+        bf16_flops=gpu.peak_flops["bf16"],
+        attention=profile.attention_forward_efficiency,
+        attention_half_block=profile.attention_half_block,
+        hbm_Bps=gpu.hbm_bandwidth_Bps * profile.hbm_efficiency,
+        kernel_s=profile.kernel_overhead_s,
+        collective_latency_s=profile.collective_latency_s,
+        alltoall=profile.alltoall_efficiency,
+    )
+
+
+@dataclass(frozen=True)
+class InstanceLinks:
+    """Placed process groups of one instance (ranks 0..g-1, TP fastest, then attention DP,
+    then PP; experts: ``expert_tp`` contiguous ranks, ``ep`` groups strided by it)."""
+
+    tp: LinkArrays
+    width: LinkArrays
+    ep: LinkArrays
+    etp: LinkArrays
+    pp: LinkArrays
+
+
+def _link(fabric: Fabric, stride: int, size: int) -> LinkArrays:
+    g = fabric.group_link(stride, size)
+    return LinkArrays(size=float(g.size), members_per_domain=float(g.members_per_domain),
+                      nvlink_bandwidth_Bps=g.nvlink_bandwidth_Bps,
+                      network_bandwidth_Bps=g.network_bandwidth_Bps,
+                      nvlink_latency_s=fabric.cluster.nvlink_latency_s,
+                      network_latency_s=g.latency_s)
+
+
+def instance_links(fabric: Fabric, layout: ServingLayout) -> InstanceLinks:
+    """Links of the instance's groups on ``fabric`` (built for ``gpus_per_replica`` GPUs)."""
+    width, etp = layout.stage_width, layout.expert_tp
+    return InstanceLinks(tp=_link(fabric, 1, layout.tp), width=_link(fabric, 1, width),
+                         ep=_link(fabric, etp, max(1, width // etp)), etp=_link(fabric, 1, etp),
+                         pp=_link(fabric, width, layout.pp))
+
+
+def serving_all_reduce(link: LinkArrays, size_bytes: float, rates: Rates) -> float:
+    """All-reduce of ``size_bytes`` as serving engines run it: the fastest of NCCL's ring
+    (alpha-beta, :func:`all_reduce_time`) and, inside one NVLink domain, the one-shot
+    (each rank reads every peer's buffer: ``(n-1) S / B``) and two-shot (reduce-scatter +
+    all-gather through peer memory: ``2 (n-1)/n S / B``) custom kernels, each paying one
+    call latency per pass (vLLM ``custom_all_reduce.cuh`` 1-stage/2-stage kernels;
+    TensorRT-LLM ``AllReduceStrategy`` ONESHOT/TWOSHOT)."""
+    n = float(link.size)
+    if n <= 1:
+        return 0.0
+    alpha = rates.collective_latency_s
+    ring = float(all_reduce_time(link, size_bytes)) + alpha
+    if float(link.members_per_domain) < n:  # crosses domains: NCCL only
+        return ring
+    bw = float(link.nvlink_bandwidth_Bps)
+    one_shot = alpha + (n - 1.0) * size_bytes / bw
+    two_shot = 2.0 * alpha + 2.0 * (n - 1.0) / n * size_bytes / bw
+    return min(ring, one_shot, two_shot)
+
+
+def _alltoall(link: LinkArrays, size_bytes: float, rates: Rates) -> float:
+    """Dispatch or combine all-to-all: alpha-beta time at the all-to-all efficiency, plus one
+    call latency (DeepEP low-latency kernels are latency bound at decode batch sizes)."""
+    if float(link.size) <= 1:
+        return 0.0
+    return float(all_to_all_time(link, size_bytes)) / rates.alltoall + rates.collective_latency_s
+
+
+def _gemm_eff(rates: Rates, flops_per_gemm: float) -> float:
+    """``eta(F) = eta_max * F / (F + F_half)`` (parsearch efficiency profiles, MAMF sweeps)."""
+    return rates.gemm * flops_per_gemm / (flops_per_gemm + rates.gemm_half_flops)
+
+
+def attention_context_tokens(model: ModelSpec, context: float,
+                             window: SlidingWindow | None) -> float:
+    """Mean over layers of the tokens one query attends to (windowed layers cap at the window)."""
+    if window is None:
+        return context
+    share = window.windowed_layers / model.num_layers
+    return (1.0 - share) * context + share * min(context, window.window)
+
+
+def attention_flops_per_token_layer(model: ModelSpec, attended: float) -> float:
+    """Attention-core FLOPs of one query token against ``attended`` keys, one layer, all heads.
+
+    GQA/MHA: QK^T and PV, ``4 * attended * heads * head_dim``.  MLA decode with the absorbed
+    projections (DeepSeek-V2 arXiv 2405.04434 §2.1.2 / Appendix C): scores over the latent
+    and the RoPE key, ``2 * attended * heads * (d_c + d_rope)``, values over the latent,
+    ``2 * attended * heads * d_c``.
+    """
+    heads = model.num_attention_heads
+    if model.mla is not None:
+        c, r = model.mla.kv_lora_rank, model.mla.qk_rope_head_dim
+        return 2.0 * attended * heads * (2 * c + r)
+    return 4.0 * attended * heads * model.head_dim
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One pass of a stage over a micro-batch, seconds, with its parts."""
+
+    memory_s: float
+    compute_s: float
+    comm_s: float
+    overhead_s: float
+    hop_s: float  # pipeline hand-off to the next stage
+    busy_s: float | None = None  # instance time per request when not total_s (prefill)
+
+    @property
+    def total_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+
+
+def _expert_shapes(model: ModelSpec, counts: ParameterCounts) -> tuple[float, float, int]:
+    """(parameters of one routed expert, of the shared experts, top_k) of one MoE layer."""
+    if model.moe is None:
+        return 0.0, 0.0, 0
+    per_expert = counts.routed_experts_per_layer / model.moe.num_experts
+    return per_expert, float(counts.shared_experts_per_layer), model.moe.top_k
+
+
+def _stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
+    layers = stage_layers(model, pp)
+    share = layers / model.num_layers
+    return layers, model.num_moe_layers * share, model.num_dense_layers * share
+
+
+def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,
+                tokens_rank: float, tokens_stage: float) -> tuple[float, float]:
+    """(communication of a dense layer, of an MoE layer) for one pass.
+
+    Attention output: all-reduce over tp of the rank's tokens.  MLP over the stage width:
+    with attention DP the tokens of all DP ranks are gathered and the outputs reduce-
+    scattered back (priced as one all-reduce of the stage's tokens); routed experts with
+    ep > 1: FP8 dispatch + BF16 combine all-to-alls over the EP group of the tokens each GPU
+    owns, then an all-reduce over the expert-TP slices.
+    """
+    h = model.hidden_size
+    attn = serving_all_reduce(links.tp, tokens_rank * h * _ACT, rates)
+    width_tokens = tokens_stage if layout.attention_dp > 1 else tokens_rank
+    mlp = serving_all_reduce(links.width, width_tokens * h * _ACT, rates)
+    if model.moe is None or layout.ep == 1:
+        return attn + mlp, attn + mlp
+    per_gpu = tokens_stage / layout.stage_width * model.moe.top_k * h
+    moe = (_alltoall(links.ep, per_gpu * DISPATCH_BYTES, rates)
+           + _alltoall(links.ep, per_gpu * COMBINE_BYTES, rates)
+           + serving_all_reduce(links.etp, tokens_stage / layout.ep * h * _ACT, rates))
+    if layout.attention_dp > 1 and layout.tp > 1:
+        moe += attn  # tokens re-replicated over the attention-TP ranks after combine
+    return attn + mlp, attn + moe
+
+
+def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
+                     rates: Rates, tokens_stage: float, rows_tokens: float) -> float:
+    """Routed-expert GEMM time on one GPU for ``tokens_stage`` tokens of the stage.
+
+    Each token runs top_k experts (``2 * top_k * expert params`` FLOPs, spread over the
+    stage width); an expert's grouped-GEMM slice has ``rows_tokens * top_k / E`` rows, whose
+    size sets the GEMM efficiency (``eta(F)`` of the profile times its grouped-GEMM factor).
+    """
+    if model.moe is None:
+        return 0.0
+    per_expert, _shared, k = _expert_shapes(model, counts)
+    n_moe = _stage_mix(model, layout.pp)[1]
+    flops = 2.0 * tokens_stage * k * per_expert * n_moe / layout.stage_width
+    rows = max(1.0, rows_tokens * k / model.moe.num_experts)
+    per_gemm = 2.0 * rows * per_expert / layout.expert_tp / 3.0  # gate, up, down GEMMs
+    eff = _gemm_eff(rates, per_gemm) * rates.grouped_gemm
+    return flops / (rates.peak_flops * max(eff, 1e-6))
+
+
+def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                 counts: ParameterCounts, window: SlidingWindow | None) -> tuple[float, float]:
+    """(weight bytes, KV bytes) one GPU of the heaviest stage reads in one decode pass.
+
+    Weights: the stage's linears and output layer (the input embedding is a row lookup);
+    of the routed experts only those some token picked: with ``b_m`` tokens choosing
+    top_k of E uniformly an expert is idle with probability ``(1 - k/E)^b_m``
+    (uniform-routing assumption; skewed routing touches fewer).  KV: every sequence of
+    the attention-DP rank at the mean decode context.
+    """
+    b_m = max(1.0, layout.batch / layout.pp)
+    t_rank = max(1.0, b_m / layout.attention_dp)
+    w = stage_weights(model, layout, counts)
+    prec = ELEMENT_BYTES[workload.precision]
+    moe = model.moe
+    touched = 1.0 - (1.0 - moe.top_k / moe.num_experts) ** b_m if moe is not None else 0.0
+    weights = w.linear * prec + w.routed * touched * prec + w.output * _ACT
+    kv = t_rank * kv_bytes_per_sequence(model, workload.kv_precision,
+                                        workload.mean_decode_context, tp=layout.tp,
+                                        pp=layout.pp, window=window)
+    return weights, kv
+
+
+def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                counts: ParameterCounts, rates: Rates, links: InstanceLinks,
+                window: SlidingWindow | None) -> StepTime:
+    """One decode pass of the heaviest stage over one micro-batch of ``batch / pp`` requests."""
+    b_m = max(1.0, layout.batch / layout.pp)
+    t_rank = max(1.0, b_m / layout.attention_dp)
+    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    w = stage_weights(model, layout, counts)
+    _per_expert, shared, _k = _expert_shapes(model, counts)
+    weights, kv = decode_bytes(model, workload, layout, counts, window)
+    ctx = workload.mean_decode_context
+    memory = (weights + kv) / rates.hbm_Bps
+    # FLOPs on one GPU: 2 per parameter per token (attention over tp on the rank's tokens;
+    # dense MLP, shared and routed experts over the stage width on all the stage's tokens).
+    attn_params = layers * counts.attention_per_layer / layout.tp
+    mlp_params = (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.stage_width
+    gemm_flops = 2.0 * t_rank * (attn_params + w.output) + 2.0 * b_m * mlp_params
+    attended = attention_context_tokens(model, ctx, window)
+    core = t_rank * layers * attention_flops_per_token_layer(model, attended) / layout.tp
+    gemm_eff = _gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
+    compute = (gemm_flops / (rates.peak_flops * max(gemm_eff, 1e-6))
+               + core / (rates.bf16_flops * rates.attention)
+               + expert_gemm_time(model, layout, counts, rates, b_m, b_m))
+    dense_comm, moe_comm = _layer_comm(model, layout, links, rates, t_rank, b_m)
+    comm = n_dense * dense_comm + n_moe * moe_comm
+    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s
+    hop = float(p2p_time(links.pp, t_rank * model.hidden_size * _ACT)) if layout.pp > 1 else 0.0
+    return StepTime(memory, compute, comm, overhead, hop)
+
+
+def decode_tpot_s(step: StepTime, pp: int) -> float:
+    """Time per output token of a request at a fixed batch: its micro-batch passes all ``pp``
+    stages and returns to the first (each stage serves the pp micro-batches in turn), so
+    ``pp * (stage pass + hand-off)`` plus the per-step host time.  PP therefore adds its
+    hand-off latency per stage to TPOT and gains throughput only through micro-batching."""
+    return pp * (step.total_s + step.hop_s) + STEP_OVERHEAD_S
+
+
+def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                 counts: ParameterCounts, rates: Rates, links: InstanceLinks,
+                 window: SlidingWindow | None) -> StepTime:
+    """Prefill of one request's ``isl`` tokens on the heaviest stage (compute bound).
+
+    Attention FLOPs are causal: ``2 * s^2 * heads * d`` per layer (half of QK^T and PV,
+    FlashAttention-2 arXiv 2307.08691 §4 FLOP count), windowed layers ``4 * s * w * heads * d``
+    for ``s >> w``; MLA prefill runs unabsorbed with qk dim ``d_nope + d_rope`` and v dim
+    ``d_v`` (DeepSeek-V2 §2.1.2).  GEMM efficiency follows the GEMM size of a scheduler
+    step, which packs prompts up to ``max_num_batched_tokens`` tokens per attention-DP rank
+    (TensorRT-LLM/vLLM chunked-prefill schedulers); each routed expert sees
+    ``tokens * top_k / E`` of the stage's tokens (grouped GEMM at the profile's
+    grouped-GEMM efficiency).
+
+    ``busy_s`` is the instance time one request occupies: attention runs on the request's
+    attention-DP rank while the other ranks serve other requests (``/ attention_dp``);
+    the MLP/expert part and its communication occupy the whole stage.
+    """
+    s = float(workload.isl)
+    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    w = stage_weights(model, layout, counts)
+    _per_expert, shared, _k = _expert_shapes(model, counts)
+    packed = max(s, min(float(workload.max_num_batched_tokens), s * layout.batch))
+    attn_params = layers * counts.attention_per_layer / layout.tp
+    mlp_params = (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.stage_width
+    attn_gemm = 2.0 * s * attn_params + 2.0 * w.output
+    mlp_gemm = 2.0 * s * mlp_params
+    h = model.hidden_size
+    expert_time = expert_gemm_time(model, layout, counts, rates, s,
+                                   packed * layout.attention_dp)
+    heads = model.num_attention_heads / layout.tp
+    if model.mla is not None:
+        dim = (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim) / 2
+    else:
+        dim = float(model.head_dim)
+    attended = attention_context_tokens(model, s / 2.0, window)  # mean causal span
+    core = layers * 4.0 * s * attended * heads * dim
+    block = s / (s + rates.attention_half_block)
+    gemm_rate = rates.peak_flops * max(_gemm_eff(rates, 2.0 * packed * h * h / layout.tp), 1e-6)
+    attn_time = attn_gemm / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
+    mlp_time = mlp_gemm / gemm_rate + expert_time
+    prec = ELEMENT_BYTES[workload.precision]
+    memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
+    dense_comm, moe_comm = _layer_comm(model, layout, links, rates, s, s)
+    comm = n_dense * dense_comm + n_moe * moe_comm
+    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s
+    hop = float(p2p_time(links.pp, s * h * _ACT)) if layout.pp > 1 else 0.0
+    compute = attn_time + mlp_time
+    # Under load, one step carries ``packed`` prompt tokens: weight reads, collective
+    # latencies and kernel overheads are paid once per step and shared by its prompts.
+    share = s / packed
+    dense_p, moe_p = _layer_comm(model, layout, links, rates, packed, packed * layout.attention_dp)
+    busy = (max(memory * share, attn_time / layout.attention_dp + mlp_time)
+            + (n_dense * dense_p + n_moe * moe_p + overhead) * share)
+    return StepTime(memory, compute, comm, overhead, hop, busy_s=busy)
+
+
+def prefill_latency_s(step: StepTime, pp: int) -> float:
+    """Time to first token of one request: all stages in turn, hand-offs between them."""
+    return pp * step.total_s + (pp - 1) * step.hop_s + STEP_OVERHEAD_S
+
+
+def hbm_read_floor_s(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                     counts: ParameterCounts, gpu: GpuProfile,
+                     window: SlidingWindow | None) -> float:
+    """Lower bound of a decode step per token round: the heaviest stage reads its touched
+    weights and its share of the KV cache once at the datasheet HBM bandwidth, ``pp`` times
+    (once per micro-batch).  :func:`decode_tpot_s` never goes below it (property test)."""
+    weights, kv = decode_bytes(model, workload, layout, counts, window)
+    return layout.pp * (weights + kv) / gpu.hbm_bandwidth_Bps

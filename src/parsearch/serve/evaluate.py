@@ -1,0 +1,252 @@
+"""Score serving layouts: throughput of the whole group, per GPU and per user, TTFT, TPOT, memory.
+
+Aggregated serving (continuous batching with chunked prefill, vLLM/SGLang/TensorRT-LLM
+default): prefills of new requests share the GPUs with the running decodes.  Over the time
+the ``batch`` requests of an instance take to emit ``osl`` tokens each, ``batch`` new
+requests are prefilled, so one cycle lasts ``osl * TPOT_decode + batch * prefill_busy`` and
+the user sees that cycle divided by ``osl`` as TPOT (work conservation; the mixed-batch
+view of Sarathi-Serve, Agrawal et al. 2024, arXiv 2403.02310 §3).
+
+Disaggregated serving (DistServe, Zhong et al. 2024, arXiv 2401.09670): prefill and decode
+run on separate instances; the group carries ``min(prefill rate, decode rate)`` requests/s,
+decode TPOT has no prefill stalls, TTFT adds the KV transfer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.hardware import GpuProfile
+from parsearch.params import ParameterCounts, parameter_counts
+from parsearch.serve.cost import (
+    InstanceLinks,
+    Rates,
+    StepTime,
+    decode_step,
+    decode_tpot_s,
+    instance_links,
+    prefill_latency_s,
+    prefill_step,
+)
+from parsearch.serve.kv_cache import kv_bytes_per_sequence, kv_bytes_per_token
+from parsearch.serve.memory import GIB, gpu_memory, max_sequences
+from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
+from parsearch.topology.cluster import ClusterSpec
+from parsearch.topology.fabric import Fabric, build_fabric
+from parsearch.workload import ModelSpec
+
+
+@dataclass
+class ServingContext:
+    """Everything fixed during one query; caches fabrics and links per instance shape."""
+
+    model: ModelSpec
+    workload: ServingWorkload
+    cluster: ClusterSpec
+    gpu: GpuProfile
+    profile: EfficiencyProfile
+    rates: Rates
+    window: SlidingWindow | None
+    counts: ParameterCounts = field(init=False)
+    _fabrics: dict[int, Fabric] = field(default_factory=dict, init=False)
+    _links: dict[tuple[int, int, int, int], InstanceLinks] = field(default_factory=dict,
+                                                                   init=False)
+
+    def __post_init__(self) -> None:
+        self.counts = parameter_counts(self.model)
+
+    def links(self, layout: ServingLayout) -> InstanceLinks:
+        key = (layout.tp, layout.attention_dp, layout.pp, layout.ep)
+        if key not in self._links:
+            g = layout.gpus_per_replica
+            if g not in self._fabrics:
+                self._fabrics[g] = build_fabric(self.cluster, g)
+            self._links[key] = instance_links(self._fabrics[g], layout)
+        return self._links[key]
+
+
+@dataclass(frozen=True)
+class ServingEstimate:
+    """One scored layout.  ``layout.replicas`` instances (decode instances when
+    disaggregated, with ``prefill_layout.replicas`` prefill instances beside them)."""
+
+    layout: ServingLayout
+    gpus: int
+    tokens_per_s: float
+    tokens_per_s_per_user: float
+    ttft_ms: float
+    tpot_ms: float
+    kv_cache_gib_per_gpu: float
+    memory_gib_per_gpu: float
+    fits: bool
+    max_batch_fit: int
+    bottleneck: str
+    prefill_layout: ServingLayout | None = None
+    meets_targets: bool = True
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus if self.gpus else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        def shape(layout: ServingLayout) -> dict[str, int]:
+            return {"tp": layout.tp, "pp": layout.pp, "ep": layout.ep,
+                    "attention_dp": layout.attention_dp, "replicas": layout.replicas,
+                    "gpus_per_replica": layout.gpus_per_replica}
+
+        out: dict[str, Any] = {
+            "layout": shape(self.layout),
+            "batch": self.layout.batch,
+            "gpus": self.gpus,
+            "tokens_per_s": _finite(self.tokens_per_s),
+            "tokens_per_s_per_gpu": _finite(self.tokens_per_s_per_gpu),
+            "tokens_per_s_per_user": _finite(self.tokens_per_s_per_user),
+            "ttft_ms": _finite(self.ttft_ms),
+            "tpot_ms": _finite(self.tpot_ms),
+            "kv_cache_gib_per_gpu": _finite(self.kv_cache_gib_per_gpu),
+            "memory_gib_per_gpu": _finite(self.memory_gib_per_gpu),
+            "fits": self.fits,
+            "max_batch_fit": self.max_batch_fit,
+            "meets_targets": self.meets_targets,
+            "bottleneck": self.bottleneck,
+        }
+        if self.prefill_layout is not None:
+            out["prefill_layout"] = shape(self.prefill_layout)
+        return out
+
+
+def _finite(value: float, digits: int = 4) -> float | None:
+    """Rounded, or None for a value that is not finite (JSON has no NaN/Infinity)."""
+    return round(float(value), digits) if math.isfinite(value) else None
+
+
+def _bottleneck(step: StepTime) -> str:
+    parts = {"memory": step.memory_s, "compute": step.compute_s, "communication": step.comm_s,
+             "overhead": step.overhead_s}
+    return max(parts, key=lambda k: parts[k])
+
+
+def _memory(ctx: ServingContext, layout: ServingLayout) -> tuple[float, float, float, int, bool]:
+    """(KV capacity GiB, memory used GiB, KV used bytes, max batch that fits, fits) per GPU."""
+    w = ctx.workload
+    mem = gpu_memory(ctx.model, layout, w, ctx.gpu)
+    per_seq = kv_bytes_per_sequence(ctx.model, w.kv_precision, w.context, tp=layout.tp,
+                                    pp=layout.pp, window=ctx.window)
+    per_rank = max_sequences(mem.kv_capacity, per_seq)
+    kv_used = layout.batch / layout.attention_dp * per_seq
+    fits = mem.kv_capacity > 0 and kv_used <= mem.kv_capacity
+    used = mem.weights + mem.workspace + mem.reserve + kv_used
+    return (max(mem.kv_capacity, 0.0) / GIB, used / GIB, kv_used,
+            per_rank * layout.attention_dp, fits)
+
+
+@dataclass(frozen=True)
+class InstanceTimes:
+    decode: StepTime
+    tpot_decode_s: float
+    prefill: StepTime
+    ttft_s: float
+    prefill_busy_s: float   # instance time one request's prefill occupies (pipelined)
+
+
+def instance_times(ctx: ServingContext, layout: ServingLayout) -> InstanceTimes:
+    links = ctx.links(layout)
+    args = (ctx.model, ctx.workload, layout, ctx.counts, ctx.rates, links, ctx.window)
+    dec = decode_step(*args)
+    pre = prefill_step(*args)
+    return InstanceTimes(decode=dec, tpot_decode_s=decode_tpot_s(dec, layout.pp), prefill=pre,
+                         ttft_s=prefill_latency_s(pre, layout.pp),
+                         prefill_busy_s=pre.busy_s if pre.busy_s is not None else pre.total_s)
+
+
+def _meets(ctx: ServingContext, ttft_ms: float, tpot_ms: float) -> bool:
+    w = ctx.workload
+    return ((w.ttft_ms is None or ttft_ms <= w.ttft_ms)
+            and (w.tpot_ms is None or tpot_ms <= w.tpot_ms))
+
+
+def _replicas_for(ctx: ServingContext, layout: ServingLayout, requests_per_s: float,
+                  num_gpus: int) -> int:
+    """Replicas: enough for ``request_rate`` when given (the smallest group that carries
+    the load), else as many as fill the budget."""
+    rate = ctx.workload.request_rate
+    if rate is None:
+        return layout.replicas
+    return max(1, math.ceil(rate / requests_per_s)) if requests_per_s > 0 else num_gpus + 1
+
+
+def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
+                        num_gpus: int) -> ServingEstimate:
+    """Score one aggregated (continuous batching) layout."""
+    w = ctx.workload
+    kv_gib, used_gib, _kv_used, max_fit, fits = _memory(ctx, layout)
+    t = instance_times(ctx, layout)
+    cycle = w.osl * t.tpot_decode_s + layout.batch * t.prefill_busy_s
+    tpot = cycle / w.osl
+    per_instance = layout.batch * w.osl / cycle
+    replicas = _replicas_for(ctx, layout, layout.batch / cycle, num_gpus)
+    placed = ServingLayout(layout.tp, layout.pp, layout.ep, layout.attention_dp, layout.batch,
+                           replicas)
+    ttft_ms = (t.ttft_s + t.tpot_decode_s) * 1e3  # waits for the running step, then prefills
+    carries = placed.gpus <= num_gpus
+    return ServingEstimate(
+        layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas,
+        tokens_per_s_per_user=1.0 / tpot, ttft_ms=ttft_ms, tpot_ms=tpot * 1e3,
+        kv_cache_gib_per_gpu=kv_gib, memory_gib_per_gpu=used_gib, fits=fits and carries,
+        max_batch_fit=max_fit, bottleneck=_bottleneck(t.decode),
+        meets_targets=_meets(ctx, ttft_ms, tpot * 1e3))
+
+
+def kv_transfer_s(ctx: ServingContext, prefill: ServingLayout, decode: ServingLayout) -> float:
+    """Moving one request's KV cache (all layers, isl tokens) from a prefill to a decode
+    instance over the scale-out network, every GPU of the smaller instance sending in
+    parallel (NIXL/Mooncake transfer engines move per-GPU shards in parallel)."""
+    c = ctx.cluster
+    nbytes = kv_bytes_per_token(ctx.model, ctx.workload.kv_precision) * ctx.workload.isl
+    if c.nics_per_node == 0:
+        bandwidth = c.nvlink_bandwidth_Bps * c.nvlink_efficiency
+    else:
+        bandwidth = c.nic_bandwidth_per_gpu_Bps * c.network_efficiency
+    lanes = min(prefill.gpus_per_replica, decode.gpus_per_replica)
+    return nbytes / (bandwidth * lanes) + c.network_latency_s
+
+
+def evaluate_disaggregated(ctx: ServingContext, prefill: ServingLayout, decode: ServingLayout,
+                           num_gpus: int) -> ServingEstimate | None:
+    """Best split of the budget between ``prefill`` and ``decode`` instances (None: no split)."""
+    w = ctx.workload
+    kv_gib, used_gib, _kv, max_fit, fits = _memory(ctx, decode)
+    pre_fit = _memory(ctx, prefill)[4]
+    td = instance_times(ctx, decode)
+    tp_ = instance_times(ctx, prefill)
+    prefill_rate = 1.0 / tp_.prefill_busy_s      # requests/s of one prefill instance
+    decode_rate = decode.batch / (w.osl * td.tpot_decode_s)
+    gp, gd = prefill.gpus_per_replica, decode.gpus_per_replica
+    best: tuple[float, int, int] | None = None
+    if w.request_rate is not None:
+        x = math.ceil(w.request_rate / prefill_rate)
+        y = math.ceil(w.request_rate / decode_rate)
+        if x * gp + y * gd <= num_gpus:
+            best = (min(x * prefill_rate, y * decode_rate), x, y)
+    else:
+        for x in range(1, (num_gpus - gd) // gp + 1):
+            y = (num_gpus - x * gp) // gd
+            carried = min(x * prefill_rate, y * decode_rate)
+            if best is None or carried > best[0] + 1e-12:
+                best = (carried, x, y)
+    if best is None:
+        return None
+    carried, x, y = best
+    pre = ServingLayout(prefill.tp, prefill.pp, prefill.ep, prefill.attention_dp, prefill.batch, x)
+    dec = ServingLayout(decode.tp, decode.pp, decode.ep, decode.attention_dp, decode.batch, y)
+    ttft_ms = (tp_.ttft_s + kv_transfer_s(ctx, prefill, decode)) * 1e3
+    tpot_ms = td.tpot_decode_s * 1e3
+    return ServingEstimate(
+        layout=dec, gpus=x * gp + y * gd, tokens_per_s=carried * w.osl,
+        tokens_per_s_per_user=1.0 / td.tpot_decode_s, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
+        kv_cache_gib_per_gpu=kv_gib, memory_gib_per_gpu=used_gib, fits=fits and pre_fit,
+        max_batch_fit=max_fit, bottleneck=_bottleneck(td.decode), prefill_layout=pre,
+        meets_targets=_meets(ctx, ttft_ms, tpot_ms))

@@ -1,0 +1,124 @@
+"""KV-cache bytes per token, per layer and per GPU (GQA, MLA compressed cache, sliding windows).
+
+>>> from parsearch.presets import get_preset
+>>> kv_bytes_per_token(get_preset("llama3-70b"), "bf16")      # 80 * 2 * 8 * 128 * 2
+327680.0
+>>> kv_bytes_per_token(get_preset("deepseek-v3"), "bf16")     # 61 * (512 + 64) * 2
+70272.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import MappingProxyType
+
+from parsearch.errors import SpecError
+from parsearch.serve.spec import ELEMENT_BYTES, SlidingWindow
+from parsearch.workload import ModelSpec
+
+#: Windowed layers of the presets that have them.  GPT-OSS-120B: ``sliding_window: 128`` and
+#: ``layer_types`` alternating sliding/full over 36 layers, 18 windowed (openai/gpt-oss-120b
+#: config.json).
+PRESET_WINDOWS: MappingProxyType[str, SlidingWindow] = MappingProxyType({
+    "gpt-oss-120b": SlidingWindow(window=128, windowed_layers=18),
+})
+
+
+def sliding_window_for(model: ModelSpec,
+                       window: SlidingWindow | None = None) -> SlidingWindow | None:
+    """The model's sliding window: ``window`` if given, else the preset's (or None)."""
+    chosen = window if window is not None else PRESET_WINDOWS.get(model.name)
+    if chosen is not None and chosen.windowed_layers > model.num_layers:
+        raise SpecError(
+            f"sliding_window: windowed_layers={chosen.windowed_layers} exceeds the model's "
+            f"num_layers={model.num_layers}"
+        )
+    return chosen
+
+
+def sliding_window_from_config(path: str | Path) -> SlidingWindow | None:
+    """Read ``sliding_window`` and ``layer_types`` from a Hugging Face ``config.json``.
+
+    HF convention (transformers ``configuration_*.py``): ``sliding_window`` is the window
+    in tokens (null: none); ``layer_types`` lists ``"sliding_attention"`` /
+    ``"full_attention"`` per layer; without it every layer is windowed (Mistral v0.1).
+    """
+    where = str(path)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecError(f"{where}: cannot read config for sliding_window: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a JSON object")
+    window = data.get("sliding_window")
+    if window in (None, 0) or data.get("use_sliding_window") is False:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise SpecError(f"{where}: sliding_window must be a positive integer, got {window!r}")
+    types = data.get("layer_types")
+    if types is None:
+        layers = data.get("num_hidden_layers")
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise SpecError(f"{where}: num_hidden_layers must be a positive integer")
+        return SlidingWindow(window=window, windowed_layers=layers)
+    if not isinstance(types, list):
+        raise SpecError(f"{where}: layer_types must be a list, got {type(types).__name__}")
+    windowed = sum(1 for t in types if t == "sliding_attention")
+    return SlidingWindow(window=window, windowed_layers=windowed) if windowed else None
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads one TP rank stores.  With tp > kv heads each head is replicated so every
+    rank holds one (vLLM ``QKVParallelLinear``: ``num_kv_head_replicas = tp / num_kv_heads``)."""
+    return max(1, math.ceil(model.num_query_groups / tp))
+
+
+def kv_bytes_per_token_layer(model: ModelSpec, kv_precision: str, tp: int = 1) -> float:
+    """Bytes of KV cache one token adds to one attention layer on one TP rank.
+
+    GQA/MHA: K and V of the local KV heads, ``2 * kv_heads * head_dim * bytes``
+    (vLLM PagedAttention block layout).  MLA: the compressed latent plus the decoupled
+    RoPE key, ``(kv_lora_rank + qk_rope_head_dim) * bytes`` per token and layer
+    (DeepSeek-V2 arXiv 2405.04434 §2.1.2, Table 1: ``(d_c + d_h^R) l`` elements); the
+    latent is not split over heads, so every TP rank stores all of it (vLLM/SGLang MLA
+    backends), which is why MLA models are served with attention data parallelism.
+    """
+    element = ELEMENT_BYTES[kv_precision]
+    if model.mla is not None:
+        return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * element
+    return 2.0 * kv_heads_per_gpu(model, tp) * model.head_dim * element
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_precision: str, tp: int = 1) -> float:
+    """Bytes per token over all layers on one TP rank, ignoring sliding windows."""
+    return model.num_layers * kv_bytes_per_token_layer(model, kv_precision, tp)
+
+
+def stage_layers(model: ModelSpec, pp: int) -> int:
+    """Transformer layers of the largest pipeline stage (vLLM splits layers as evenly as it can)."""
+    return math.ceil(model.num_layers / pp)
+
+
+def kv_bytes_per_sequence(
+    model: ModelSpec,
+    kv_precision: str,
+    tokens: float,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    window: SlidingWindow | None = None,
+) -> float:
+    """KV bytes one sequence of ``tokens`` tokens holds on one GPU of the largest stage.
+
+    Windowed layers hold ``min(tokens, window)`` tokens (rolling buffer), the others
+    all ``tokens``.  Windowed layers are assumed spread evenly over the stages.
+    """
+    layers = stage_layers(model, pp)
+    per_layer = kv_bytes_per_token_layer(model, kv_precision, tp)
+    if window is None:
+        return layers * per_layer * tokens
+    share = window.windowed_layers / model.num_layers
+    windowed = layers * share
+    return per_layer * ((layers - windowed) * tokens + windowed * min(tokens, window.window))

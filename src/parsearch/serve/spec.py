@@ -1,0 +1,160 @@
+"""Serving specifications: the workload a deployment must carry and one serving layout.
+
+Frozen dataclasses validated on construction (bad input is a :class:`SpecError`
+naming the field, the value and the rule), like :mod:`parsearch.workload`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from parsearch.errors import SpecError
+from parsearch.workload import require_choice, require_positive_int
+
+ServingMode = Literal["aggregated", "disaggregated"]
+SERVING_MODES: tuple[str, ...] = ("aggregated", "disaggregated")
+WEIGHT_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
+KV_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
+
+#: Bytes per stored element.  FP8 (E4M3) is one byte; NVFP4 stores 4-bit values with one
+#: FP8 scale per 16 values, 4.5 bits per value (NVIDIA technical blog "Introducing NVFP4
+#: for efficient and accurate low-precision inference", 2025).
+ELEMENT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 4.5 / 8.0}
+
+
+def _optional_positive(owner: str, name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise SpecError(f"{owner}: {name} must be a positive number, got {value!r}")
+    if value <= 0:
+        raise SpecError(f"{owner}: {name} must be a positive number, got {value}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """Sliding-window attention: ``windowed_layers`` of the layers attend to the last
+    ``window`` tokens only, so their KV cache never holds more than ``window`` tokens
+    (Mistral 7B, arXiv 2310.06825 §2 "rolling buffer cache"; GPT-OSS alternates
+    windowed and full layers, openai/gpt-oss-120b config.json ``layer_types``)."""
+
+    window: int
+    windowed_layers: int
+
+    def __post_init__(self) -> None:
+        require_positive_int("sliding_window", "window", self.window)
+        require_positive_int("sliding_window", "windowed_layers", self.windowed_layers)
+
+
+@dataclass(frozen=True)
+class ServingWorkload:
+    """What a serving deployment must carry.
+
+    ``isl``/``osl``: input and output tokens per request (fixed lengths, as the
+    framework benchmarks use).  ``ttft_ms``/``tpot_ms``: latency targets (None: no
+    bound).  ``concurrency``: total requests in flight over the whole group (None:
+    the space chooses the batch of each replica).  ``request_rate``: requests/s the
+    group must carry (None: replicas fill the GPU budget).  ``max_batch``: the most
+    requests one instance runs at once (vLLM ``--max-num-seqs``, SGLang
+    ``--max-running-requests``).  ``max_num_batched_tokens``: tokens per scheduler
+    step (chunked prefill), which sizes the activation workspace.
+    ``gpu_memory_utilization``: share of HBM the engine may use (vLLM's default 0.9,
+    vLLM engine arguments documentation).
+    """
+
+    isl: int
+    osl: int
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    precision: str = "bf16"
+    kv_precision: str = "bf16"
+    mode: str = "aggregated"
+    concurrency: int | None = None
+    request_rate: float | None = None
+    max_batch: int = 1024
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        owner = "serving workload"
+        require_positive_int(owner, "isl", self.isl)
+        require_positive_int(owner, "osl", self.osl)
+        require_positive_int(owner, "max_batch", self.max_batch)
+        require_positive_int(owner, "max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.concurrency is not None:
+            require_positive_int(owner, "concurrency", self.concurrency)
+        _optional_positive(owner, "ttft_ms", self.ttft_ms)
+        _optional_positive(owner, "tpot_ms", self.tpot_ms)
+        _optional_positive(owner, "request_rate", self.request_rate)
+        require_choice(owner, "precision", self.precision, WEIGHT_PRECISIONS)
+        require_choice(owner, "kv_precision", self.kv_precision, KV_PRECISIONS)
+        require_choice(owner, "mode", self.mode, SERVING_MODES)
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+            raise SpecError(
+                f"{owner}: gpu_memory_utilization must be in (0, 1], got {util!r}"
+            )
+
+    @property
+    def context(self) -> int:
+        """Tokens a request holds in the KV cache when it finishes."""
+        return self.isl + self.osl
+
+    @property
+    def mean_decode_context(self) -> float:
+        """Average tokens attended to per decode step (the context grows from isl to isl+osl)."""
+        return self.isl + self.osl / 2.0
+
+
+@dataclass(frozen=True)
+class ServingLayout:
+    """One serving instance shape and how many copies of it run.
+
+    Per instance: ``tp`` (attention tensor parallel), ``attention_dp`` (attention
+    data-parallel ranks of an MoE model; each holds its own requests and KV cache),
+    ``pp`` (pipeline stages), ``ep`` (expert parallel size; the experts of one
+    stage are spread over ``tp * attention_dp`` GPUs, ``ep`` ways by expert and
+    ``expert_tp`` ways by tensor slicing), ``batch`` (requests in flight per instance).
+    """
+
+    tp: int
+    pp: int
+    ep: int
+    attention_dp: int
+    batch: int
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep", "attention_dp", "batch", "replicas"):
+            require_positive_int("serving layout", name, getattr(self, name))
+
+    @property
+    def stage_width(self) -> int:
+        """GPUs of one pipeline stage: tp * attention_dp (the expert group)."""
+        return self.tp * self.attention_dp
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.stage_width * self.pp
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_replica * self.replicas
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel slicing of each expert: stage width / ep (1 with full EP)."""
+        return max(1, self.stage_width // self.ep)
+
+    def label(self) -> str:
+        parts = [f"tp{self.tp}"]
+        if self.attention_dp > 1:
+            parts.append(f"adp{self.attention_dp}")
+        if self.pp > 1:
+            parts.append(f"pp{self.pp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        return "".join(parts) + f" b{self.batch} x{self.replicas}"

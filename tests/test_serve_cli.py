@@ -1,0 +1,159 @@
+"""``parsearch serve`` and ``serve_layouts``: targets, replicas, the front, JSON, errors; the
+serving dataset's provenance."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from parsearch import data as data_pkg
+from parsearch.errors import NoValidLayoutError
+from parsearch.presets import PRESETS, get_preset
+from parsearch.serve.api import _context, serve_layouts
+from parsearch.serve.evaluate import evaluate_aggregated
+from parsearch.serve.front import pareto_points
+from parsearch.serve.spec import ServingLayout, ServingWorkload
+from parsearch.topology.cluster import load_cluster, preset_names
+from tests.cli_helpers import assert_one_line_error, run_cli
+
+_FIELDS = ("layout", "batch", "tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+           "ttft_ms", "tpot_ms", "kv_cache_gib_per_gpu", "memory_gib_per_gpu", "fits")
+
+
+def _strict(text: str) -> dict:
+    def reject(token: str) -> None:
+        raise AssertionError(f"non-strict JSON constant {token}")
+    return json.loads(text, parse_constant=reject)
+
+
+def test_json_has_the_issue_fields_and_meets_targets() -> None:
+    result = run_cli("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
+                     "--isl", "1000", "--osl", "500", "--precision", "fp8", "--tpot-ms", "25",
+                     "--ttft-ms", "500", "--top", "4", "--format", "json")
+    assert result.code == 0, result.err
+    doc = _strict(result.out)
+    assert 1 <= len(doc["results"]) <= 4 and doc["front"]
+    for row in doc["results"]:
+        assert set(_FIELDS) <= set(row)
+        assert set(row["layout"]) == {"tp", "pp", "ep", "attention_dp", "replicas",
+                                      "gpus_per_replica"}
+        assert row["tpot_ms"] <= 25 and row["ttft_ms"] <= 500 and row["fits"]
+        lay = row["layout"]
+        assert row["gpus"] == lay["replicas"] * lay["gpus_per_replica"] <= 8
+        assert math.isclose(row["tokens_per_s_per_gpu"] * row["gpus"], row["tokens_per_s"],
+                            rel_tol=1e-3)
+        assert "--tensor-parallel-size" in row["launch"]["vllm"] or lay["tp"] == 1
+    throughputs = [r["tokens_per_s"] for r in doc["results"]]
+    assert throughputs == sorted(throughputs, reverse=True)
+
+
+def test_table_output_lists_front_and_launch_lines() -> None:
+    result = run_cli("serve", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus",
+                     "4", "--isl", "512", "--osl", "256", "--top", "3")
+    assert result.code == 0, result.err
+    assert "Pareto front" in result.out
+    assert "vllm serve Qwen/Qwen3-30B-A3B" in result.out
+    assert "python -m sglang.launch_server --model-path Qwen/Qwen3-30B-A3B" in result.out
+
+
+def test_front_is_non_dominated_and_best_is_on_it() -> None:
+    w = ServingWorkload(isl=2000, osl=200, precision="fp8", kv_precision="fp8")
+    result = serve_layouts(model=get_preset("mixtral-8x7b"), cluster="dgx-h100", num_gpus=8,
+                           workload=w, top=50)
+    front = result.front
+    everything = [e.estimate for e in result.entries]
+    for p in front:
+        for q in everything:
+            assert not (q.tokens_per_s_per_gpu > p.tokens_per_s_per_gpu * (1 + 1e-9)
+                        and q.tokens_per_s_per_user > p.tokens_per_s_per_user * (1 + 1e-9))
+    per_gpu = [p.tokens_per_s_per_gpu for p in front]
+    per_user = [p.tokens_per_s_per_user for p in front]
+    assert per_gpu == sorted(per_gpu) and per_user == sorted(per_user, reverse=True)
+    assert pareto_points([]) == []
+
+
+def test_request_rate_gives_the_smallest_group_that_carries_it() -> None:
+    w = ServingWorkload(isl=1000, osl=200, precision="fp8", kv_precision="fp8",
+                        request_rate=5.0, tpot_ms=40)
+    result = serve_layouts(model=get_preset("llama3-8b"), cluster="dgx-h100", num_gpus=16,
+                           workload=w, top=20)
+    gpus = [e.estimate.gpus for e in result.entries]
+    assert gpus == sorted(gpus)
+    best = result.best.estimate
+    assert best.tokens_per_s / 200 >= 5.0 * (1 - 1e-9)   # requests/s carried >= the rate
+    # One replica fewer would not carry it.
+    fewer = best.layout.replicas - 1
+    assert fewer * best.tokens_per_s / best.layout.replicas / 200 < 5.0
+
+
+def test_more_replicas_scale_the_group() -> None:
+    """The whole group's throughput is replicas times an instance's (independent replicas)."""
+    model = get_preset("llama3-8b")
+    w = ServingWorkload(isl=500, osl=500, precision="fp8", kv_precision="fp8")
+    one = serve_layouts(model=model, cluster="dgx-h100", num_gpus=1, workload=w).best.estimate
+    result = serve_layouts(model=model, cluster="dgx-h100", num_gpus=4, workload=w, top=50)
+    ctx = _context(model, load_cluster("dgx-h100"), w, None, None)
+    four = evaluate_aggregated(ctx, ServingLayout(1, 1, 1, 1, one.layout.batch, 4), 4)
+    assert four.tokens_per_s == pytest.approx(4 * one.tokens_per_s)
+    assert result.best.estimate.tokens_per_s >= four.tokens_per_s * (1 - 1e-9)
+
+
+def test_disaggregated_mode_places_prefill_and_decode() -> None:
+    w = ServingWorkload(isl=4000, osl=500, precision="fp8", kv_precision="fp8",
+                        mode="disaggregated")
+    result = serve_layouts(model=get_preset("llama3-70b"), cluster="dgx-h100", num_gpus=16,
+                           workload=w, top=3)
+    best = result.best
+    assert best.estimate.prefill_layout is not None
+    pre, dec = best.estimate.prefill_layout, best.estimate.layout
+    assert best.estimate.gpus == pre.gpus + dec.gpus <= 16
+    assert "--disaggregation-mode prefill" in " ".join(best.launch.prefill_sglang)
+    assert _strict(json.dumps(result.to_dict()))["results"][0]["prefill_layout"]
+
+
+@pytest.mark.parametrize(("argv", "fragments"), [
+    (("--isl", "0"), ("--isl", "must be a positive integer")),
+    (("--model", "llama-70b"), ("unknown model preset",)),
+    (("--kv-precision", "fp4"), ("kv_precision fp4 needs FP4 tensor cores",)),
+    (("--sliding-window", "128"), ("--sliding-window and --windowed-layers go together",)),
+    (("--tpot-ms", "0.001"), ("no layout meets the latency targets", "best reachable")),
+    (("--gpus", "1", "--model", "llama3.1-405b"), ("no serving layout of llama3.1-405b fits",)),
+    (("--precision", "int4"), ("--precision", "invalid choice")),
+    (("--cluster", "dgx-h1000"), ("unknown cluster 'dgx-h1000'",)),
+])
+def test_bad_input_is_one_line(argv, fragments) -> None:
+    base = {"--model": "llama3-70b", "--cluster": "dgx-h100", "--gpus": "8", "--isl": "100",
+            "--osl": "100"}
+    extra = list(argv)
+    for key in list(base):
+        if key in extra:
+            i = extra.index(key)
+            base[key] = extra[i + 1]
+            del extra[i:i + 2]
+    args = [x for kv in base.items() for x in kv] + extra
+    assert_one_line_error(run_cli("serve", *args), *fragments)
+
+
+def test_no_fit_raises_from_the_api() -> None:
+    w = ServingWorkload(isl=100, osl=100)
+    with pytest.raises(NoValidLayoutError, match="fits on 1 GPUs"):
+        serve_layouts(model=get_preset("llama3.1-405b"), cluster="dgx-h100", num_gpus=1,
+                      workload=w)
+
+
+def test_serving_dataset_has_provenance() -> None:
+    csv_path = Path(data_pkg.__file__).parent / "serving_runs.csv"
+    rows = list(csv.DictReader(csv_path.open(encoding="utf-8")))
+    assert len(rows) >= 100
+    assert len({r["id"] for r in rows}) == len(rows)
+    clusters = set(preset_names())
+    for r in rows:
+        assert r["url"].startswith("https://"), r["id"]
+        assert r["source"] and r["notes"], r["id"]
+        assert r["model"] in PRESETS and r["cluster"] in clusters, r["id"]
+        assert float(r["output_tokens_per_s"]) > 0
+        assert int(r["num_gpus"]) == int(r["tp"]) * int(r["pp"]), r["id"]
