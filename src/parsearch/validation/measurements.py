@@ -210,6 +210,11 @@ def _table_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
     if path.suffix.lower() == ".csv":
         lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         reader = csv.DictReader(lines)
+        unknown = sorted(c.strip() for c in reader.fieldnames or ()
+                         if c.strip() not in KNOWN_COLUMNS)
+        if unknown:
+            raise SpecError(f"{path}: unknown column(s) {', '.join(unknown)}; known: "
+                            f"{', '.join(sorted(KNOWN_COLUMNS))}")
         rows = []
         for number, row in enumerate(reader, start=2):
             if None in row:

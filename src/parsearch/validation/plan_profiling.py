@@ -15,12 +15,19 @@ The prediction error of a layout is modelled, in log throughput, as
 A measured layout is known up to the run-to-run spread (:data:`NOISE_SD`),
 which also informs ``du`` and through it every layout that shares the
 factor.  Among the candidates near the top of the predicted ranking, layouts
-are picked greedily to minimise the expected number of misordered pairs
-among the :data:`TOP_PAIRS` best (``sum Phi(-|mu_i - mu_j| / sd_ij)``): a
-layout the profile cannot tell apart from its neighbours is picked because
-measuring it removes its own error, one that exercises a factor the data
-leave loose because it removes the shared error of many.  Measurements
-already taken (``--measurements``) condition the model first.
+are picked greedily to minimise
+
+    sum over pairs among the TOP_PAIRS best of Phi(-|mu_i - mu_j| / sd_ij)
+    + mean over all candidates of var_i / STRUCTURE_SD^2
+
+the expected number of misordered pairs in the top of the ranking (a layout
+the profile cannot tell from its neighbours is picked because measuring it
+removes its own error) plus how uncertain the predictions are on average, in
+units of the error no factor explains (a layout that exercises a factor the
+data leave loose is picked because it removes the shared error of many; a
+shift common to all layouts does not change their order, but does change how
+far each prediction is off).  Measurements already taken (``--measurements``)
+condition the model first.
 """
 
 from __future__ import annotations
@@ -181,6 +188,12 @@ def expected_misordered(mu: np.ndarray, cov: np.ndarray, top: int) -> float:
     return total
 
 
+def plan_objective(mu: np.ndarray, cov: np.ndarray) -> float:
+    """Expected misordered top pairs plus the mean error variance in structural units."""
+    return (expected_misordered(mu, cov, TOP_PAIRS)
+            + float(np.mean(np.diag(cov))) / STRUCTURE_SD**2)
+
+
 def _candidate_rows(scan: Any, count: int) -> np.ndarray:
     """The best layout of each of the ``count`` best shapes (tp, pp, cp, ep, etp).
 
@@ -234,14 +247,15 @@ def plan_profiling(cm: CostModel, *, k: int, gpus_per_node: int,
                 continue
             trial = _Belief(belief.factor_cov.copy(), g)
             new_cov = trial.observe(g[i], i, cov)
-            value = expected_misordered(mu, new_cov, TOP_PAIRS)
+            value = plan_objective(mu, new_cov)
             if value < best_value - 1e-12:
                 best_i, best_value, best_state = i, value, (trial, new_cov)
         assert best_state is not None
+        after = expected_misordered(mu, best_state[1], TOP_PAIRS)
         reasons = _reasons(best_i, mu, cov, rank, names, belief.factor_cov,
-                           best_state[0].factor_cov, current, best_value)
+                           best_state[0].factor_cov, current, after)
         belief, cov = best_state
-        current = best_value
+        current = after
         chosen.add(best_i)
         layout = table.layout(int(rows[best_i]))
         picks.append(PlannedRun(
