@@ -5,7 +5,8 @@ prints (arguments block of ``megatron/training/arguments.py`` ``_print_args``,
 iteration lines of ``megatron/training/training.py`` ``training_log``; NVIDIA/
 Megatron-LM d98e8a64ddf3, NVIDIA-NeMo/Megatron-Bridge 067f987df03b): a complete
 run, one that died mid-run (NCCL timeout, truncated last line), one that died
-in warm-up (OOM), a batch-size ramp-up, two runs in one file with ``srun
+in warm-up (OOM), a batch-size ramp-up, a Megatron-Bridge log with its config
+dumped as YAML, two runs in one file with ``srun
 --label`` prefixes and microsecond timestamps, a log of garbage lines without
 an arguments block, and a file that is no log at all.
 """
@@ -117,6 +118,16 @@ def test_garbage_lines_are_ignored_and_missing_facts_asked_for_in_one_line() -> 
     (m,) = loaded.measurements
     assert (m.layout.tp, m.layout.pp, m.layout.num_gpus) == (2, 2, 16)
     assert any("2 truncated or malformed" in n for n in loaded.notes)
+
+
+def test_megatron_bridge_log_with_its_config_dump() -> None:
+    """Bridge prints no arguments block; its ConfigContainer YAML dump gives the layout."""
+    name = "bridge_llama3_8b_config_dump.out"
+    (problem,) = _load(name).problems
+    assert "world_size" in problem and "--gpus" in problem and "\n" not in problem
+    (m,) = _load(name, Defaults(model="llama3-8b", cluster="dgx-h100", num_gpus=16)).measurements
+    assert (m.layout.tp, m.layout.cp, m.layout.sp, m.precision) == (4, 2, True, "bf16")
+    assert m.options == {"moe_dispatcher": "alltoall"}
 
 
 def test_files_that_are_no_log_give_one_line_each() -> None:

@@ -238,7 +238,7 @@ def _table_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
 
 def _arg(run: LogRun, name: str) -> str | None:
     value = run.arguments.get(name)
-    if value is None or value.strip() in ("", "None"):
+    if value is None or value.strip() in ("", "None", "null", "~"):
         return None
     return value.strip()
 
@@ -258,7 +258,7 @@ def _arg_flag(run: LogRun, name: str) -> bool | None:
     return None if value is None else value.lower() in ("true", "1", "yes")
 
 
-def _log_precision(run: LogRun, defaults: Defaults, notes: list[str]) -> str:
+def _log_precision(run: LogRun, notes: list[str]) -> str | None:
     if _arg(run, "fp4") is not None:
         return "fp4"
     if _arg(run, "fp8") is not None:
@@ -268,10 +268,21 @@ def _log_precision(run: LogRun, defaults: Defaults, notes: list[str]) -> str:
     if _arg_flag(run, "fp16"):
         notes.append("fp16 priced as bf16 (same tensor-core peak)")
         return "bf16"
-    if defaults.precision:
-        return defaults.precision
-    raise SpecError(f"{run.name}: the log states no precision (bf16/fp8/fp4 arguments); "
-                    "pass --precision")
+    return None
+
+
+def _missing(run: LogRun, defaults: Defaults, precision: str | None) -> list[tuple[str, str]]:
+    """(what the log does not state, the option that supplies it)."""
+    out = []
+    if _arg(run, "world_size") is None and defaults.num_gpus is None:
+        out.append(("world_size", "--gpus"))
+    if _arg(run, "tensor_model_parallel_size") is None and defaults.layout is None:
+        out.append(("the parallel layout", "--layout"))
+    if _arg(run, "seq_length") is None and defaults.seq_len is None:
+        out.append(("seq_length", "--seq-len"))
+    if precision is None and defaults.precision is None:
+        out.append(("the precision", "--precision"))
+    return out
 
 
 def _log_layout(run: LogRun, num_gpus: int, defaults: Defaults) -> Layout:
@@ -350,22 +361,25 @@ def measurements_from_log(path: Path, defaults: Defaults) -> Loaded:
                             f"({len(run.iterations)} logged line(s), the first "
                             f"{defaults.warmup_iterations} iterations are warm-up)")
             continue
+        own: list[str] = []
+        precision = _log_precision(run, own)
+        missing = _missing(run, defaults, precision)
+        if missing:
+            problems.append(f"{run.name}: the log does not state "
+                            f"{', '.join(w for w, _ in missing)}; pass "
+                            f"{' '.join(o for _, o in missing)}")
+            continue
         try:
-            num_gpus = _arg_int(run, "world_size") or defaults.num_gpus
-            if num_gpus is None:
-                raise SpecError(f"{run.name}: the log does not state world_size; pass --gpus")
-            own: list[str] = []
-            precision = _log_precision(run, defaults, own)
+            num_gpus = int(_arg_int(run, "world_size") or defaults.num_gpus or 0)
             layout = _log_layout(run, num_gpus, defaults)
-            seq_len = _arg_int(run, "seq_length") or defaults.seq_len
-            if seq_len is None:
-                raise SpecError(f"{run.name}: the log does not state seq_length; pass --seq-len")
+            seq_len = int(_arg_int(run, "seq_length") or defaults.seq_len or 0)
             options, training = _log_options(run)
             facts = {name: value for name in ("num_layers", "hidden_size")
                      if (value := _arg_int(run, name)) is not None}
         except ParsearchError as error:
             problems.append(str(error))
             continue
+        precision = precision or defaults.precision or "bf16"
         for reading in readings:
             batch = reading.global_batch or _arg_int(run, "global_batch_size") or 0
             if not batch:

@@ -62,9 +62,9 @@ _YAML_KEYS = frozenset({
     "expert_model_parallel_size", "expert_tensor_parallel_size",
     "virtual_pipeline_model_parallel_size", "sequence_parallel", "micro_batch_size",
     "global_batch_size", "seq_length", "recompute_granularity", "num_layers", "hidden_size",
-    "moe_token_dispatcher_type", "train_iters",
+    "moe_token_dispatcher_type", "train_iters", "bf16", "fp16", "fp8", "fp4",
 })
-_YAML_LINE = re.compile(r"^\s+([a-z_]+):\s+(\S.*?)\s*$")
+_YAML_LINE = re.compile(r"^\s+([a-z_][a-z0-9_]*):\s+(\S.*?)\s*$")
 
 
 class LogError(ParsearchError):
@@ -184,6 +184,7 @@ class _Builder:
     iterations: list[IterationLine] = field(default_factory=list)
     malformed: list[int] = field(default_factory=list)
     finished: bool = False
+    from_header: bool = False
 
     def build(self) -> LogRun:
         return LogRun(self.path, self.index, self.start_line, dict(self.arguments),
@@ -206,9 +207,11 @@ def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
     in_args = False
     for line_no, line in enumerate(text.splitlines(), start=1):
         if _ARGS_HEADER.search(line) and not _ARGS_FOOTER.search(line):
-            if not current.empty:
+            # Lines before the first arguments block that happened to look like config
+            # (no iterations yet) are not a run of their own.
+            if current.iterations or (current.from_header and not current.empty):
                 runs.append(current)
-            current = _Builder(path, len(runs) + 1, line_no)
+            current = _Builder(path, len(runs) + 1, line_no, from_header=True)
             in_args = True
             continue
         if in_args:
