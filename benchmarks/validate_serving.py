@@ -49,8 +49,8 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
     # (ModelOpt checkpoints ship an FP8 KV-cache scale), BF16 otherwise.
     kv = row["kv_precision"] or ("bf16" if precision == "bf16" else "fp8")
     return ServingWorkload(isl=int(row["isl"]), osl=int(row["osl"]), precision=precision,
-                           kv_precision=kv, max_batch=TRTLLM_MAX_BATCH,
-                           max_num_batched_tokens=TRTLLM_MAX_TOKENS,
+                           kv_precision=kv, max_batch=int(row["max_batch"] or TRTLLM_MAX_BATCH),
+                           max_num_batched_tokens=int(row["max_num_tokens"] or TRTLLM_MAX_TOKENS),
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None)
 
 
@@ -85,15 +85,25 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     ranked = sorted(best.values(), key=lambda e: -e.tokens_per_s)
     moe = model.moe is not None
     matches = [i for i, e in enumerate(ranked) if _published_match(row, e, moe)]
-    measured = float(row["output_tokens_per_s"])
     out: dict[str, Any] = {"id": row["id"], "model": row["model"], "gpu": row["gpu"],
                            "layout": f"tp{row['tp']}pp{row['pp']}", "isl": int(row["isl"]),
                            "osl": int(row["osl"]), "precision": row["precision"],
-                           "measured": measured, "shapes": len(ranked)}
+                           "shapes": len(ranked)}
     if not matches:
         out.update(predicted=None, ape=None, rank=None, top5=False)
         return out
     pick = ranked[matches[0]]
+    for name in ("ttft_ms", "tpot_ms"):  # latency rows: compare the published latencies
+        if row[name]:
+            value = float(row[name])
+            got = getattr(pick, name)
+            out[name] = {"measured": value, "predicted": round(got, 3),
+                         "ape": abs(got - value) / value}
+    if not row["output_tokens_per_s"]:
+        out.update(predicted=None, ape=None, rank=matches[0] + 1, top5=matches[0] < 5)
+        return out
+    measured = float(row["output_tokens_per_s"])
+    out["measured"] = measured
     out.update(predicted=round(pick.tokens_per_s, 1), batch=pick.layout.batch,
                ape=abs(pick.tokens_per_s - measured) / measured,
                log_ratio=math.log(pick.tokens_per_s / measured),
@@ -103,6 +113,7 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     scored = [r for r in results if r["ape"] is not None]
+    latency = {name: [r[name] for r in results if name in r] for name in ("ttft_ms", "tpot_ms")}
     by: dict[str, dict[str, list[float]]] = {"gpu": defaultdict(list), "model": defaultdict(list)}
     for r in scored:
         by["gpu"][r["gpu"]].append(r["ape"])
@@ -111,7 +122,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     worst = sorted(scored, key=lambda r: -r["ape"])[:8]
     return {
         "rows": len(results), "scored": len(scored),
-        "unscored": [r["id"] for r in results if r["ape"] is None],
+        "unscored": [r["id"] for r in results if r["ape"] is None and r["rank"] is None],
+        "latency": latency,
         "mape": statistics.fmean(r["ape"] for r in scored) if scored else None,
         "median_ape": statistics.median(r["ape"] for r in scored) if scored else None,
         "mean_log_ratio": statistics.fmean(r["log_ratio"] for r in scored) if scored else None,
@@ -136,12 +148,17 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({"summary": summary, "rows": results}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(f"rows {summary['rows']}, scored {summary['scored']}, unscored {summary['unscored']}")
+    print(f"rows {summary['rows']}, throughput rows scored {summary['scored']}, "
+          f"unscored {summary['unscored']}")
     print(f"MAPE {summary['mape']:.3f}  median APE {summary['median_ape']:.3f}  "
           f"mean log(pred/meas) {summary['mean_log_ratio']:+.3f}")
     print(f"published layout in top 5: {summary['top5_share']:.3f} of rows; "
           f"{summary['top5_share_contested']} of the {summary['contested_rows']} rows with more "
           "than 5 candidate shapes")
+    for name, items in summary["latency"].items():
+        for item in items:
+            print(f"{name}: measured {item['measured']}, predicted {item['predicted']} "
+                  f"(APE {item['ape']:.2f})")
     for kind in ("gpu", "model"):
         items = summary[f"mape_by_{kind}"].items()
         print(f"MAPE by {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in items))

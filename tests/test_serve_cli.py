@@ -155,5 +155,5 @@ def test_serving_dataset_has_provenance() -> None:
         assert r["url"].startswith("https://"), r["id"]
         assert r["source"] and r["notes"], r["id"]
         assert r["model"] in PRESETS and r["cluster"] in clusters, r["id"]
-        assert float(r["output_tokens_per_s"]) > 0
+        assert float(r["output_tokens_per_s"] or 0) > 0 or float(r["tpot_ms"]) > 0, r["id"]
         assert int(r["num_gpus"]) == int(r["tp"]) * int(r["pp"]), r["id"]
