@@ -6,3 +6,10 @@
 in :mod:`parsearch.serve.evaluate`, the Pareto front in :mod:`parsearch.serve.front` and
 launch lines in :mod:`parsearch.serve.launch`.
 """
+
+from parsearch.serve.api import ServeEntry, ServeResult, serve_layouts
+from parsearch.serve.evaluate import ServingEstimate
+from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
+
+__all__ = ["ServeEntry", "ServeResult", "ServingEstimate", "ServingLayout", "ServingWorkload",
+           "SlidingWindow", "serve_layouts"]
