@@ -40,8 +40,10 @@ def test_search_table_with_launch_and_diverse() -> None:
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].split()[:3] == ["#", "tp", "pp"]
-    assert "Megatron-Bridge: model.tensor_model_parallel_size=" in result.out
-    assert "Megatron-LM:     --tensor-model-parallel-size" in result.out
+    assert "run_recipe.py --recipe" in result.out and \
+        " model.tensor_model_parallel_size=" in result.out
+    assert "pretrain_gpt.py" in result.out and " --tensor-model-parallel-size " in result.out
+    assert result.out.count("torchrun --nnodes 1 --nproc-per-node 8") == 2 * 4
 
 
 def test_search_errors_are_one_line() -> None:

@@ -31,7 +31,7 @@ PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 _TERA = 1e12
 _GIB = 2**30
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
-_OPTIONAL = ("description",)
+_OPTIONAL = ("description", "compute_capability")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class GpuProfile:
     hbm_bandwidth_Bps: float
     source: str
     description: str = ""
+    #: CUDA compute capability (8.0 Ampere, 9.0 Hopper, 10.x Blackwell); ``None``: unknown.
+    #: Launch settings depend on it (``CUDA_DEVICE_MAX_CONNECTIONS``, the FP8 recipe).
+    compute_capability: float | None = None
 
 
 def hardware_dir() -> Path:
@@ -96,6 +99,8 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
         * _TERA,
         source=str(data["source"]).strip(),
         description=str(data.get("description", "")),
+        compute_capability=(None if data.get("compute_capability") is None else
+                            _positive(where, "compute_capability", data["compute_capability"])),
     )
 
 

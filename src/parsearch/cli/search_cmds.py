@@ -24,6 +24,16 @@ from parsearch.cli.common import (
     print_table,
     training_from_args,
 )
+from parsearch.cli.search_output import (
+    SEARCH_FORMATS,
+    add_launch_options,
+    export,
+    prepare_export,
+    print_launch,
+    with_launch_choices,
+    write_csv,
+    write_jsonl,
+)
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.search.api import METHODS, ParetoResult, SearchResult
 
@@ -55,8 +65,11 @@ def _register_search(subparsers: argparse._SubParsersAction) -> None:
                         help="how many layouts to list (default 10)")
     parser.add_argument("--diverse", action="store_true",
                         help="at most one layout per (tp, pp, cp, ep, etp) shape")
-    parser.add_argument("--launch", action="store_true",
-                        help="table format: also print the launch settings of each layout")
+    for action in parser._actions:  # search also writes CSV and JSON lines
+        if action.dest == "format":
+            action.choices = SEARCH_FORMATS
+            action.help = "output format: table (default), json, csv or jsonl"
+    add_launch_options(parser)
     parser.set_defaults(handler=run_search)
 
 
@@ -119,20 +132,28 @@ def _cost_inputs(args: argparse.Namespace, model: Any, training: Any, num_gpus: 
 def run_search(args: argparse.Namespace) -> int:
     from parsearch.search.api import search_layouts
 
+    prepare_export(args)
     model = model_from_args(args)
     training = training_from_args(args)
     cluster, profile, options = _cost_inputs(args, model, training, args.gpus)
     result = search_layouts(model=model, training=training, cluster=cluster,
                             num_gpus=args.gpus, top=args.top, diverse=args.diverse,
                             profile=profile, options=options, progress=_progress(args))
+    result = with_launch_choices(result, model, training, cluster, options, args)
     if not result.entries:
         raise ParsearchError(
             f"none of the {result.valid:,} valid layouts of {model.name} on {args.gpus} GPUs "
             f"fits in memory on {cluster.name}: the leanest needs "
             f"{result.smallest_memory_gib:.1f} GiB per GPU; use more GPUs, --recompute full "
             "or smaller --micro-batch-sizes")
+    if args.export:
+        export(result, args.export)
     if args.format == "json":
         print_json(result.to_dict())
+    elif args.format == "csv":
+        write_csv(result, sys.stdout)
+    elif args.format == "jsonl":
+        write_jsonl(result, sys.stdout)
     else:
         _search_table(result, show_launch=args.launch)
     print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s),
@@ -160,10 +181,7 @@ def _search_table(result: SearchResult, *, show_launch: bool) -> None:
                      est.bottleneck, e.launch.nodes))
     print_table(headers, rows)
     if show_launch:
-        for e in result.entries:
-            print(f"\n#{e.rank} {e.layout.key()} on {e.launch.nodes} nodes")
-            print("  Megatron-Bridge: " + " ".join(e.launch.bridge_overrides))
-            print("  Megatron-LM:     " + e.launch.command_line())
+        print_launch(result)
 
 
 # --- pareto -------------------------------------------------------------------------------------

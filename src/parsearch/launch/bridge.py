@@ -1,0 +1,190 @@
+"""Megatron-Bridge recipe overrides for a :class:`~parsearch.launch.plan.LaunchPlan`.
+
+Overrides are Hydra ``group.field=value`` strings applied to a recipe's
+``ConfigContainer`` (``scripts/training/run_recipe.py`` →
+``process_config_with_overrides``, Megatron-Bridge v0.6.0).  Field names are
+checked against ``data/launch_names.json``.
+
+A recipe brings its own settings, and some of them fight a layout override:
+its virtual pipeline size, its ``account_for_*_in_pipeline_split`` flags or
+first/last-stage layer counts (rejected together with a layout string by
+Megatron-Core's ``TransformerConfig``), its recompute method, its CPU
+offloading, its mixed-precision recipe and communication-overlap object
+(both copied over the model, optimizer and DDP fields at validation,
+``ConfigContainer.validate``).  Every such field is written explicitly —
+reset where the plan does not use it — so the resolved config is the
+priced layout whatever recipe it is applied to.  Precision is written field
+by field with ``mixed_precision=null`` (the fields
+``MixedPrecisionConfig.setup`` would copy, to every group that has them),
+and overlap the same way with ``comm_overlap=null``, because a recipe may
+hold either as a name or as an object and Hydra cannot edit a field of a
+name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from parsearch.launch.plan import LaunchPlan
+
+#: Values ``MixedPrecisionConfig`` takes for BF16 mixed precision (``bf16_mixed()``,
+#: Megatron-Bridge ``training/mixed_precision.py``), before the FP8/FP4 fields.
+_BF16_BASE: dict[str, Any] = {
+    "bf16": True, "fp16": False, "params_dtype": "bfloat16", "pipeline_dtype": "bfloat16",
+    "autocast_enabled": False, "fp8": None, "fp4": None, "first_last_layers_bf16": False,
+    "num_layers_at_start_in_bf16": 0, "num_layers_at_end_in_bf16": 0,
+    "fp8_param": False, "fp8_param_gather": False, "fp4_param": False,
+    "fp4_param_gather": False, "reuse_grad_buf_for_mxfp8_param_ag": False,
+}
+#: Groups ``MixedPrecisionConfig.setup`` copies its fields into.
+PRECISION_GROUPS: tuple[str, ...] = ("model", "optimizer", "ddp")
+_TORCH_DTYPE: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16"}
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def hydra_value(value: Any) -> str:
+    """A value in Hydra override grammar: null, true/false, numbers, lists, quoted strings.
+
+    >>> hydra_value(None), hydra_value(True), hydra_value(3), hydra_value(["core_attn", "mlp"])
+    ('null', 'true', '3', '[core_attn,mlp]')
+    >>> hydra_value("Et*7|(t*8|)*2t*7L")
+    '"Et*7|(t*8|)*2t*7L"'
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _SAFE.match(text) and text not in ("null", "true", "false"):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def precision_fields(plan: LaunchPlan) -> dict[str, Any]:
+    """``MixedPrecisionConfig`` field values that reproduce the priced precision."""
+    fields = dict(_BF16_BASE)
+    fields["grad_reduce_in_fp32"] = plan.grad_reduce_in_fp32
+    if plan.precision == "fp8":
+        mx = plan.fp8_recipe == "mxfp8"
+        fields.update(fp8="e4m3" if mx else "hybrid", fp8_recipe=plan.fp8_recipe,
+                      fp8_param=plan.fp8_param_gather, fp8_param_gather=plan.fp8_param_gather,
+                      # Bridge requires it for MXFP8 param gather without FSDP (config.py)
+                      reuse_grad_buf_for_mxfp8_param_ag=mx and plan.fp8_param_gather
+                      and not plan.fsdp)
+    elif plan.precision == "fp4":
+        fields.update(fp4="e2m1", fp4_recipe="nvfp4", fp4_param=plan.fp8_param_gather,
+                      fp4_param_gather=plan.fp8_param_gather)
+    return fields
+
+
+def _precision_overrides(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"mixed_precision": None}
+    for group in PRECISION_GROUPS:
+        have = groups.get(group, set())
+        for name, value in precision_fields(plan).items():
+            if name in have:
+                out[f"{group}.{name}"] = value
+    return out
+
+
+def _pipeline_overrides(plan: LaunchPlan) -> dict[str, Any]:
+    lay = plan.layout
+    vpp = lay.vpp if lay.vpp > 1 else None
+    return {
+        "model.pipeline_model_parallel_layout": plan.pipeline_layout,
+        "model.virtual_pipeline_model_parallel_size": vpp,
+        # rejected with a layout string, and they change an even split's stages
+        "model.account_for_embedding_in_pipeline_split": False,
+        "model.account_for_loss_in_pipeline_split": False,
+        "model.num_layers_in_first_pipeline_stage": None,
+        "model.num_layers_in_last_pipeline_stage": None,
+    }
+
+
+def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, Any]:
+    """``group.field`` -> value for every ConfigContainer field the priced layout fixes."""
+    lay = plan.layout
+    fields: dict[str, Any] = {
+        "model.tensor_model_parallel_size": lay.tp,
+        "model.pipeline_model_parallel_size": lay.pp,
+        "model.context_parallel_size": lay.cp,
+        "model.expert_model_parallel_size": lay.ep if plan.is_moe else 1,
+        "model.expert_tensor_parallel_size": lay.etp if plan.is_moe else None,
+        **_pipeline_overrides(plan),
+        "model.sequence_parallel": lay.sp,
+        "train.micro_batch_size": lay.mbs,
+        "train.global_batch_size": plan.global_batch,
+        # the dataset owns the length; run_recipe.py syncs model.seq_length from it
+        "dataset.seq_length": plan.seq_len,
+        "model.seq_length": plan.seq_len,
+        "model.recompute_granularity": plan.recompute_granularity,
+        "model.recompute_method": plan.recompute_method,
+        "model.recompute_num_layers": plan.recompute_num_layers,
+        "model.recompute_modules": (list(plan.recompute_modules)
+                                    if plan.recompute_granularity == "selective" else None),
+        "model.cpu_offloading": plan.offload_layers > 0,
+        "model.cpu_offloading_num_layers": plan.offload_layers,
+        "ddp.use_distributed_optimizer": plan.distributed_optimizer,
+        "optimizer.use_distributed_optimizer": plan.distributed_optimizer,
+        "ddp.use_megatron_fsdp": plan.fsdp,
+        "ddp.data_parallel_sharding_strategy": "optim_grads_params" if plan.fsdp else "no_shard",
+        "ddp.overlap_grad_reduce": plan.overlap_grad_reduce,
+        "ddp.overlap_param_gather": plan.overlap_param_gather,
+        "comm_overlap": None,
+        "model.tp_comm_overlap": plan.tp_comm_overlap,
+        "model.cuda_graph_impl": "transformer_engine" if plan.cuda_graphs else "none",
+    }
+    if plan.fsdp:
+        fields["checkpoint.ckpt_format"] = "fsdp_dtensor"
+    if not plan.flash_attention:
+        fields["model.attention_backend"] = "unfused"
+    if plan.is_moe:
+        fields.update({
+            "model.moe_token_dispatcher_type": plan.moe_dispatcher,
+            "model.moe_flex_dispatcher_backend": plan.flex_backend,
+            "model.overlap_moe_expert_parallel_comm": plan.moe_a2a_overlap,
+            "model.moe_router_force_load_balancing": plan.force_balanced_routing,
+        })
+    if plan.optimizer != "adam":
+        fields["optimizer.optimizer"] = plan.optimizer
+    # precision-aware optimizer dtypes (torch dtypes: Bridge converts the names back)
+    fields["optimizer.use_precision_aware_optimizer"] = bool(plan.main_grads_dtype
+                                                             or plan.moment_dtype)
+    fields["optimizer.main_grads_dtype"] = _TORCH_DTYPE[plan.main_grads_dtype or "fp32"]
+    fields["optimizer.exp_avg_dtype"] = _TORCH_DTYPE[plan.moment_dtype or "fp32"]
+    fields["optimizer.exp_avg_sq_dtype"] = _TORCH_DTYPE[plan.moment_dtype or "fp32"]
+    fields.update(_precision_overrides(plan, groups))
+    fields.update({f"env_vars.{name}": value for name, value in plan.env})
+    return fields
+
+
+def bridge_overrides(plan: LaunchPlan, groups: dict[str, set[str]]) -> tuple[str, ...]:
+    """Hydra overrides that turn any GPT recipe into the priced layout and features."""
+    # ++: add or replace a key of the recipe's env_vars dict (it may not hold the key yet)
+    return tuple(("++" if key.startswith("env_vars.") else "") + f"{key}={hydra_value(value)}"
+                 for key, value in bridge_fields(plan, groups).items())
+
+
+def nested(fields: dict[str, Any]) -> dict[str, Any]:
+    """``{"model.tp": 2}`` -> ``{"model": {"tp": 2}}`` (the YAML form Bridge merges).
+
+    >>> nested({"model.a": 1, "mixed_precision": None, "model.b": 2})
+    {'model': {'a': 1, 'b': 2}, 'mixed_precision': None}
+    """
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+__all__ = ["PRECISION_GROUPS", "bridge_fields", "bridge_overrides", "hydra_value", "nested",
+           "precision_fields"]

@@ -1,0 +1,294 @@
+"""What was priced, in launch terms: one plan that every launch spelling is generated from.
+
+:func:`launch_plan` reads the same inputs the cost model priced — the model,
+the training spec, the layout and the :class:`~parsearch.cost.options.CostOptions`
+— and resolves them into the concrete switches a framework needs: the
+pipeline split (an even split, or Megatron's layout string for an uneven
+one), the recompute method, the precision recipe, the optimizer sharding, the
+MoE dispatcher, the overlap features, CUDA graphs, activation offloading and
+``CUDA_DEVICE_MAX_CONNECTIONS``.  Megatron-LM arguments
+(:mod:`parsearch.launch.megatron_lm`) and Megatron-Bridge overrides
+(:mod:`parsearch.launch.bridge`) are both written from this plan, so the
+two spellings cannot disagree with each other or with the price.
+
+Where Megatron cannot run what was priced (e.g. whole-layer CPU offloading
+with pipeline parallelism), the plan says so in ``conflicts`` instead of
+printing a launch that would run something else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsearch.cost.options import CostOptions
+from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
+from parsearch.errors import SpecError
+from parsearch.layout import Layout
+from parsearch.workload import ModelSpec, TrainingSpec
+
+#: FP8 recipes Megatron-LM accepts (``--fp8-recipe``) with the Megatron-Bridge
+#: mixed-precision recipe that selects the same one (``mixed_precision.py``, v0.6.0).
+FP8_RECIPES: dict[str, str] = {
+    "tensorwise": "bf16_with_fp8_current_scaling_mixed",
+    "delayed": "bf16_with_fp8_delayed_scaling_mixed",
+    "mxfp8": "bf16_with_mxfp8_mixed",
+    "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
+}
+#: ``auto``: the recipe NVIDIA's performance recipes use per generation — per-tensor
+#: current scaling on Hopper, MXFP8 on Blackwell (MXFP8 needs Blackwell tensor cores;
+#: Transformer Engine docs, "Using FP8 and FP4 with Transformer Engine").
+FP8_RECIPE_CHOICES: tuple[str, ...] = ("auto", *FP8_RECIPES)
+#: ``flex`` dispatcher back ends (Megatron-LM ``--moe-flex-dispatcher-backend``).
+FLEX_BACKENDS: tuple[str, ...] = ("deepep", "hybridep")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The concrete switches of one priced layout (framework-neutral)."""
+
+    layout: Layout
+    seq_len: int
+    global_batch: int
+    is_moe: bool
+    # pipeline: a Megatron layout string for an uneven split, else layers per virtual stage
+    pipeline_layout: str | None
+    layers_per_virtual_stage: int | None
+    # recompute
+    recompute_granularity: str | None  # None | "selective" | "full"
+    recompute_method: str | None  # "uniform" | "block"
+    recompute_num_layers: int | None
+    recompute_modules: tuple[str, ...]
+    # precision
+    precision: str  # bf16 | fp8 | fp4
+    fp8_recipe: str | None
+    fp8_param_gather: bool
+    grad_reduce_in_fp32: bool
+    # data parallel
+    distributed_optimizer: bool
+    fsdp: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    # features
+    tp_comm_overlap: bool
+    moe_dispatcher: str | None
+    flex_backend: str | None
+    moe_a2a_overlap: bool
+    force_balanced_routing: bool
+    cuda_graphs: bool
+    flash_attention: bool
+    offload_layers: int
+    optimizer: str
+    # precision-aware optimizer: dtypes of main grads and Adam moments (None: fp32 default)
+    main_grads_dtype: str | None
+    moment_dtype: str | None
+    env: tuple[tuple[str, str], ...]
+    conflicts: tuple[str, ...]
+
+
+def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
+              ) -> tuple[str | None, int | None]:
+    """(layout string, layers per virtual stage): exactly one is set when pp > 1."""
+    if lay.pp == 1:
+        return None, None
+    split = effective_split(training, lay.pp, lay.vpp)
+    if split not in ("even", "uneven"):  # the recipe's own layout string, priced as given
+        return split, None
+    counts = virtual_stage_layer_counts(model.num_layers, lay.pp, lay.vpp, split)
+    if len(set(counts)) == 1:
+        return None, counts[0]
+    return _layout_string(counts, model.mtp_layers), None
+
+
+def pipeline_layout_string(model: ModelSpec, pp: int, vpp: int, split: str) -> str | None:
+    """Megatron's ``--pipeline-model-parallel-layout`` for an uneven split, else ``None``.
+
+    >>> m = ModelSpec("toy", 30, 1024, 4096, 16, 16, 64, 32000)
+    >>> pipeline_layout_string(m, 4, 1, "uneven")
+    'Et*7|(t*8|)*2t*7L'
+    >>> pipeline_layout_string(m, 4, 2, "uneven")
+    'Et*3|(t*4|)*6t*3L'
+    >>> pipeline_layout_string(m, 3, 1, "uneven") is None
+    True
+    """
+    counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, split)
+    if len(set(counts)) == 1:
+        return None
+    return _layout_string(counts, model.mtp_layers)
+
+
+def _layout_string(counts: tuple[int, ...], mtp_layers: int) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for these per-virtual-stage layer counts.
+
+    ``E`` embedding, ``t`` layer, ``m`` MTP layer, ``L`` loss; stages joined by ``|``
+    (Megatron-Core ``pipeline_parallel_layout.py``); runs of equal middle stages as
+    ``(t*k|)*n``.
+
+    >>> _layout_string((7, 8, 8, 7), 0)
+    'Et*7|(t*8|)*2t*7L'
+    >>> _layout_string((0, 1, 1, 0), 1)
+    'E|(t|)*2mL'
+    """
+    def layers(count: int) -> str:
+        return f"t*{count}" if count > 1 else "t" * count
+
+    first = "E" + layers(counts[0])
+    last = layers(counts[-1]) + "m" * mtp_layers + "L"
+    if len(counts) == 1:
+        return "E" + last
+    middle = ""
+    j = 1
+    while j < len(counts) - 1:
+        run = 1
+        while j + run < len(counts) - 1 and counts[j + run] == counts[j]:
+            run += 1
+        stage = layers(counts[j]) + "|"
+        middle += f"({stage})*{run}" if run > 1 else stage
+        j += run
+    return f"{first}|{middle}{last}"
+
+
+def _recompute(training: TrainingSpec, lay: Layout
+               ) -> tuple[str | None, str | None, int | None, tuple[str, ...]]:
+    if lay.recompute == "selective":
+        # Megatron-Core recompute_modules (transformer_config.py); priced per module
+        # by parsearch.cost.recompute.
+        return "selective", None, None, tuple(training.recompute_modules)
+    if lay.recompute == "full":
+        if training.recompute_num_layers is None:
+            # every layer: uniform method with one layer per checkpoint group
+            return "full", "uniform", 1, ()
+        return "full", "block", training.recompute_num_layers, ()
+    return None, None, None, ()
+
+
+def _optimizer_state(training: TrainingSpec, conflicts: list[str]
+                     ) -> tuple[str | None, str | None]:
+    """Megatron's precision-aware optimizer dtypes for the priced bytes per parameter.
+
+    Gradients: 4 bytes is Megatron's fp32 main-grad buffer, 2 is
+    ``--main-grads-dtype bf16``.  Adam state: 12 bytes is fp32 master weights plus
+    fp32 moments; 8 keeps the fp32 master and stores both moments in BF16
+    (``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, Megatron-Core
+    ``OptimizerConfig`` precision-aware optimizer).  Weights: 2 bytes (BF16).
+    """
+    grads = {4.0: None, 2.0: "bf16"}
+    moments = {12.0: None, 8.0: "bf16"}
+    if training.weight_bytes != 2.0:
+        conflicts.append(f"weight_bytes={training.weight_bytes:g}: Megatron's --bf16 training "
+                         "keeps 2-byte weights")
+    if float(training.grad_bytes) not in grads:
+        conflicts.append(f"grad_bytes={training.grad_bytes:g}: Megatron keeps main gradients in "
+                         "fp32 (4) or bf16 (2, --main-grads-dtype bf16)")
+    if training.optimizer == "adam" and float(training.optimizer_bytes) not in moments:
+        conflicts.append(f"optimizer_bytes={training.optimizer_bytes:g}: Megatron's Adam keeps "
+                         "12 (fp32 master and moments) or 8 (bf16 moments) bytes per parameter")
+    return (grads.get(float(training.grad_bytes)),
+            moments.get(float(training.optimizer_bytes)) if training.optimizer == "adam"
+            else None)
+
+
+def resolve_fp8_recipe(requested: str, compute_capability: float | None) -> str:
+    """The FP8 recipe for ``requested`` (``auto``: MXFP8 on Blackwell, else tensorwise).
+
+    >>> resolve_fp8_recipe("auto", 10.0), resolve_fp8_recipe("auto", 9.0)
+    ('mxfp8', 'tensorwise')
+    """
+    if requested not in FP8_RECIPE_CHOICES:
+        raise SpecError(f"fp8 recipe {requested!r} is not one of {', '.join(FP8_RECIPE_CHOICES)}")
+    if requested != "auto":
+        return requested
+    return "mxfp8" if compute_capability is not None and compute_capability >= 10 else "tensorwise"
+
+
+def _env(lay: Layout, fsdp: bool, a2a_overlap: bool, capability: float | None
+         ) -> tuple[tuple[str, str], ...]:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM's ``validate_args`` wants it.
+
+    Before Blackwell, TP or CP > 1 requires it to be 1 (kernel order of the
+    overlapped TP collectives); Megatron-FSDP requires it unset or > 1, and EP
+    all-to-all overlap asks for > 1 (``megatron/training/arguments.py``,
+    ``validate_args``; Megatron-Bridge's performance recipes use 32).
+    """
+    if fsdp or a2a_overlap:
+        return (("CUDA_DEVICE_MAX_CONNECTIONS", "32"),)
+    pre_blackwell = capability is None or capability < 10
+    if pre_blackwell and (lay.tp > 1 or lay.cp > 1):
+        return (("CUDA_DEVICE_MAX_CONNECTIONS", "1"),)
+    return ()
+
+
+def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
+                options: CostOptions | None = None, *, compute_capability: float | None = None,
+                nvlink_domain_size: int = 8, gpus_per_node: int = 8,
+                fp8_recipe: str = "auto") -> LaunchPlan:
+    """Resolve what the cost model priced for ``layout`` into launch switches."""
+    opt = options if options is not None else CostOptions()
+    lay = layout
+    pipeline, per_stage = _pipeline(model, training, lay)
+    granularity, method, rec_layers, modules = _recompute(training, lay)
+    moe = model.is_moe
+    ep_comm = moe and lay.ep > 1
+    flex_backend = None
+    if moe and opt.moe_dispatcher == "flex":
+        # HybridEP spans a multi-node NVLink domain (GB200/GB300 NVL72); DeepEP is the
+        # InfiniBand back end (Megatron-Bridge perf recipes, deepseek/common.py).
+        flex_backend = "hybridep" if nvlink_domain_size > gpus_per_node else "deepep"
+    fp8_gather = training.precision != "bf16" and opt.memory.fp8_param_gather
+    conflicts: list[str] = []
+    if training.precision == "bf16" and opt.memory.fp8_param_gather:
+        conflicts.append("FP8 parameter gather was asked for with BF16 GEMMs; Megatron only "
+                         "gathers FP8 weights when training in FP8 (use --precision fp8)")
+    offload = training.activation_offload_layers
+    if offload:
+        # Megatron-Core TransformerConfig.__post_init__: whole-layer CPU offloading
+        # (--cpu-offloading-num-layers) supports neither PP nor recompute, and at most L-1.
+        if lay.pp > 1:
+            conflicts.append(f"activation offloading of {offload} layers with pp={lay.pp}: "
+                             "Megatron's --cpu-offloading-num-layers does not support pipeline "
+                             "parallelism")
+        if granularity is not None:
+            conflicts.append("activation offloading with recompute: Megatron's CPU offloading "
+                             "does not work with activation recomputation")
+        if offload >= model.num_layers:
+            conflicts.append(f"activation offloading of {offload} layers: Megatron offloads at "
+                             f"most num_layers-1 = {model.num_layers - 1}")
+    main_grads, moments = _optimizer_state(training, conflicts)
+    if opt.fp8_dispatch and training.precision != "bf16" and moe and lay.ep > 1:
+        conflicts.append("FP8 token dispatch was priced (fp8_dispatch), but Megatron-LM has no "
+                         "switch for it; the launch dispatches BF16 tokens")
+    capability = compute_capability
+    return LaunchPlan(
+        layout=lay, seq_len=training.seq_len, global_batch=training.global_batch, is_moe=moe,
+        pipeline_layout=pipeline, layers_per_virtual_stage=per_stage,
+        recompute_granularity=granularity, recompute_method=method,
+        recompute_num_layers=rec_layers, recompute_modules=modules,
+        precision=training.precision,
+        fp8_recipe=(resolve_fp8_recipe(fp8_recipe, capability)
+                    if training.precision == "fp8" else None),
+        fp8_param_gather=fp8_gather,
+        grad_reduce_in_fp32=opt.grad_reduce_bytes >= 4,
+        distributed_optimizer=training.distributed_optimizer and not training.fsdp,
+        fsdp=training.fsdp,
+        overlap_grad_reduce=opt.overlap_grad_reduce and (lay.dp > 1 or training.fsdp),
+        overlap_param_gather=(opt.overlap_param_gather and lay.dp > 1
+                              and (training.distributed_optimizer or training.fsdp)),
+        # TE userbuffers overlap needs SP (parsearch.cost.communication prices it only then)
+        tp_comm_overlap=opt.tp_comm_overlap and lay.tp > 1 and lay.sp,
+        moe_dispatcher=opt.moe_dispatcher if moe else None,
+        flex_backend=flex_backend,
+        moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
+        # The default profile prices perfectly balanced routing (imbalance 1.0), which is
+        # what Megatron's --moe-router-force-load-balancing benchmarks run.
+        force_balanced_routing=moe and (opt.moe_imbalance is None or opt.moe_imbalance == 1.0),
+        cuda_graphs=opt.cuda_graphs,
+        flash_attention=opt.flash_attention,
+        offload_layers=offload,
+        optimizer=training.optimizer,
+        main_grads_dtype=main_grads, moment_dtype=moments,
+        env=_env(lay, training.fsdp, opt.moe_a2a_overlap and ep_comm, capability),
+        conflicts=tuple(conflicts),
+    )
+
+
+__all__ = ["FLEX_BACKENDS", "FP8_RECIPES", "FP8_RECIPE_CHOICES", "LaunchPlan", "launch_plan",
+           "pipeline_layout_string", "resolve_fp8_recipe"]
