@@ -200,7 +200,7 @@ def test_single_cluster_json_has_no_cluster_keys() -> None:
     doc = json.loads(result.out)
     assert set(doc) == {"query", "method", "considered", "valid", "feasible", "evaluations",
                         "front", "points", "hypervolume", "hypervolume_reference",
-                        "elapsed_s"}
+                        "elapsed_s", "exact", "examined", "pruned"}
     assert doc["query"]["cluster"] == "dgx-h100" and "clusters" not in doc["query"]
     assert all("cluster" not in p for p in doc["front"] + doc["points"])
 

@@ -73,6 +73,45 @@ def axis_candidates(ctx: RuleContext, axis: str) -> np.ndarray:
     return np.asarray(values, dtype=COLUMN_DTYPE)
 
 
+#: Rules whose grid of candidates has at most this many points prune candidate values first.
+_PREPRUNE_GRID = 1 << 16
+
+
+def pruned_candidates(ctx: RuleContext, candidates: dict[str, np.ndarray],
+                      rules: tuple[Rule, ...] = RULES) -> dict[str, np.ndarray]:
+    """Drop candidate values that no combination passes, rule by rule.
+
+    A rule that reads a few axes (``tp`` alone, ``ep`` with ``etp``, ``tp``
+    with ``cp`` and ``pp``, ...) is evaluated on the whole (small) grid of
+    those axes' candidates; a value that passes with no combination of the
+    others can be in no valid layout, so the enumerator never expands it.
+    This only saves work: the enumerated table is the same row for row.
+    Without it a dense model's ``ep`` and ``etp`` (each every divisor of the
+    GPU count, pruned to 1 only when both are assigned) multiply the
+    intermediate rows by the divisor count squared.
+    """
+    out = dict(candidates)
+    # rules of fewer axes first: they shrink the grids of the wider ones
+    for rule in sorted(rules, key=lambda r: len(_base_axes(r.axes))):
+        axes = sorted(_base_axes(rule.axes))
+        size = int(np.prod([len(out[a]) for a in axes], dtype=np.int64))
+        if size == 0 or size > _PREPRUNE_GRID:
+            continue
+        if len(axes) == 1:
+            probe = {axes[0]: out[axes[0]]}
+        else:
+            grids = np.meshgrid(*(out[a] for a in axes), indexing="ij")
+            probe = {a: g.ravel() for a, g in zip(axes, grids, strict=True)}
+        if rule.axes - set(axes):  # reads derived columns (dp, edp, m)
+            probe.update(derive_columns(ctx, probe))
+        ok = np.broadcast_to(np.asarray(rule.holds(ctx, probe), dtype=bool), (size,))
+        if not ok.any():  # leave an empty space to the enumerator, which names the rule
+            continue
+        for axis in axes:
+            out[axis] = out[axis][np.isin(out[axis], probe[axis][ok])]
+    return out
+
+
 def _base_axes(names: frozenset[str]) -> set[str]:
     base: set[str] = set()
     for name in names:
@@ -197,7 +236,8 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int) -
     """
     require_positive_int("query", "gpus", num_gpus)
     ctx = rule_context(model, training, num_gpus)
-    candidates = {axis: axis_candidates(ctx, axis) for axis in AXIS_ORDER}
+    candidates = pruned_candidates(
+        ctx, {axis: axis_candidates(ctx, axis) for axis in AXIS_ORDER})
     index_cols: dict[str, np.ndarray] = {}
     pending = list(RULES)
     assigned: set[str] = set()
@@ -263,5 +303,6 @@ __all__ = [
     "PruneStep",
     "divisors",
     "enumerate_layouts",
+    "pruned_candidates",
     "require_layouts",
 ]

@@ -52,8 +52,9 @@ from parsearch.placement import group_strides
 from parsearch.topology.fabric import Fabric
 from parsearch.workload import ModelSpec, TrainingSpec
 
-__all__ = ["MOE_DISPATCHERS", "TIME_KEYS", "CostModel", "CostOptions", "Estimate",
-           "build_cost_model", "estimate", "layout_columns", "score_columns"]
+__all__ = ["MOE_DISPATCHERS", "TIME_KEYS", "UNITS", "CostModel", "CostOptions", "Estimate",
+           "build_cost_model", "estimate", "layout_columns", "process_groups", "score_columns",
+           "stage_features"]
 
 GIB = float(2**30)
 TIME_KEYS: tuple[str, ...] = (
@@ -121,7 +122,8 @@ def usable_memory_bytes(gpu: GpuProfile, options: CostOptions | None) -> float:
 _NO_RECOMPUTE = LayerShares(*(np.zeros(()) for _ in range(6)))
 
 
-def _groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
+def process_groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
+    """Where each layout's TP, CP, PP, EP, ETP, DP and EDP groups sit, and their links."""
     strides = group_strides(cols["tp"], cols["cp"], cols["pp"], cols["ep"], cols["etp"],
                             fabric.num_gpus)
     nvlink_latency = fabric.cluster.nvlink_latency_s
@@ -179,7 +181,7 @@ def _unit_params(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, tuple[
     }
 
 
-def _stage_features(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarray:
+def stage_features(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarray:
     """Unit counts per pipeline rank: shape (pp, len(UNITS))."""
     rows = []
     for c in stage_contents(model, pp, vpp, split):
@@ -189,6 +191,53 @@ def _stage_features(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarr
 
 
 # --- scoring -------------------------------------------------------------------------------
+
+#: The columns unit prices, process groups and per-unit parameters depend on.
+PRICE_KEY: tuple[str, ...] = ("tp", "cp", "pp", "ep", "etp", "mbs", "sp", "recompute")
+
+
+def _price_rows(training: TrainingSpec,
+                cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(representatives, position)``: one row per distinct price key, and each row's.
+
+    ``None`` when pricing every row is as cheap (few rows, or keys all distinct).
+    The key is :data:`PRICE_KEY`, plus ``vpp`` with ``--recompute-num-layers``
+    (which recomputes layers per model chunk).
+    """
+    n = len(cols["tp"])
+    if n < 256:
+        return None
+    keys = PRICE_KEY + (("vpp",) if training.recompute_num_layers is not None else ())
+    code = np.zeros(n, dtype=np.int64)
+    size = 1
+    for name in keys:
+        values = np.asarray(cols[name]).astype(np.int64, copy=False)
+        top = int(values.max())
+        if int(values.min()) < 0 or top > (1 << 22):
+            return None
+        present = np.zeros(top + 1, dtype=bool)
+        present[values] = True
+        rank = np.cumsum(present) - 1  # dense rank of each value present
+        radix = int(rank[-1]) + 1
+        if size * radix > (1 << 40):
+            return None
+        code = code * radix + rank[values]
+        size *= radix
+    if size <= 8 * n:  # dense table of codes
+        present = np.zeros(size, dtype=bool)
+        present[code] = True
+        position = (np.cumsum(present) - 1)[code]
+        count = int(position.max()) + 1
+    else:
+        _, position = np.unique(code, return_inverse=True)
+        position = position.reshape(-1)
+        count = int(position.max()) + 1
+    if count > n // 2:
+        return None
+    representatives = np.empty(count, dtype=np.int64)
+    representatives[position] = np.arange(n, dtype=np.int64)
+    return representatives, position
+
 
 
 def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
@@ -206,24 +255,33 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     cols = {k: np.asarray(v) for k, v in cols.items()}
     if "m" not in cols:
         cols["m"] = training.global_batch // (cols["mbs"] * cols["dp"])
-    groups = _groups(fabric, cols)
-    shares = recompute_shares(model, training, cols["recompute"], pp=cols["pp"],
-                              vpp=cols["vpp"], tp=cols["tp"], sp=cols["sp"])
-    prices = {unit: _unit_prices(cm, cols, groups, unit, shares) for unit in UNITS}
-    params = _unit_params(cm, cols)
+    # Unit prices, groups and parameters depend on the price key only (not on vpp unless
+    # partial recompute counts layers per model chunk): they are computed once per
+    # distinct key and looked up by each row (the same elementwise arithmetic, so the
+    # same numbers as pricing every row).
+    price_of = _price_rows(training, cols)
+    pcols = cols if price_of is None else {k: v[price_of[0]] for k, v in cols.items()}
+    groups = process_groups(fabric, pcols)
+    shares = recompute_shares(model, training, pcols["recompute"], pp=pcols["pp"],
+                              vpp=pcols["vpp"], tp=pcols["tp"], sp=pcols["sp"])
+    prices = {unit: _unit_prices(cm, pcols, groups, unit, shares) for unit in UNITS}
+    params = _unit_params(cm, pcols)
     # PP p2p (formulas.md §7.4): one activation forward and one gradient backward per
     # micro-batch and model chunk, b*(s/c)*h (/tp with SP) elements.
-    tp_f, cp_f = cols["tp"].astype(np.float64), cols["cp"].astype(np.float64)
-    pp_bytes = (cols["mbs"] * training.seq_len / cp_f * model.hidden_size * ACT_BYTES
-                / np.where(cols["sp"], tp_f, 1.0))
-    pp_send = np.where(cols["pp"] > 1, p2p_time(groups.pp, pp_bytes)
+    tp_f, cp_f = pcols["tp"].astype(np.float64), pcols["cp"].astype(np.float64)
+    pp_bytes = (pcols["mbs"] * training.seq_len / cp_f * model.hidden_size * ACT_BYTES
+                / np.where(pcols["sp"], tp_f, 1.0))
+    pp_send = np.where(pcols["pp"] > 1, p2p_time(groups.pp, pp_bytes)
                        + cm.profile.collective_latency_s, 0.0)
+    pshape = pcols["tp"].shape
 
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)
     for pp, vpp, idx in rows_by_split(cols["pp"], cols["vpp"]):
-        feats = _stage_features(model, pp, vpp, effective_split(training, pp, vpp))
-        _score_group(cm, cols, idx, feats, prices, params, pp_send, groups, out, slowest_stage)
+        feats = stage_features(model, pp, vpp, effective_split(training, pp, vpp))
+        pidx = idx if price_of is None else price_of[1][idx]
+        _score_group(cm, cols, idx, (pidx, pshape), feats, prices, params, pp_send, groups,
+                     out, slowest_stage)
     step = sum(out[f"time_{k}"] for k in TIME_KEYS)
     tokens = float(training.global_batch * training.seq_len)
     tokens_per_s = tokens / step
@@ -255,7 +313,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
 
 
 def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
-                 feats: np.ndarray, prices: dict[str, dict[str, np.ndarray]],
+                 priced: tuple[np.ndarray, tuple[int, ...]], feats: np.ndarray,
+                 prices: dict[str, dict[str, np.ndarray]],
                  params: dict[str, tuple[Any, Any]], pp_send: np.ndarray, groups: Groups,
                  out: dict[str, np.ndarray], slowest_stage: np.ndarray) -> None:
     """Fill the time breakdown of the rows ``idx`` that share one (pp, vpp) split.
@@ -264,9 +323,12 @@ def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
     traffic + optimizer.  The per-part times are reported at the mean stage, and
     ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
     so the parts add up to the step and the bottleneck is named truthfully.
+    ``priced``: the rows' positions in the price arrays, and those arrays' shape.
     """
+    pidx, pshape = priced
+
     def per_stage(component: str) -> np.ndarray:  # (rows, pp)
-        coef = np.stack([np.broadcast_to(prices[u][component], cols["tp"].shape)[idx]
+        coef = np.stack([np.broadcast_to(prices[u][component], pshape)[pidx]
                          for u in UNITS], axis=1)
         return coef @ feats.T
 
@@ -276,7 +338,7 @@ def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
     # for them; with interleaving Megatron overlaps them with the next chunk's compute
     # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
     vpp = cols["vpp"][idx].astype(np.float64)[:, None]
-    p2p_total = 2.0 * vpp * pp_send[idx][:, None] * np.ones((1, feats.shape[0]))
+    p2p_total = 2.0 * vpp * pp_send[pidx][:, None] * np.ones((1, feats.shape[0]))
     p2p = np.where(vpp > 1, np.maximum(0.0, p2p_total - work), p2p_total)
     parts["pp_p2p"] = p2p
     stage_time = sum(parts.values())
@@ -290,13 +352,14 @@ def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
     out["time_stage_imbalance"][idx] = m * (stage_time[rows, worst] - mean_stage)
     out["time_pp_bubble"][idx] = bubble
     slowest_stage[idx] = worst
-    dp_exposed, optimizer = _data_parallel(cm, cols, idx, feats, params, work, groups)
+    dp_exposed, optimizer = _data_parallel(cm, cols, idx, priced, feats, params, work, groups)
     out["time_dp_comm"][idx] = dp_exposed
     out["time_optimizer"][idx] = optimizer
 
 
 def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
-                   feats: np.ndarray, params: dict[str, tuple[Any, Any]],
+                   priced: tuple[np.ndarray, tuple[int, ...]], feats: np.ndarray,
+                   params: dict[str, tuple[Any, Any]],
                    work: np.ndarray, groups: Groups) -> tuple[np.ndarray, np.ndarray]:
     """Exposed DP traffic and optimizer time of the stage where they are largest.
 
@@ -308,16 +371,17 @@ def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
     beside the first forward (1/3); a switched-off overlap leaves it exposed.
     """
     opt, training = cm.options, cm.training
+    pidx, pshape = priced
 
     def stage_params(cls: int) -> np.ndarray:
         coef = np.stack([np.broadcast_to(np.asarray(params[u][cls], dtype=np.float64),
-                                         cols["tp"].shape)[idx] for u in UNITS], axis=1)
+                                         pshape)[pidx] for u in UNITS], axis=1)
         return coef @ feats.T  # (rows, pp)
 
     dense, expert = stage_params(0), stage_params(1)
 
     def sub(link: LinkArrays) -> LinkArrays:
-        return LinkArrays(*(np.asarray(getattr(link, f))[idx][:, None]
+        return LinkArrays(*(np.asarray(getattr(link, f))[pidx][:, None]
                             if np.ndim(getattr(link, f)) else getattr(link, f)
                             for f in ("size", "members_per_domain", "nvlink_bandwidth_Bps",
                                       "network_bandwidth_Bps", "nvlink_latency_s",

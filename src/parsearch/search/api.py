@@ -41,7 +41,6 @@ from parsearch.cost.analytic import (
     Estimate,
     build_cost_model,
     estimate,
-    usable_memory_bytes,
 )
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
@@ -50,9 +49,8 @@ from parsearch.layout import Layout
 from parsearch.search.exhaustive import (
     considered_count,
     estimates_for_rows,
-    fitting_rows,
     rank_feasible,
-    scan_table,
+    scan_bounded,
 )
 from parsearch.search.launch import LaunchSettings, launch_settings
 from parsearch.search.pareto import hypervolume, pareto_mask
@@ -66,8 +64,11 @@ Method = Literal["exhaustive", "optuna", "auto"]
 #: A cluster: a preset name, a cluster file path, or a :class:`ClusterSpec`.
 ClusterLike = ClusterSpec | str
 METHODS: tuple[str, ...] = ("exhaustive", "optuna", "auto")
-#: ``method="auto"`` scans exhaustively up to this many valid layouts over all GPU counts.
-DEFAULT_EXHAUSTIVE_LIMIT = 5_000_000
+#: ``method="auto"`` scans exhaustively (exact, with bounds) unless given a limit on the valid
+#: layouts over all GPU counts; above a given limit it runs optuna and says so in the result.
+DEFAULT_EXHAUSTIVE_LIMIT: int | None = None
+#: GPU counts per cluster where an optuna front is seeded with the exact best layout.
+SEED_COUNTS = 3
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -110,15 +111,23 @@ class SearchResult:
     entries: tuple[SearchEntry, ...]
     elapsed_s: float
     smallest_memory_gib: float | None = None
+    examined: int | None = None  # valid layouts checked (None: all of them)
 
     @property
     def best(self) -> SearchEntry | None:
         return self.entries[0] if self.entries else None
 
+    @property
+    def pruned(self) -> int:
+        """Valid layouts never scored: their shape's bound proves they cannot enter."""
+        return 0 if self.examined is None else self.valid - self.examined
+
     def to_dict(self) -> dict[str, Any]:
         return {"query": dict(self.query), "considered": self.considered, "valid": self.valid,
-                "feasible": self.feasible, "results": [e.to_dict() for e in self.entries],
-                "elapsed_s": self.elapsed_s}
+                "feasible": self.feasible,
+                "examined": self.valid if self.examined is None else self.examined,
+                "pruned": self.pruned, "exact": True,
+                "results": [e.to_dict() for e in self.entries], "elapsed_s": self.elapsed_s}
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,10 @@ class ParetoResult:
     study: dict[str, Any] | None = None
     clusters: tuple[str, ...] = ()
     per_cluster: tuple[ParetoResult, ...] = ()
+    exact: bool = True  # every point is the proven best of its GPU count
+    examined: int | None = None  # valid layouts scored (exhaustive; None: not counted)
+    coverage: float | None = None  # share of the valid layouts scored (optuna)
+    note: str | None = None  # why the answer is not exact, when it is not
     front: tuple[ParetoPoint, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -217,7 +230,14 @@ class ParetoResult:
             "hypervolume_reference": {"num_gpus": self.hypervolume_reference[0],
                                       "tokens_per_s": self.hypervolume_reference[1]},
             "elapsed_s": self.elapsed_s,
+            "exact": self.exact,
         }
+        if self.examined is not None:
+            out.update(examined=self.examined, pruned=self.valid - self.examined)
+        if self.coverage is not None:
+            out["coverage"] = self.coverage
+        if self.note is not None:
+            out["note"] = self.note
         if self.multi_cluster:
             out["by_cluster"] = {name: _cluster_dict(r) for name, r in self.by_cluster.items()}
         if self.study is not None:
@@ -323,8 +343,9 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     cm = build_cost_model(model, training, build_fabric(cluster, num_gpus), profile=profile,
                           options=options)
     with _progress_bar(progress, len(table), "layouts", f"search {num_gpus} GPUs") as advance:
-        scan = scan_table(cm, table, considered=considered_count(model, training, num_gpus),
-                          on_rows=advance)
+        scan = scan_bounded(cm, table, top=top, diverse=diverse,
+                            considered=considered_count(model, training, num_gpus),
+                            on_rows=advance)
     picks = rank_feasible(scan, top=top, diverse=diverse) if scan.feasible else np.zeros(0, int)
     estimates = order_ties(cm, estimates_for_rows(cm, table, scan.feasible_rows[picks]))
     entries = tuple(
@@ -339,7 +360,8 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     return SearchResult(
         query=_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
         considered=scan.considered, valid=scan.valid, feasible=scan.feasible, entries=entries,
-        elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest)
+        elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest,
+        examined=scan.checked)
 
 
 def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
@@ -455,6 +477,7 @@ class _Stats(NamedTuple):
     valid: int
     feasible: int
     evaluations: int
+    examined: int | None = None  # valid layouts checked (exhaustive); None: unknown
 
 
 class _Found(NamedTuple):
@@ -464,6 +487,9 @@ class _Found(NamedTuple):
     stats: dict[str, _Stats]
     evaluations: int
     study: dict[str, Any] | None
+    exact: bool = True
+    coverage: float | None = None
+    note: str | None = None
 
 
 def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
@@ -473,15 +499,20 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
                  seed: int | None = None, storage: str | None = None,
                  study_name: str | None = None, sampler: str = "nsga2",
                  profile: EfficiencyProfile | None = None, options: CostOptions | None = None,
-                 exhaustive_limit: int = DEFAULT_EXHAUSTIVE_LIMIT,
+                 exhaustive_limit: int | None = DEFAULT_EXHAUSTIVE_LIMIT,
                  progress: bool = False, stop_after: int | None = None) -> ParetoResult:
     """Best throughput at each GPU count and the front of tokens/s against GPUs.
 
-    ``method``: ``exhaustive`` scores every valid layout of every GPU count
-    (exact); ``optuna`` runs a multi-objective study (``n_trials``, ``seed``,
-    ``storage``/``study_name`` to persist and resume, ``sampler``);
-    ``auto`` scans exhaustively when all GPU counts together have at most
-    ``exhaustive_limit`` valid layouts, else uses optuna.
+    ``method``: ``exhaustive`` finds the best layout of every GPU count
+    exactly (shapes whose throughput bound is below the best found are
+    skipped: :func:`~parsearch.search.exhaustive.scan_bounded`); ``optuna``
+    runs a multi-objective study (``n_trials``, ``seed``,
+    ``storage``/``study_name`` to persist and resume, ``sampler``), seeded
+    with the exact best at a few GPU counts, and reports the share of the
+    valid layouts it scored (``coverage``; ``exact`` is false); ``auto`` is
+    ``exhaustive``, unless ``exhaustive_limit`` is given and all GPU counts
+    together have more valid layouts than that: then optuna, with a ``note``
+    saying so.
 
     ``cluster``: one cluster, or a sequence of clusters.  Several clusters
     each get their own GPU counts (:func:`gpu_counts_by_cluster`); the
@@ -502,14 +533,16 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
     else:
         counts_by = gpu_counts_by_cluster(clusters=clusters, max_gpus=max_gpus,
                                           min_gpus=min_gpus, gpu_step=gpu_step)
-    _positive("exhaustive_limit", exhaustive_limit)
+    if exhaustive_limit is not None:
+        _positive("exhaustive_limit", exhaustive_limit)
     for c in clusters:
         _check_precision(training, c)
     # resolve once per cluster, not once per GPU count
     profiles = {c.name: profile if profile is not None else _default_profile(c)
                 for c in clusters}
+    note = None
     if method == "auto":
-        method = _auto_method(model, training, counts_by, exhaustive_limit)
+        method, note = _auto_method(model, training, counts_by, exhaustive_limit)
     if method == "exhaustive":
         found = _exhaustive_found(model, training, clusters, counts_by, profiles, options,
                                   progress)
@@ -517,6 +550,8 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
         found = _optuna_found(model, training, clusters, counts_by, profiles, options,
                               progress, _StudyArgs(n_trials, seed, storage, study_name,
                                                    sampler, stop_after))
+    if note is not None:
+        found = found._replace(note=note)
     if len(clusters) == 1:
         return _cluster_result(model, training, clusters[0], counts_by[clusters[0].name],
                                found, method=method, max_gpus=max_gpus, gpu_step=gpu_step,
@@ -540,8 +575,14 @@ def _check_precision(training: TrainingSpec, cluster: ClusterSpec) -> None:
 
 
 def _auto_method(model: ModelSpec, training: TrainingSpec,
-                 counts_by: dict[str, tuple[int, ...]], limit: int) -> str:
-    """``exhaustive`` when all (cluster, GPU count) pairs have at most ``limit`` valid layouts."""
+                 counts_by: dict[str, tuple[int, ...]], limit: int | None,
+                 ) -> tuple[str, str | None]:
+    """``(method, note)``: ``exhaustive`` (exact) unless more than ``limit`` valid layouts.
+
+    The note says why the answer is not exact when ``auto`` picks optuna.
+    """
+    if limit is None:
+        return "exhaustive", None
     sizes: dict[int, int] = {}  # the valid layouts of a count do not depend on the cluster
     total = 0
     for counts in counts_by.values():
@@ -550,8 +591,12 @@ def _auto_method(model: ModelSpec, training: TrainingSpec,
                 sizes[n] = len(enumerate_layouts(model, training, n))
             total += sizes[n]
             if total > limit:
-                return "optuna"
-    return "exhaustive"
+                return "optuna", (
+                    f"auto: more than {limit:,} valid layouts (--exhaustive-limit), so optuna "
+                    "searched instead of the exact scan; points are the best layouts it "
+                    "tried, not proven best (see coverage); use --method exhaustive for the "
+                    "exact answer")
+    return "exhaustive", None
 
 
 def _exhaustive_found(model: ModelSpec, training: TrainingSpec,
@@ -562,37 +607,35 @@ def _exhaustive_found(model: ModelSpec, training: TrainingSpec,
     stats: dict[str, _Stats] = {}
     for c in clusters:
         desc = "pareto (exhaustive)" if len(clusters) == 1 else f"pareto (exhaustive, {c.name})"
-        best[c.name], considered, valid, feasible = _exhaustive_bests(
+        best[c.name], stats[c.name] = _exhaustive_bests(
             model, training, c, counts_by[c.name], profiles[c.name], options, progress, desc)
-        stats[c.name] = _Stats(considered, valid, feasible, valid)
-    return _Found(best, stats, sum(s.valid for s in stats.values()), None)
+    return _Found(best, stats, sum(s.evaluations for s in stats.values()), None)
 
 
 def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                      counts: tuple[int, ...], profile: EfficiencyProfile | None,
+                      counts: Sequence[int], profile: EfficiencyProfile | None,
                       options: CostOptions | None, progress: bool,
                       desc: str = "pareto (exhaustive)",
-                      ) -> tuple[dict[int, Estimate], int, int, int]:
-    hbm = usable_memory_bytes(load_gpu_profile(cluster.gpu), options)
-    memory = (options or CostOptions()).memory
+                      ) -> tuple[dict[int, Estimate], _Stats]:
+    """The exact best layout at each GPU count (bounded scans: :func:`scan_bounded`)."""
     best: dict[int, Estimate] = {}
-    considered = valid = feasible = 0
+    considered = valid = feasible = examined = 0
     with _progress_bar(progress, len(counts), "counts", desc) as advance:
         for n in counts:
             table = enumerate_layouts(model, training, n)
             considered += considered_count(model, training, n)
             valid += len(table)
-            rows = fitting_rows(model, training, memory, hbm, table) if len(table) else []
-            if len(rows):
+            if len(table):
                 cm = build_cost_model(model, training, build_fabric(cluster, n),
                                       profile=profile, options=options)
-                scan = scan_table(cm, table, rows=np.asarray(rows))
+                scan = scan_bounded(cm, table, top=1)
                 feasible += scan.feasible
+                examined += scan.checked
                 if scan.feasible:
                     pick = rank_feasible(scan, top=1)
                     best[n] = estimates_for_rows(cm, table, scan.feasible_rows[pick])[0]
             advance(1)
-    return best, considered, valid, feasible
+    return best, _Stats(considered, valid, feasible, examined, examined)
 
 
 def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
@@ -614,13 +657,41 @@ def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
             on_trials=advance, stop_after=a.stop_after)
     best: dict[str, dict[int, Estimate]] = {}
     stats: dict[str, _Stats] = {}
+    sizes: dict[int, int] = {}  # valid layouts per GPU count (the same on every cluster)
+    scored = total = 0
+    seeded: dict[str, list[int]] = {}
     for c in clusters:
         records = [r for r in outcome.records if r.cluster == c.name]
         best[c.name] = _best_of_records(model, training, c, records, profiles[c.name], options)
+        # exact answers at a few GPU counts: the front is anchored where they are known
+        seeds, seed_stats = _exhaustive_bests(model, training, c, _seed_counts(counts_by[c.name]),
+                                              profiles[c.name], options, False)
+        for n, e in seeds.items():
+            if n not in best[c.name] or e.tokens_per_s > best[c.name][n].tokens_per_s:
+                best[c.name][n] = e
+        seeded[c.name] = sorted(seeds)
+        evaluations = outcome.evaluations_by_cluster.get(c.name, 0) + seed_stats.evaluations
         stats[c.name] = _Stats(len(records), sum(r.valid for r in records),
-                               sum(r.valid and r.fits for r in records),
-                               outcome.evaluations_by_cluster.get(c.name, 0))
-    return _Found(best, stats, outcome.evaluations, outcome.to_dict())
+                               sum(r.valid and r.fits for r in records), evaluations)
+        for n in counts_by[c.name]:
+            if n not in sizes:
+                sizes[n] = len(enumerate_layouts(model, training, n))
+            total += sizes[n]
+        scored += evaluations
+    coverage = min(1.0, scored / total) if total else 1.0
+    study = outcome.to_dict() | {"seeded_exact": seeded if not single
+                                 else seeded[clusters[0].name]}
+    return _Found(best, stats, sum(s.evaluations for s in stats.values()), study, exact=False,
+                  coverage=coverage)
+
+
+def _seed_counts(counts: Sequence[int]) -> tuple[int, ...]:
+    """The smallest, the largest and a middle GPU count (geometrically), at most SEED_COUNTS."""
+    if len(counts) <= SEED_COUNTS:
+        return tuple(counts)
+    middle = math.sqrt(counts[0] * counts[-1])
+    mid = min(counts, key=lambda n: abs(n - middle))
+    return tuple(sorted({counts[0], mid, counts[-1]}))[:SEED_COUNTS]
 
 
 def _best_of_records(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -664,7 +735,9 @@ def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
                         evaluations=found.evaluations if not label else stats.evaluations,
                         hypervolume=hv, hypervolume_reference=ref,
                         elapsed_s=time.perf_counter() - start,
-                        study=None if label else found.study, clusters=(cluster.name,))
+                        study=None if label else found.study, clusters=(cluster.name,),
+                        exact=found.exact, examined=stats.examined,
+                        coverage=found.coverage, note=found.note)
 
 
 def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
@@ -690,7 +763,10 @@ def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
         feasible=sum(s.feasible for s in found.stats.values()),
         evaluations=found.evaluations, hypervolume=hv, hypervolume_reference=ref,
         elapsed_s=time.perf_counter() - start, study=found.study, clusters=names,
-        per_cluster=per_cluster)
+        per_cluster=per_cluster, exact=found.exact,
+        examined=None if found.exact is False else sum(
+            s.examined or 0 for s in found.stats.values()),
+        coverage=found.coverage, note=found.note)
 
 
 def _points(model: ModelSpec, training: TrainingSpec,

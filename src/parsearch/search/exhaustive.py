@@ -8,7 +8,13 @@ keep it fast without giving up exactness:
   only runs on layouts that fit (:func:`fitting_mask`, the same
   :func:`~parsearch.cost.memory.memory_arrays` call the scorer makes);
 * chunks: rows are scored in blocks, so memory stays bounded and a
-  progress bar can advance; only the two columns the ranking needs are kept.
+  progress bar can advance; only the two columns the ranking needs are kept;
+* bounds (:func:`scan_bounded`): every (tp, pp, cp, ep, etp) shape gets an
+  upper bound on its throughput from cheap terms (:mod:`parsearch.search.bounds`);
+  shapes are scored best bound first, and once the next bound is below the
+  ``top``-th best throughput found, no remaining layout can enter the answer,
+  so the rest is skipped (counted as ``pruned``) -- the answer is the full
+  scan's.
 
 Ranking is by predicted tokens/s, best first, with stable tie-breaks: less
 memory first, then the layout degrees in ``RANK_TIE_BREAK`` order, so two
@@ -33,6 +39,7 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
+from parsearch.search.bounds import shape_bounds
 from parsearch.space import AXIS_ORDER, LayoutTable, axis_candidates
 from parsearch.workload import ModelSpec, TrainingSpec
 
@@ -57,6 +64,7 @@ class ScanResult:
     tokens_per_s: np.ndarray
     memory_bytes: np.ndarray
     considered: int
+    examined: int | None = None  # rows checked; None: every row (no pruning)
 
     @property
     def valid(self) -> int:
@@ -65,8 +73,18 @@ class ScanResult:
 
     @property
     def feasible(self) -> int:
-        """Valid layouts that also fit in GPU memory."""
+        """Valid layouts that fit in GPU memory, among those examined."""
         return len(self.feasible_rows)
+
+    @property
+    def checked(self) -> int:
+        """Valid layouts whose memory (and, where they fit, time) was computed."""
+        return self.valid if self.examined is None else self.examined
+
+    @property
+    def pruned(self) -> int:
+        """Valid layouts skipped because their shape's bound is below the answer."""
+        return self.valid - self.checked
 
 
 def considered_count(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> int:
@@ -148,6 +166,95 @@ def scan_table(cm: CostModel, table: LayoutTable, *, considered: int | None = No
     )
 
 
+def _threshold(tokens: list[np.ndarray], shapes: list[np.ndarray], top: int,
+               diverse: bool) -> float:
+    """The ``top``-th best throughput so far (per shape when ``diverse``); -inf if fewer."""
+    values = np.concatenate(tokens) if tokens else np.zeros(0)
+    if diverse and len(values):
+        codes = np.concatenate(shapes)
+        unique, inverse = np.unique(codes, return_inverse=True)
+        best = np.full(len(unique), -np.inf)
+        np.maximum.at(best, inverse.reshape(-1), values)
+        values = best
+    if len(values) < top:
+        return -np.inf
+    return float(np.partition(values, len(values) - top)[len(values) - top])
+
+
+def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bool = False,
+                 considered: int | None = None, first_rows: int = 1 << 12,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                 on_rows: Callable[[int], None] | None = None) -> ScanResult:
+    """Like :func:`scan_table` for the best ``top`` layouts, skipping shapes that cannot enter.
+
+    Shapes are scored in order of their throughput bound, in growing blocks
+    (``first_rows`` rows, doubling up to ``chunk_rows``); a shape whose
+    bound is below the ``top``-th best throughput found so far (per shape
+    with ``diverse``) is never scored, nor any after it.  Within a block,
+    time is scored first and memory checked only for the layouts fast enough
+    to enter the answer.  The ranking of the result (:func:`rank_feasible`
+    with the same ``top`` and ``diverse``) is that of :func:`scan_table`;
+    ``feasible`` counts the layouts found to fit (those whose memory was
+    checked), ``examined`` the layouts scored.
+    """
+    if top < 1:
+        raise SpecError(f"search: top must be >= 1, got {top}")
+    if table.num_gpus != cm.fabric.num_gpus:
+        raise SpecError(f"scan: the table is for {table.num_gpus} GPUs but the cost model's "
+                        f"fabric has {cm.fabric.num_gpus}")
+    n = len(table)
+    considered = considered if considered is not None else n
+    empty_f = np.zeros(0, dtype=np.float64)
+    if n == 0:
+        return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, 0)
+    shape, bound = shape_bounds(cm, table.columns)
+    order = np.argsort(-bound, kind="stable")  # shapes, best bound first
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    row_rank = rank[shape]
+    row_order = np.argsort(row_rank, kind="stable")
+    ends = np.cumsum(np.bincount(row_rank, minlength=len(order)))
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    rows_out: list[np.ndarray] = []
+    tokens_out: list[np.ndarray] = []
+    memory_out: list[np.ndarray] = []
+    shapes_out: list[np.ndarray] = []
+    k, start, block, threshold = 0, 0, max(1, first_rows), -np.inf
+    while k < len(order) and bound[order[k]] >= threshold:
+        # shapes k..j-1: about `block` rows, none whose bound is already below the answer
+        j = max(k + 1, int(np.searchsorted(ends, start + block, side="left")))
+        j = min(j, len(order))
+        j = k + max(1, int(np.sum(bound[order[k:j]] >= threshold)))
+        rows = row_order[start:ends[j - 1]]
+        chunk = {name: v[rows] for name, v in table.columns.items()}
+        # time first, then memory only where the throughput can still enter the answer
+        tokens = np.asarray(score_columns(cm, chunk, with_memory=False)["tokens_per_s"])
+        keep = np.nonzero(tokens >= threshold)[0]
+        sub = {name: v[keep] for name, v in chunk.items()}
+        mem = memory_arrays(cm.model, cm.training, sub["tp"], sub["cp"], sub["pp"], sub["ep"],
+                            sub["etp"], sub["vpp"], sub["mbs"], sub["dp"], sub["edp"],
+                            sub["recompute"], sub["sp"], cm.options.memory)
+        total = np.asarray(mem.total, dtype=np.float64).reshape(-1)
+        fits = keep[total <= hbm]
+        if len(fits):
+            rows_out.append(rows[fits])
+            tokens_out.append(tokens[fits])
+            memory_out.append(total[total <= hbm])
+            shapes_out.append(shape[rows[fits]])
+            threshold = _threshold(tokens_out, shapes_out, top, diverse)
+        if on_rows is not None:
+            on_rows(len(rows))
+        start = int(ends[j - 1])
+        k = j
+        block = min(2 * block, chunk_rows)
+    feasible = np.concatenate(rows_out) if rows_out else np.zeros(0, dtype=np.int64)
+    return ScanResult(
+        table=table, feasible_rows=feasible,
+        tokens_per_s=np.concatenate(tokens_out) if tokens_out else empty_f,
+        memory_bytes=np.concatenate(memory_out) if memory_out else empty_f,
+        considered=considered, examined=start)
+
+
 def _order(scan: ScanResult, subset: np.ndarray) -> np.ndarray:
     """``subset`` (positions into the scan's feasible arrays) sorted best first."""
     cols = scan.table.columns
@@ -214,6 +321,7 @@ __all__ = [
     "fitting_mask",
     "fitting_rows",
     "rank_feasible",
+    "scan_bounded",
     "scan_table",
     "shape_codes",
 ]

@@ -135,6 +135,11 @@ class StudyOutcome:
 # --- the search space ---------------------------------------------------------------------
 
 
+#: Largest grid of candidate values one rule is tried on, and grid points times GPU counts.
+_MAX_RULE_GRID = 1 << 20
+_MAX_RULE_WORK = 1 << 25
+
+
 def candidate_sets(model: ModelSpec, training: TrainingSpec,
                    gpu_counts: Sequence[int]) -> dict[str, tuple[Any, ...]]:
     """The fixed candidate values of every axis, for every trial.
@@ -159,9 +164,14 @@ def candidate_sets(model: ModelSpec, training: TrainingSpec,
         "sp": np.asarray([0] if training.sequence_parallel == "off" else [0, 1]),
         "recompute": np.asarray(sorted(RECOMPUTE_CODES[m] for m in training.recompute_modes)),
     }
-    for rule in RULES:
+    # rules of fewer axes first (they shrink the grids of the wider ones); a grid too large
+    # to build at every GPU count is skipped: the sets stay wider, never wrong
+    for rule in sorted(RULES, key=lambda r: len(r.axes)):
         axes = sorted(rule.axes)
         if len(axes) > 3 or not set(axes) <= sets.keys():
+            continue
+        size = int(np.prod([len(sets[a]) for a in axes], dtype=np.float64))
+        if size > _MAX_RULE_GRID or size * len(counts) > _MAX_RULE_WORK:
             continue
         grids = np.meshgrid(*(sets[a] for a in axes), indexing="ij")
         cols = {a: g.ravel() for a, g in zip(axes, grids, strict=True)}

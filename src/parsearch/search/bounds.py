@@ -1,0 +1,160 @@
+"""An upper bound on the throughput of every layout of one shape, from cheap terms.
+
+A *shape* is a layout's ``(tp, pp, cp, ep, etp)``; the layouts of a shape
+differ in ``vpp``, ``mbs``, ``sp`` and ``recompute``.  The exact search
+(:mod:`parsearch.search.exhaustive`) scores the shapes in order of this
+bound and stops when the next bound is below the answer it already has, so
+the answer is the same as a full scan (the bound is never below the true
+best of its shape) while most shapes are never scored.
+
+The bound follows the cost model's own structure (:mod:`parsearch.cost.analytic`):
+
+* a unit's (layer's) per-micro-batch time is ``paced + C - (1 - s) H``:
+  ``paced`` its compute (``compute.total``), ``C`` its TP+CP+EP traffic,
+  ``H <= min(C, paced)`` the part of the traffic hidden behind compute and
+  ``s`` the SM share that hiding costs; so it is at least
+  ``max(paced, C) + min(s, 0) * min(paced, C)``;
+* recompute only adds work and traffic (every recompute share is >= 0 and
+  enters ``paced`` and ``C`` with a positive sign), so both are taken with
+  recompute off;
+* the step is ``m * max_r t_r + (sum_r t_r - max_r t_r) / v`` plus the
+  data-parallel, optimizer and fixed terms (all >= 0;
+  :mod:`parsearch.cost.schedule`), which is at least
+  ``S * (m / pp + (pp - 1) / (pp * v))`` with ``S`` the summed stage time
+  (``max_r t_r >= S / pp`` and ``m >= 1 >= 1/v``) and ``v`` the largest
+  ``vpp`` of the shape; ``S`` is the unit times weighted by how many of each
+  unit the model has, whatever the split;
+* ``mbs`` and ``sp`` change the per-unit times and ``m``, so the bound is the
+  smallest over the ``(mbs, sp)`` pairs the shape has.
+
+Everything is computed on one row per ``(shape, mbs, sp)``, a small fraction
+of the table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parsearch.constraints import RECOMPUTE_CODES
+from parsearch.cost.analytic import UNITS, CostModel, process_groups, stage_features
+from parsearch.cost.communication import unit_comm
+from parsearch.cost.compute import UnitCompute, is_moe_unit, unit_compute
+from parsearch.cost.recompute import recompute_shares
+from parsearch.cost.stages import effective_split
+
+#: Relative slack on the bound: its sums run in another order than the scorer's.
+BOUND_SLACK = 1e-9
+SHAPE_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp")
+
+
+def shape_index(columns: dict[str, np.ndarray], rows: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(first_row, inverse)``: one representative row per shape and each row's shape.
+
+    Shapes are numbered in the order of their codes; ``first_row[k]`` is a
+    row of shape ``k`` and ``inverse[i]`` the shape of row ``i`` (of
+    ``rows`` when given).
+    """
+    code = _shape_code(columns, rows)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def _shape_code(columns: dict[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray:
+    code = np.zeros(len(columns["tp"]) if rows is None else len(rows), dtype=np.int64)
+    for name in SHAPE_AXES:
+        values = columns[name] if rows is None else columns[name][rows]
+        code = code * (int(columns[name].max(initial=1)) + 1) + values.astype(np.int64)
+    return code
+
+
+def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per unit, a floor on its per-micro-batch time on one GPU with any recompute.
+
+    ``cols`` are layouts (any ``vpp`` and ``recompute``: both are ignored).
+    """
+    model, training, opt = cm.model, cm.training, cm.options
+    n = len(cols["tp"])
+    none = np.full(n, RECOMPUTE_CODES["none"], dtype=np.int64)
+    cols = {**cols, "recompute": none, "vpp": np.ones(n, dtype=np.int64)}
+    shares = recompute_shares(model, training, none, pp=cols["pp"], vpp=cols["vpp"],
+                              tp=cols["tp"], sp=cols["sp"])
+    groups = process_groups(cm.fabric, cols)
+    share = float(cm.profile.comm_sm_share)
+    zero = np.zeros(n)
+    idle = UnitCompute(gemm=zero, routed=zero, attention=zero, logits=zero,
+                       memory_bound=zero, overhead=zero, tp_gemm=zero)
+    out: dict[str, np.ndarray] = {}
+    for unit in UNITS:
+        layer = unit in ("dense", "moe", "mtp")
+        recompute = shares.of(is_moe_unit(model, unit)) if layer else shares.dense
+        compute = unit_compute(model, training, cm.fabric.gpu, cm.profile, cols, unit,
+                               recompute=recompute, causal=opt.causal,
+                               imbalance=float(opt.moe_imbalance or 1.0),
+                               cuda_graphs=opt.cuda_graphs,
+                               flash_attention=opt.flash_attention)
+        work = np.broadcast_to(compute.total, (n,))
+        # with no compute to hide behind, the exposed traffic is all of it
+        comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
+                         recompute)
+        traffic = np.broadcast_to(comm.tp + comm.cp + comm.ep, (n,))
+        out[unit] = (np.maximum(work, traffic)
+                     + min(share, 0.0) * np.minimum(work, traffic))
+    return out
+
+
+def _unit_totals(cm: CostModel, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
+    """How many of each unit the model holds over all stages: ``(rows, len(UNITS))``.
+
+    The smallest count over the splits of the rows' ``(pp, vpp)`` (every split
+    places every unit once, so they agree; the minimum keeps the floor safe).
+    """
+    out = np.zeros((len(pp), len(UNITS)))
+    for p in np.unique(pp):
+        sums = None
+        for v in np.unique(vpp[pp == p]):
+            s = stage_features(cm.model, int(p), int(v),
+                               effective_split(cm.training, int(p), int(v))).sum(axis=0)
+            sums = s if sums is None else np.minimum(sums, s)
+        out[pp == p] = sums
+    return out
+
+
+def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
+                 rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(inverse, bound)``: each row's shape and, per shape, a tokens/s it cannot beat.
+
+    ``rows`` restricts the table to those rows (``inverse`` is then aligned
+    with them).  ``bound[k]`` is at least the predicted tokens/s of every
+    layout of shape ``k`` among the rows, whatever its memory.
+    """
+    c = columns if rows is None else {k: v[rows] for k, v in columns.items()}
+    n = len(c["tp"])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    _, shape = shape_index(c)
+    n_shapes = int(shape.max()) + 1
+    vmax = np.ones(n_shapes)
+    np.maximum.at(vmax, shape, c["vpp"].astype(np.float64))
+    # one representative row per (shape, mbs, sp)
+    mbs_codes, mbs_index = np.unique(c["mbs"], return_inverse=True)
+    combo = (shape * len(mbs_codes) + mbs_index.reshape(-1)) * 2 + c["sp"].astype(np.int64)
+    _, rep, combo_inv = np.unique(combo, return_index=True, return_inverse=True)
+    rc = {k: np.asarray(v)[rep] for k, v in c.items()}
+    floors = unit_time_floor(cm, rc)
+    totals = _unit_totals(cm, rc["pp"].astype(np.int64), c["vpp"][rep].astype(np.int64))
+    stage_sum = sum(totals[:, i] * floors[u] for i, u in enumerate(UNITS))
+    pp = rc["pp"].astype(np.float64)
+    m = rc["m"].astype(np.float64) if "m" in rc else (
+        cm.training.global_batch / (rc["mbs"] * rc["dp"]).astype(np.float64))
+    v = vmax[shape[rep]]
+    step = stage_sum * (m / pp + (pp - 1.0) / (pp * v)) + cm.profile.step_overhead_s
+    tokens = float(cm.training.global_batch * cm.training.seq_len)
+    bound_combo = tokens / step * (1.0 + BOUND_SLACK)
+    bound = np.zeros(n_shapes)
+    np.maximum.at(bound, shape[rep], bound_combo)
+    del combo_inv
+    return shape, bound
+
+
+__all__ = ["BOUND_SLACK", "shape_bounds", "shape_index", "unit_time_floor"]
