@@ -130,7 +130,7 @@ def test_space_matches_brute_force(model, num_gpus, domain, max_batch, concurren
         for adp in r:
             for pp in r:
                 for ep in r:
-                    for batch in range(1, max(max_batch, concurrency or 0) + 1):
+                    for batch in range(1, max(max_batch * num_gpus, concurrency or 0) + 1):
                         layout = ServingLayout(tp, pp, ep, adp, batch, 1)
                         if not serving_violations(model, workload, layout, num_gpus, domain):
                             want[(tp, adp, pp, ep, batch)] = num_gpus // (tp * adp * pp)
@@ -140,9 +140,9 @@ def test_space_matches_brute_force(model, num_gpus, domain, max_batch, concurren
 def test_space_rules_name_the_values() -> None:
     model = get_preset("llama3-70b")
     w = ServingWorkload(isl=10, osl=10)
-    bad = ServingLayout(tp=3, pp=1, ep=2, attention_dp=2, batch=3)
+    bad = ServingLayout(tp=3, pp=4, ep=2, attention_dp=2, batch=3)
     rules = {v.rule for v in serving_violations(model, w, bad, 8, 8)}
-    assert rules == {"S1", "S2", "S5", "S8", "S9"}
+    assert rules == {"S1", "S2", "S5", "S7", "S8", "S9"}
     assert any("tp=16 exceeds the NVLink domain of 8" in v.message for v in serving_violations(
         model, w, ServingLayout(16, 1, 1, 1, 16), 16, 8))
 

@@ -17,7 +17,7 @@ from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_t
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.hardware import GpuProfile
 from parsearch.params import ParameterCounts
-from parsearch.serve.kv_cache import kv_bytes_per_sequence, stage_layers
+from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.fabric import Fabric
@@ -187,7 +187,8 @@ def _expert_shapes(model: ModelSpec, counts: ParameterCounts) -> tuple[float, fl
 def _stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
     layers = stage_layers(model, pp)
     share = layers / model.num_layers
-    return layers, model.num_moe_layers * share, model.num_dense_layers * share
+    moe_layers = moe_layer_count(model)
+    return layers, moe_layers * share, (model.num_layers - moe_layers) * share
 
 
 def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,

@@ -132,11 +132,11 @@ def _bottleneck(step: StepTime) -> str:
 def _memory(ctx: ServingContext, layout: ServingLayout) -> tuple[float, float, float, int, bool]:
     """(KV capacity GiB, memory used GiB, KV used bytes, max batch that fits, fits) per GPU."""
     w = ctx.workload
-    mem = gpu_memory(ctx.model, layout, w, ctx.gpu)
+    mem = gpu_memory(ctx.model, layout, w, ctx.gpu, ctx.counts)
     per_seq = kv_bytes_per_sequence(ctx.model, w.kv_precision, w.context, tp=layout.tp,
                                     pp=layout.pp, window=ctx.window)
     per_rank = max_sequences(mem.kv_capacity, per_seq)
-    kv_used = layout.batch / layout.attention_dp * per_seq
+    kv_used = math.ceil(layout.batch / layout.attention_dp) * per_seq
     fits = mem.kv_capacity > 0 and kv_used <= mem.kv_capacity
     used = mem.weights + mem.workspace + mem.reserve + kv_used
     return (max(mem.kv_capacity, 0.0) / GIB, used / GIB, kv_used,

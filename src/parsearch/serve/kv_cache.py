@@ -96,6 +96,14 @@ def kv_bytes_per_token(model: ModelSpec, kv_precision: str, tp: int = 1) -> floa
     return model.num_layers * kv_bytes_per_token_layer(model, kv_precision, tp)
 
 
+def moe_layer_count(model: ModelSpec) -> int:
+    """Layers with routed experts, in closed form of :meth:`ModelSpec.is_moe_layer`'s rule
+    (layer i >= first_k_dense is MoE when (i - first_k_dense) % layer_freq == 0)."""
+    if model.moe is None:
+        return 0
+    return -(-(model.num_layers - model.moe.first_k_dense) // model.moe.layer_freq)
+
+
 def stage_layers(model: ModelSpec, pp: int) -> int:
     """Transformer layers of the largest pipeline stage (vLLM splits layers as evenly as it can)."""
     return math.ceil(model.num_layers / pp)

@@ -63,7 +63,8 @@ def _vllm(model: str, layout: ServingLayout, workload: ServingWorkload) -> list[
         args += ["--data-parallel-size", str(layout.attention_dp)]
     if layout.ep > 1:
         args += ["--enable-expert-parallel"]
-    args += ["--max-num-seqs", str(layout.batch), "--max-model-len", str(workload.context)]
+    per_engine = -(-layout.batch // layout.attention_dp)  # --max-num-seqs is per DP engine
+    args += ["--max-num-seqs", str(per_engine), "--max-model-len", str(workload.context)]
     kv = _VLLM_KV[workload.kv_precision]
     if kv and kv != "auto":
         args += ["--kv-cache-dtype", kv]

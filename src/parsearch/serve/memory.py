@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from parsearch.hardware import GpuProfile
 from parsearch.params import ParameterCounts, parameter_counts
-from parsearch.serve.kv_cache import stage_layers
+from parsearch.serve.kv_cache import moe_layer_count, stage_layers
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
 from parsearch.workload import ModelSpec
 
@@ -50,8 +50,9 @@ def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCoun
     width = layout.stage_width
     layers = stage_layers(model, layout.pp)
     share = layers / model.num_layers  # the stage holds this share of each kind of layer
-    n_moe = model.num_moe_layers * share
-    n_dense = model.num_dense_layers * share
+    moe_layers = moe_layer_count(model)
+    n_moe = moe_layers * share
+    n_dense = (model.num_layers - moe_layers) * share
     attention = model.num_layers * share * c.attention_per_layer / layout.tp
     dense = n_dense * c.dense_mlp_per_layer / width
     shared = n_moe * c.shared_experts_per_layer / width
@@ -71,9 +72,10 @@ def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCoun
     )
 
 
-def weight_bytes_per_gpu(model: ModelSpec, layout: ServingLayout, precision: str) -> float:
+def weight_bytes_per_gpu(model: ModelSpec, layout: ServingLayout, precision: str,
+                         counts: ParameterCounts | None = None) -> float:
     """Bytes of weights on one GPU of the heaviest stage."""
-    w = stage_weights(model, layout)
+    w = stage_weights(model, layout, counts)
     return (w.linear + w.routed) * ELEMENT_BYTES[precision] + w.bf16 * _BF16
 
 
@@ -114,11 +116,11 @@ class GpuMemory:
 
 
 def gpu_memory(model: ModelSpec, layout: ServingLayout, workload: ServingWorkload,
-               gpu: GpuProfile) -> GpuMemory:
+               gpu: GpuProfile, counts: ParameterCounts | None = None) -> GpuMemory:
     """KV capacity = utilization * HBM - weights - workspace - runtime reserve (vLLM sizing:
     ``gpu_memory_utilization`` of total memory, minus what the profile run measured)."""
     usable = workload.gpu_memory_utilization * gpu.hbm_bytes
-    weights = weight_bytes_per_gpu(model, layout, workload.precision)
+    weights = weight_bytes_per_gpu(model, layout, workload.precision, counts)
     work = workspace_bytes(model, layout, workload)
     kv = usable - weights - work - RUNTIME_RESERVE_BYTES
     return GpuMemory(weights=weights, workspace=work, reserve=RUNTIME_RESERVE_BYTES,

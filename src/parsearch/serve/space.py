@@ -35,16 +35,17 @@ def fill_replicas(layout_gpus: int, num_gpus: int) -> int:
     return num_gpus // layout_gpus
 
 
-def batch_candidates(workload: ServingWorkload, replicas: int) -> list[int]:
+def batch_candidates(workload: ServingWorkload, replicas: int, attention_dp: int = 1) -> list[int]:
     """Batches (requests in flight per instance) the space considers.
 
-    Fixed ``concurrency``: the total is spread over the replicas (ceil).  Otherwise
-    powers of two up to ``max_batch`` (CUDA-graph batch sizes are captured at such sizes,
-    TensorRT-LLM perf-overview ``cuda_graph_config.batch_sizes``).
+    Fixed ``concurrency``: the total is spread over the replicas (ceil).  Otherwise each
+    attention-DP rank runs a power of two up to ``max_batch`` requests (``max_batch`` is
+    per engine, like vLLM's ``--max-num-seqs`` of each data-parallel engine; CUDA graphs
+    are captured at such sizes, TensorRT-LLM perf-overview ``cuda_graph_config``).
     """
     if workload.concurrency is not None:
         return [math.ceil(workload.concurrency / max(replicas, 1))]
-    return powers_of_two(workload.max_batch)
+    return [attention_dp * b for b in powers_of_two(workload.max_batch)]
 
 
 def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
@@ -81,14 +82,15 @@ def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: Serv
         out.append(Violation("S7", "budget",
                              f"an instance needs {g} GPUs, more than the budget of {num_gpus}"))
     replicas = fill_replicas(g, num_gpus) if g <= num_gpus else 0
-    if batch not in batch_candidates(workload, replicas):
+    if batch not in batch_candidates(workload, replicas, adp):
         what = ("ceil(concurrency / replicas)" if workload.concurrency is not None
-                else f"a power of two <= max_batch={workload.max_batch}")
+                else f"attention_dp={adp} times a power of two <= max_batch="
+                f"{workload.max_batch}")
         out.append(Violation("S8", "batch", f"batch={batch} must be {what}"))
-    if batch < pp or batch % adp:
+    if batch < pp or batch < adp:
         out.append(Violation("S9", "batch-split",
-                             f"batch={batch} must be >= pp={pp} (one request per micro-batch) "
-                             f"and a multiple of attention_dp={adp}"))
+                             f"batch={batch} must be >= pp={pp} and >= attention_dp={adp} "
+                             "(a request for every micro-batch and every attention-DP rank)"))
     return out
 
 
@@ -105,7 +107,7 @@ def enumerate_serving_layouts(model: ModelSpec, workload: ServingWorkload, num_g
             for pp in range(1, min(model.num_layers, num_gpus // width) + 1):
                 replicas = fill_replicas(width * pp, num_gpus)
                 for ep in eps:
-                    for batch in batch_candidates(workload, replicas):
+                    for batch in batch_candidates(workload, replicas, adp):
                         layout = ServingLayout(tp=tp, pp=pp, ep=ep, attention_dp=adp,
                                                batch=batch, replicas=max(replicas, 1))
                         if not serving_violations(model, workload, layout, num_gpus,
