@@ -296,6 +296,13 @@ def decode_tpot_s(step: StepTime, pp: int) -> float:
     return pp * (step.total_s + step.hop_s) + STEP_OVERHEAD_S
 
 
+def prefill_packed_tokens(workload: ServingWorkload, layout: ServingLayout) -> float:
+    """Prompt tokens one scheduler step packs per attention-DP rank under load: the
+    prompts in flight, up to ``max_num_batched_tokens`` (at least one whole prompt)."""
+    s = float(workload.isl)
+    return max(s, min(float(workload.max_num_batched_tokens), s * layout.batch))
+
+
 def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
                  counts: ParameterCounts, rates: Rates, links: InstanceLinks,
                  window: SlidingWindow | None) -> StepTime:
@@ -318,7 +325,7 @@ def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
     _per_expert, shared, _k = _expert_shapes(model, counts)
-    packed = max(s, min(float(workload.max_num_batched_tokens), s * layout.batch))
+    packed = prefill_packed_tokens(workload, layout)
     attn_params = layers * counts.attention_per_layer / layout.tp
     mlp_params = (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.stage_width
     attn_gemm = 2.0 * s * attn_params + 2.0 * w.output

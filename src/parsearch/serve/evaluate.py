@@ -29,6 +29,7 @@ from parsearch.serve.cost import (
     decode_tpot_s,
     instance_links,
     prefill_latency_s,
+    prefill_packed_tokens,
     prefill_step,
 )
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, kv_bytes_per_token
@@ -54,6 +55,8 @@ class ServingContext:
     _fabrics: dict[int, Fabric] = field(default_factory=dict, init=False)
     _links: dict[tuple[int, int, int, int], InstanceLinks] = field(default_factory=dict,
                                                                    init=False)
+    _prefill: dict[tuple[int, int, int, int, float], StepTime] = field(default_factory=dict,
+                                                                       init=False)
 
     def __post_init__(self) -> None:
         self.counts = parameter_counts(self.model)
@@ -66,6 +69,16 @@ class ServingContext:
                 self._fabrics[g] = build_fabric(self.cluster, g)
             self._links[key] = instance_links(self._fabrics[g], layout)
         return self._links[key]
+
+    def prefill(self, layout: ServingLayout) -> StepTime:
+        """Prefill step of ``layout`` (it depends on the batch only through the packed
+        prompt tokens, so batches that pack the same share one computation)."""
+        key = (layout.tp, layout.attention_dp, layout.pp, layout.ep,
+               prefill_packed_tokens(self.workload, layout))
+        if key not in self._prefill:
+            self._prefill[key] = prefill_step(self.model, self.workload, layout, self.counts,
+                                              self.rates, self.links(layout), self.window)
+        return self._prefill[key]
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,7 @@ def instance_times(ctx: ServingContext, layout: ServingLayout) -> InstanceTimes:
     links = ctx.links(layout)
     args = (ctx.model, ctx.workload, layout, ctx.counts, ctx.rates, links, ctx.window)
     dec = decode_step(*args)
-    pre = prefill_step(*args)
+    pre = ctx.prefill(layout)
     return InstanceTimes(decode=dec, tpot_decode_s=decode_tpot_s(dec, layout.pp), prefill=pre,
                          ttft_s=prefill_latency_s(pre, layout.pp),
                          prefill_busy_s=pre.busy_s if pre.busy_s is not None else pre.total_s)
