@@ -87,7 +87,8 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
                         help="shapes considered from the top of the ranking (default 30)")
     parser.add_argument("--measurements", nargs="+", default=(), metavar="FILE",
                         help="runs already measured (logs or tables) on this cluster: the "
-                        "plan conditions on them")
+                        "plan conditions on them (pass those a --efficiency profile was "
+                        "calibrated on, so the plan knows what they settled)")
     parser.add_argument("--launch-dir", metavar="DIR", default=None,
                         help="write one launch script per planned layout into DIR")
     add_format_option(parser, ("table", "json"))

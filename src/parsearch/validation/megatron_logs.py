@@ -201,6 +201,19 @@ def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
     A new run starts at each arguments block, and where the iteration counter
     goes backwards (a restart whose arguments block is missing from the log);
     a restart inherits the arguments seen before it.
+
+    >>> line = (" [2024-05-01 10:00:00] iteration {:8d}/{:8d} | consumed samples: {:12d} |"
+    ...         " elapsed time per iteration (ms): {:.1f} | global batch size: {:5d} |")
+    >>> text = "\\n".join(["------------------------ arguments ------------------------",
+    ...                   "  tensor_model_parallel_size " + "." * 22 + " 2",
+    ...                   "-------------------- end of arguments ---------------------"]
+    ...                  + [line.format(i, 100, 64 * i, 900.0, 64) for i in range(1, 15)])
+    >>> (run,) = parse_megatron_log(text)
+    >>> run.arguments["tensor_model_parallel_size"], len(run.iterations), run.died
+    ('2', 14, True)
+    >>> readings, _ = steady_states(run)
+    >>> readings[0].step_time_s, readings[0].first_iteration
+    (0.9, 11)
     """
     runs: list[_Builder] = []
     current = _Builder(path, 1, 1)

@@ -40,6 +40,7 @@ from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import (
     FIT_ORDER,
+    PRIOR_WEIGHT,
     ROWS_PER_FACTOR,
     PreparedRow,
     calibrate,
@@ -153,27 +154,28 @@ def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     return out
 
 
-def factor_limit(n_rows: int) -> int:
+def factor_limit(n_rows: int, rows_per_factor: int = ROWS_PER_FACTOR) -> int:
     """Factors ``n_rows`` runs may fit: one per ``ROWS_PER_FACTOR``, rounded up, at least one.
 
     >>> [factor_limit(n) for n in (1, 3, 4, 5, 10)]
     [1, 1, 1, 2, 3]
     """
-    return max(1, math.ceil(n_rows / ROWS_PER_FACTOR))
+    return max(1, math.ceil(n_rows / rows_per_factor))
 
 
 def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                   rows_per_factor: int = ROWS_PER_FACTOR,
                    ) -> tuple[list[str], dict[str, float], str]:
     """The factors to fit, every factor's sensitivity, and a sentence saying why."""
     sens = sensitivities(rows, profile)
     informative = sorted((n for n, s in sens.items() if s >= MIN_SENSITIVITY),
                          key=lambda n: -sens[n])
-    limit = factor_limit(len(rows))
+    limit = factor_limit(len(rows), rows_per_factor)
     chosen = informative[:limit]
     why = (f"fitted {len(chosen)} of the {len(informative)} factors these runs inform "
            f"(|d log throughput| >= {MIN_SENSITIVITY} over the cited range)")
     if len(informative) > limit:
-        why += (f"; {len(rows)} run(s) allow at most {limit} (one per {ROWS_PER_FACTOR} runs): "
+        why += (f"; {len(rows)} run(s) allow at most {limit} (one per {rows_per_factor} runs): "
                 f"left at the shipped values: {', '.join(informative[limit:])}")
     return chosen, sens, why
 
@@ -256,7 +258,8 @@ class UserCalibration:
         }
 
 
-def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None,
+def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
+                     prior_weight: float = PRIOR_WEIGHT, rows_per_factor: int = ROWS_PER_FACTOR,
                      ) -> tuple[EfficiencyProfile, tuple[str, ...], tuple[str, ...],
                                 dict[str, float], str]:
     """(profile, fitted, on_bound, sensitivities, why) for ``rows`` of one generation."""
@@ -268,8 +271,9 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
                              "calibrate one cluster (or generation) at a time with --cluster")
     base = base or rows[0].cost_model.profile
     start = anchored(base)
-    names, sens, why = choose_factors(rows, start)
-    fit = calibrate(rows, start, factors=names, max_evaluations=MAX_EVALUATIONS)
+    names, sens, why = choose_factors(rows, start, rows_per_factor)
+    fit = calibrate(rows, start, factors=names, max_evaluations=MAX_EVALUATIONS,
+                    prior_weight=prior_weight)
     return fit.profile, fit.fitted, fit.on_bound, sens, why
 
 
