@@ -113,10 +113,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _row(rank: Any, d: dict[str, Any]) -> list[Any]:
     lay = d["layout"]
-    return [rank, lay["tp"], lay["attention_dp"], lay["pp"], lay["ep"], lay["replicas"],
-            d["gpus"], d["batch"], d["tokens_per_s"], d["tokens_per_s_per_gpu"],
-            d["tokens_per_s_per_user"], d["ttft_ms"], d["tpot_ms"],
-            d["kv_cache_gib_per_gpu"], d["memory_gib_per_gpu"], d["bottleneck"]]
+    row = [rank, lay["tp"], lay["attention_dp"], lay["pp"], lay["ep"], lay["replicas"],
+           d["gpus"], d["batch"], d["tokens_per_s"], d["tokens_per_s_per_gpu"],
+           d["tokens_per_s_per_user"], d["ttft_ms"], d["tpot_ms"],
+           d["kv_cache_gib_per_gpu"], d["memory_gib_per_gpu"], d["bottleneck"]]
+    pre = d.get("prefill_layout")
+    if pre is not None:
+        row.append(f"tp{pre['tp']} adp{pre['attention_dp']} pp{pre['pp']} ep{pre['ep']} "
+                   f"x{pre['replicas']}")
+    return row
 
 
 def _print(result: ServeResult) -> None:
@@ -125,15 +130,14 @@ def _print(result: ServeResult) -> None:
     out.write(f"{q['model']} on {q['num_gpus']} x {q['gpu']} ({q['cluster']}), isl {q['isl']} "
               f"osl {q['osl']}, weights {q['precision']}, KV {q['kv_precision']}, {q['mode']}; "
               f"{result.considered} layouts, {result.fitting} fit\n")
+    headers = _HEADERS + (("prefill",) if q["mode"] == "disaggregated" else ())
     rows = [_row(e.rank, e.estimate.to_dict()) for e in result.entries]
-    print_table(_HEADERS, rows)
+    print_table(headers, rows)
     best = result.best
-    if best is not None and best.estimate.prefill_layout is not None:
-        p = best.estimate.prefill_layout
-        out.write(f"best: prefill instances tp{p.tp} adp{p.attention_dp} pp{p.pp} ep{p.ep} "
-                  f"x{p.replicas}\n")
+    if q["mode"] == "disaggregated":
+        out.write("(the layout columns are the decode instances; prefill: their own shape)\n")
     out.write("\nPareto front (tokens/s per GPU vs tokens/s per user):\n")
-    print_table(_HEADERS, [_row("-", e.to_dict()) for e in result.front])
+    print_table(headers, [_row("-", e.to_dict()) for e in result.front])
     if best is not None:
         launch = best.launch
         out.write(f"\nlaunch (best, x{launch.replicas}):\n  {' '.join(launch.vllm)}\n"

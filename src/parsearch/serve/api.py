@@ -118,15 +118,22 @@ def _no_result_message(model: ModelSpec, workload: ServingWorkload, num_gpus: in
                        estimates: list[ServingEstimate]) -> str:
     fitting = [e for e in estimates if e.fits]
     if not fitting:
-        return (f"no serving layout of {model.name} fits on {num_gpus} GPUs with "
+        load = ""
+        if workload.concurrency is not None:
+            load = f" at concurrency {workload.concurrency}"
+        if workload.request_rate is not None:
+            load += f" carrying {workload.request_rate:g} requests/s"
+        return (f"no serving layout of {model.name} fits on {num_gpus} GPUs{load} with "
                 f"{workload.precision} weights and isl+osl={workload.context} tokens of KV "
-                "cache per request (or the request rate needs more GPUs); try more GPUs, "
-                "--precision fp8/fp4, --kv-precision fp8 or shorter requests")
+                "cache per request; try more GPUs, --precision fp8/fp4, --kv-precision fp8, "
+                "shorter requests or less load")
+    targets = [f"{name} <= {value:g} ms" for name, value in
+               (("ttft", workload.ttft_ms), ("tpot", workload.tpot_ms)) if value is not None]
     best_ttft = min(e.ttft_ms for e in fitting)
     best_tpot = min(e.tpot_ms for e in fitting)
-    return (f"no layout meets the latency targets (ttft <= {workload.ttft_ms} ms, tpot <= "
-            f"{workload.tpot_ms} ms); the best reachable on {num_gpus} GPUs are ttft "
-            f"{best_ttft:.1f} ms and tpot {best_tpot:.2f} ms (not necessarily together)")
+    return (f"no layout meets the latency targets ({', '.join(targets)}); the best reachable "
+            f"on {num_gpus} GPUs are ttft {best_ttft:.1f} ms and tpot {best_tpot:.2f} ms "
+            "(not necessarily together)")
 
 
 def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int,
