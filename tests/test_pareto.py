@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from parsearch.errors import SpecError
 from parsearch.search import pareto_front, search_layouts
 from parsearch.search.pareto import dominates, hypervolume, pareto_front_indices, pareto_mask
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
 
 points_2d = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), min_size=1, max_size=25)
 
@@ -110,3 +110,62 @@ def test_pareto_result_dict_and_argument_checks(exact) -> None:  # type: ignore[
         pareto_front(model=TOY, training=SETUP, cluster=CLUSTER, max_gpus=4)
     with pytest.raises(SpecError, match="--method must be one of"):
         pareto_front(model=TOY, training=SETUP, cluster=CLUSTER, max_gpus=8, method="grid")
+
+
+def _oracle_front(model: ModelSpec, training: TrainingSpec, cluster: str,
+                  counts: tuple[int, ...]) -> dict[int, float]:
+    """Best tokens/s at every GPU count by scoring every valid layout (no bounds)."""
+    from parsearch.cost.analytic import build_cost_model
+    from parsearch.search.exhaustive import scan_table
+    from parsearch.space import enumerate_layouts
+    from parsearch.topology.cluster import load_cluster
+    from parsearch.topology.fabric import build_fabric
+
+    best: dict[int, float] = {}
+    for n in counts:
+        table = enumerate_layouts(model, training, n)
+        if not len(table):
+            continue
+        cm = build_cost_model(model, training, build_fabric(load_cluster(cluster), n))
+        scan = scan_table(cm, table)
+        if scan.feasible:
+            best[n] = float(scan.tokens_per_s.max())
+    return best
+
+
+MOE_TOY = ModelSpec("toy-moe", 12, 1024, 4096, 16, 8, 64, 32000,
+                    moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=1024))
+
+
+@pytest.mark.parametrize("model", [TOY, MOE_TOY], ids=["dense", "moe"])
+def test_every_method_front_is_near_exact_and_undominated(model: ModelSpec) -> None:
+    """Spaces small enough to scan: exact points equal the oracle's; every method's front
+    reaches >= 99% of the exact hypervolume and holds no point another point dominates."""
+    query = {"model": model, "training": SETUP, "cluster": CLUSTER, "max_gpus": 48}
+    exact = pareto_front(**query, method="exhaustive")
+    oracle = _oracle_front(model, SETUP, CLUSTER, exact.gpu_counts)
+    assert {p.num_gpus: p.tokens_per_s for p in exact.points} == pytest.approx(oracle, rel=1e-12)
+    assert exact.exact and exact.to_dict()["exact"] is True
+    runs = {"exhaustive": exact, "auto": pareto_front(**query, method="auto"),
+            "optuna": pareto_front(**query, method="optuna", n_trials=300, seed=0)}
+    assert runs["auto"].method == "exhaustive" and runs["auto"].exact
+    assert not runs["optuna"].exact and 0 < runs["optuna"].coverage <= 1
+    for name, res in runs.items():
+        assert res.hypervolume >= 0.99 * exact.hypervolume, name
+        for f in res.front:  # no front point is dominated by another evaluated point
+            assert not any(dominates((q.num_gpus, q.tokens_per_s), (f.num_gpus, f.tokens_per_s),
+                                     minimize=(True, False)) for q in res.points), name
+        for p in res.points:  # nothing beats the exact best of a GPU count
+            assert p.tokens_per_s <= oracle[p.num_gpus] * (1 + 1e-12), name
+    # the optuna front holds the exact answers where it was seeded
+    seeded = runs["optuna"].study["seeded_exact"]
+    assert seeded and all({p.num_gpus: p.tokens_per_s for p in runs["optuna"].points}[n]
+                          == pytest.approx(oracle[n], rel=1e-12) for n in seeded)
+
+
+def test_auto_says_when_it_is_not_exact() -> None:
+    res = pareto_front(model=TOY, training=SETUP, cluster=CLUSTER, max_gpus=16, method="auto",
+                       exhaustive_limit=1, n_trials=20, seed=0)
+    doc = res.to_dict()
+    assert doc["method"] == "optuna" and doc["exact"] is False
+    assert "exhaustive-limit" in doc["note"] and 0 < doc["coverage"] <= 1

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, score_columns
+from parsearch.cost.options import MOE_DISPATCHERS, CostOptions
 from parsearch.errors import NoValidLayoutError, SpecError
 from parsearch.layout import Layout
+from parsearch.presets import get_preset
 from parsearch.search import search_layouts
+from parsearch.search.bounds import SHAPE_AXES, shape_bounds
 from parsearch.search.exhaustive import (
     fitting_mask,
     rank_feasible,
+    scan_bounded,
     scan_table,
     shape_codes,
 )
@@ -20,6 +28,7 @@ from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
+from tests.strategies import small_models, small_trainings
 
 # A small model and setup that keep the search fast.
 TOY = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
@@ -137,3 +146,85 @@ def test_launch_settings_megatron_lm_and_bridge() -> None:
     assert "--num-layers-per-virtual-pipeline-stage" in even.megatron_lm_args
     assert "model.virtual_pipeline_model_parallel_size=2" in even.bridge_overrides
     assert "--expert-model-parallel-size" not in even.megatron_lm_args
+
+
+# --- shape bounds: an upper bound that prunes without changing the answer ------------------
+
+BOUND_CLUSTERS = ("dgx-h100", "gb200-nvl72", "dgx-a100")
+
+
+@st.composite
+def bound_cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+    """A small random model, setup, cluster, GPU count and cost options."""
+    model = draw(small_models())
+    training = draw(small_trainings())
+    if draw(st.booleans()):  # partial recompute: prices then depend on vpp
+        training = replace(training, recompute_num_layers=draw(st.integers(1, 2)))
+    if draw(st.booleans()):
+        training = replace(training, precision="fp8")
+    cluster = load_cluster(draw(st.sampled_from(BOUND_CLUSTERS)))
+    if training.precision == "fp8" and cluster.gpu.startswith("a100"):
+        training = replace(training, precision="bf16")
+    options = CostOptions(
+        tp_comm_overlap=draw(st.booleans()), moe_a2a_overlap=draw(st.booleans()),
+        overlap_grad_reduce=draw(st.booleans()), overlap_param_gather=draw(st.booleans()),
+        cuda_graphs=draw(st.booleans()), flash_attention=draw(st.booleans()),
+        moe_dispatcher=draw(st.sampled_from(MOE_DISPATCHERS)))
+    gpus = draw(st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64]))
+    return model, training, cluster, gpus, options
+
+
+def _scored(case):  # type: ignore[no-untyped-def]
+    model, training, cluster, gpus, options = case
+    table = enumerate_layouts(model, training, gpus)
+    assume(len(table) > 0)
+    cm = build_cost_model(model, training, build_fabric(cluster, gpus), options=options)
+    return cm, table
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(bound_cases())
+def test_shape_bound_is_never_below_the_shapes_best(case) -> None:  # type: ignore[no-untyped-def]
+    cm, table = _scored(case)
+    shape, bound = shape_bounds(cm, table.columns)
+    tokens = np.asarray(score_columns(cm, table.columns, with_memory=False)["tokens_per_s"])
+    best = np.full(len(bound), -np.inf)
+    np.maximum.at(best, shape, tokens)  # memory ignored: the bound must hold for every layout
+    assert np.all(np.isfinite(bound)) and np.all(bound >= best)
+    # every row's shape is its (tp, pp, cp, ep, etp)
+    cols = table.columns
+    for k in range(len(bound)):
+        rows = np.nonzero(shape == k)[0]
+        assert len({tuple(int(cols[a][r]) for a in SHAPE_AXES) for r in rows}) == 1
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(bound_cases(), st.integers(1, 6), st.booleans())
+def test_bounded_scan_ranks_like_the_full_scan(case, top: int, diverse: bool) -> None:  # type: ignore[no-untyped-def]
+    cm, table = _scored(case)
+    full = scan_table(cm, table)
+    bounded = scan_bounded(cm, table, top=top, diverse=diverse, first_rows=1)
+    assert bounded.checked <= bounded.valid == full.valid
+    assert bounded.pruned == bounded.valid - bounded.checked
+    picks_full = full.feasible_rows[rank_feasible(full, top=top, diverse=diverse)]
+    picks = bounded.feasible_rows[rank_feasible(bounded, top=top, diverse=diverse)]
+    assert picks.tolist() == picks_full.tolist()
+
+
+def test_bounds_prune_a_large_space() -> None:
+    """On a real space the bound skips most layouts and still returns the full scan's top 10."""
+    setup = TrainingSpec(seq_len=8192, global_batch=512)
+    table = enumerate_layouts(get_preset("llama3-70b"), setup, 128)
+    cm = build_cost_model(get_preset("llama3-70b"), setup,
+                          build_fabric(load_cluster(CLUSTER), 128))
+    full, bounded = scan_table(cm, table), scan_bounded(cm, table, top=10)
+    assert bounded.pruned > bounded.valid // 2
+    assert (bounded.feasible_rows[rank_feasible(bounded, top=10)].tolist()
+            == full.feasible_rows[rank_feasible(full, top=10)].tolist())
+    result = search_layouts(model="llama3-70b", training=setup, cluster=CLUSTER, num_gpus=128,
+                            top=10)
+    doc = result.to_dict()
+    assert doc["exact"] is True and doc["examined"] + doc["pruned"] == doc["valid"]
+    assert doc["pruned"] == bounded.pruned

@@ -47,6 +47,7 @@ from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
 from parsearch.layout import Layout
 from parsearch.search.exhaustive import (
+    SHAPE_AXES,
     considered_count,
     estimates_for_rows,
     rank_feasible,
@@ -507,8 +508,9 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
     exactly (shapes whose throughput bound is below the best found are
     skipped: :func:`~parsearch.search.exhaustive.scan_bounded`); ``optuna``
     runs a multi-objective study (``n_trials``, ``seed``,
-    ``storage``/``study_name`` to persist and resume, ``sampler``), seeded
-    with the exact best at a few GPU counts, and reports the share of the
+    ``storage``/``study_name`` to persist and resume, ``sampler``), adds
+    the exact best at a few GPU counts, improves every other count's best by
+    exact scans of its neighbouring shapes, and reports the share of the
     valid layouts it scored (``coverage``; ``exact`` is false); ``auto`` is
     ``exhaustive``, unless ``exhaustive_limit`` is given and all GPU counts
     together have more valid layouts than that: then optuna, with a ``note``
@@ -670,7 +672,10 @@ def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
             if n not in best[c.name] or e.tokens_per_s > best[c.name][n].tokens_per_s:
                 best[c.name][n] = e
         seeded[c.name] = sorted(seeds)
-        evaluations = outcome.evaluations_by_cluster.get(c.name, 0) + seed_stats.evaluations
+        polished = _polish(model, training, c, best[c.name], set(seeds), profiles[c.name],
+                           options)
+        evaluations = (outcome.evaluations_by_cluster.get(c.name, 0) + seed_stats.evaluations
+                       + polished)
         stats[c.name] = _Stats(len(records), sum(r.valid for r in records),
                                sum(r.valid and r.fits for r in records), evaluations)
         for n in counts_by[c.name]:
@@ -683,6 +688,35 @@ def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
                                  else seeded[clusters[0].name]}
     return _Found(best, stats, sum(s.evaluations for s in stats.values()), study, exact=False,
                   coverage=coverage)
+
+
+def _polish(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+            best: dict[int, Estimate], exact: set[int], profile: EfficiencyProfile,
+            options: CostOptions | None, rounds: int = 3) -> int:
+    """Improve each GPU count's best by exact scans of its neighbourhood (in place).
+
+    The neighbourhood of a layout: every valid layout of its GPU count whose
+    (tp, pp, cp, ep, etp) differs from it in at most one axis.  Repeated while
+    it improves (at most ``rounds`` times).  Returns the layouts scored.
+    """
+    scored = 0
+    for n in sorted(set(best) - exact):
+        table = enumerate_layouts(model, training, n)
+        cm = build_cost_model(model, training, build_fabric(cluster, n), profile=profile,
+                              options=options)
+        for _ in range(rounds):
+            lay, c = best[n].layout, table.columns
+            differ = sum((c[a] != getattr(lay, a)).astype(np.int64) for a in SHAPE_AXES)
+            near = table.select(differ <= 1)
+            scan = scan_bounded(cm, near, top=1)
+            scored += scan.checked
+            if not scan.feasible:
+                break
+            found = estimates_for_rows(cm, near, scan.feasible_rows[rank_feasible(scan, top=1)])
+            if found[0].tokens_per_s <= best[n].tokens_per_s:
+                break
+            best[n] = found[0]
+    return scored
 
 
 def _seed_counts(counts: Sequence[int]) -> tuple[int, ...]:
