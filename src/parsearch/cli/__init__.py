@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "topology_cmds",
     "cost_cmds",
     "search_cmds",
+    "sweep_cmd",
     "calibrate_cmds",
     "serve_cmd",
 )

@@ -34,17 +34,20 @@ minimizes GPUs.
   interrupted run, resumed, neither loses nor repeats a completed trial,
   and several processes can share one study (the budget is checked before
   every batch, so together they overshoot it by at most one batch each).
+* Several workers (:mod:`parsearch.search.storage`): the starting layouts
+  are enqueued once per study; each worker takes a number from the study
+  and samples its own seed stream (worker 0 uses ``seed`` itself); on an
+  RDB storage every running trial has a heartbeat, and the trials of a
+  dead worker are failed and queued again by the next batch of any worker.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +68,7 @@ from parsearch.cost.memory import memory_arrays
 from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
 from parsearch.layout import Layout
+from parsearch.search import storage as storage_mod
 from parsearch.space import divisors
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import build_fabric
@@ -78,6 +82,7 @@ CLUSTER_AXIS = "cluster"
 RULE_PENALTY = 10.0
 _MAX_MEMORY_PENALTY = 9.0
 _QUERY_ATTR = "parsearch_query"
+_ENQUEUED_ATTR = "parsearch_enqueued"
 _OUTCOME_KEYS: tuple[str, ...] = ("valid", "fits", "tokens_per_s", "rules", "memory")
 
 
@@ -421,27 +426,12 @@ def _round_robin(lists: Sequence[Sequence[Any]], limit: int) -> list[Any]:
 
 
 def make_storage(url: str | None) -> Any:
-    """An optuna storage for ``url``: ``None`` in memory, a journal file, or an RDB URL."""
-    if url is None:
-        return optuna.storages.InMemoryStorage()
-    path: str | None = None
-    if url.startswith("journal:"):
-        path = url.removeprefix("journal:").removeprefix("//")
-    elif "://" not in url and url.endswith((".log", ".journal", ".jsonl")):
-        path = url
-    if path is not None:
-        if not path:
-            raise SpecError(f"--storage {url!r}: give a journal file path, e.g. journal:study.log")
-        backend = optuna.storages.journal.JournalFileBackend(str(Path(path)))
-        return optuna.storages.JournalStorage(backend)
-    if "://" not in url:
-        raise SpecError(f"--storage {url!r} is not a storage URL; use e.g. sqlite:///study.db, "
-                        "postgresql://user@host/db or journal:study.log")
-    try:
-        return optuna.storages.RDBStorage(url)
-    except Exception as error:  # sqlalchemy raises many kinds
-        raise SpecError(f"--storage {url!r}: cannot open the storage: "
-                        f"{str(error).splitlines()[0]}") from None
+    """An optuna storage for ``url``: ``None`` in memory, a journal file, or an RDB URL.
+
+    RDB storages keep a heartbeat per running trial, so a dead worker's
+    trials are failed and queued again (:mod:`parsearch.search.storage`).
+    """
+    return storage_mod.make_storage(url)
 
 
 def query_fingerprint(model: ModelSpec, training: TrainingSpec,
@@ -610,20 +600,26 @@ def _enqueue_limit(n_trials: int, space: _Space) -> int:
 def _open_study(model: ModelSpec, training: TrainingSpec, space: _Space,
                 sets: dict[str, tuple[Any, ...]], *, storage: str | None,
                 study_name: str | None, sampler: optuna.samplers.BaseSampler,
-                ) -> optuna.Study:
-    """Create or load the study; refuse one made for another query (or cluster list)."""
+                backend: Any = None) -> optuna.Study:
+    """Create or load the study; refuse one made for another query (or cluster list).
+
+    Several workers may open it at once: the query is recorded under the
+    storage lock, and the first to record it wins.
+    """
     fingerprint = space.fingerprint(model, training, sets)
     name = study_name or f"parsearch-{model.name}-{fingerprint}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=make_storage(storage), study_name=name,
+    backend = make_storage(storage) if backend is None else backend
+    study = optuna.create_study(storage=backend, study_name=name,
                                 directions=["maximize", "minimize"], sampler=sampler,
                                 load_if_exists=True)
-    stored = study.user_attrs.get(_QUERY_ATTR)
-    if stored is None and not study.get_trials(deepcopy=False):
-        study.set_user_attr(_QUERY_ATTR, fingerprint)
-    elif stored is not None and stored != fingerprint:
-        raise SpecError(f"study {name!r} in {storage} was created for another query (model, "
-                        "training setup, cluster list or GPU range differ); use another "
+    with storage_mod.storage_lock(backend, storage, f"{name}:query"):
+        stored = study.user_attrs.get(_QUERY_ATTR)
+        if stored is None and not study.get_trials(deepcopy=False):
+            study.set_user_attr(_QUERY_ATTR, fingerprint)
+    if stored is not None and stored != fingerprint:
+        raise SpecError(f"study {name!r} in {_redact(storage)} was created for another query "
+                        "(model, training setup, cluster list or GPU range differ); use another "
                         "--study-name or the original options")
     return study
 
@@ -646,9 +642,8 @@ def _tell_batch(study: optuna.Study, batch: list[optuna.trial.Trial], router: _R
             study.tell(trial, [out["tokens_per_s"], float(lay.num_gpus)])
             told += 1
     except BaseException:
-        for trial in batch[told:]:  # leave no trial RUNNING behind in a shared storage
-            with contextlib.suppress(Exception):
-                study.tell(trial, state=TrialState.FAIL)
+        # leave no trial RUNNING behind in a shared storage: fail the rest and queue them again
+        storage_mod.give_back(study, batch[told:])
         raise
 
 
@@ -669,7 +664,8 @@ def run_study(*, model: ModelSpec, training: TrainingSpec,
               profile: EfficiencyProfile | Mapping[str, EfficiencyProfile | None] | None = None,
               options: CostOptions | None = None,
               on_trials: Callable[[int], None] | None = None,
-              stop_after: int | None = None) -> StudyOutcome:
+              stop_after: int | None = None,
+              heartbeat_s: int | None = storage_mod.DEFAULT_HEARTBEAT_S) -> StudyOutcome:
     """Run (or resume) the study until it holds ``n_trials`` completed trials.
 
     ``cluster``: one cluster, or several (one study with a ``cluster`` axis);
@@ -679,6 +675,8 @@ def run_study(*, model: ModelSpec, training: TrainingSpec,
     ``on_trials(k)`` is called after each batch of ``k`` completed trials
     (progress).  ``stop_after`` ends this run after that many new trials
     (a controlled interruption, for tests and time-boxed workers).
+    ``heartbeat_s``: seconds between the heartbeats of running trials on an
+    RDB storage (``None``: none; a dead worker's trials then stay RUNNING).
     """
     _check_run_args(n_trials, sampler)
     space = _space(cluster, gpu_counts)
@@ -686,18 +684,21 @@ def run_study(*, model: ModelSpec, training: TrainingSpec,
     if pop < 2:
         raise SpecError(f"optuna search: population_size must be >= 2, got {pop}")
     sets = _study_sets(model, training, space)
+    backend = storage_mod.make_storage(storage, heartbeat_s=heartbeat_s)
     study = _open_study(model, training, space, sets, storage=storage, study_name=study_name,
-                        sampler=_sampler(sampler, seed, pop))
-    existing = study.get_trials(deepcopy=False)
+                        sampler=_sampler(sampler, seed, pop), backend=backend)
+    # each worker on the study samples its own stream (worker 0: the seed itself)
+    worker = storage_mod.claim_worker_number(study, backend, storage) if storage else 0
+    if worker:
+        study.sampler = _sampler(sampler, storage_mod.worker_seed(seed, worker), pop)
     router = _router(model, training, space, profile, options)
     completed = _completed(study)
     router.warm(completed, space.names[0])
     enqueued = 0
-    if enqueue and not existing:
-        for params in _starting_params(model, training, space, sets,
-                                       limit=_enqueue_limit(n_trials, space), options=options):
-            study.enqueue_trial(params, skip_if_exists=True)
-            enqueued += 1
+    if enqueue:
+        enqueued = _enqueue_once(study, backend, storage, _starting_params(
+            model, training, space, sets, limit=_enqueue_limit(n_trials, space),
+            options=options))
     before, run = len(completed), 0
     distributions = {a: optuna.distributions.CategoricalDistribution(sets[a])
                      for a in space.axes}
@@ -707,8 +708,10 @@ def run_study(*, model: ModelSpec, training: TrainingSpec,
             left = min(left, stop_after - run)
         if left <= 0:
             break
-        batch = [study.ask(distributions) for _ in range(min(pop, left))]
-        _tell_batch(study, batch, router, space)
+        storage_mod.reap_stale_trials(study, backend, storage)  # a dead worker's trials
+        batch = [storage_mod.ask(study, distributions) for _ in range(min(pop, left))]
+        with storage_mod.Heartbeat(backend, [t._trial_id for t in batch]):
+            _tell_batch(study, batch, router, space)
         run += len(batch)
         if on_trials is not None:
             on_trials(len(batch))
@@ -721,16 +724,24 @@ def run_study(*, model: ModelSpec, training: TrainingSpec,
         evaluations_by_cluster={n: s.evaluations for n, s in router.scorers.items()})
 
 
+def _enqueue_once(study: optuna.Study, backend: Any, storage: str | None,
+                  params: Sequence[dict[str, Any]]) -> int:
+    """Enqueue the starting layouts once per study, however many workers start together.
+
+    A study made by an earlier release without the mark but with trials counts as enqueued.
+    """
+    with storage_mod.storage_lock(backend, storage, f"{study.study_name}:enqueue"):
+        if _ENQUEUED_ATTR in study.user_attrs or study.get_trials(deepcopy=False):
+            return 0
+        for p in params:
+            study.enqueue_trial(p)
+        study.set_user_attr(_ENQUEUED_ATTR, len(params))
+    return len(params)
+
+
 def _redact(url: str | None) -> str:
     """The storage URL without a password (it is printed and stored in reports)."""
-    if url is None:
-        return "memory"
-    if "://" in url and "@" in url.split("://", 1)[1]:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
+    return storage_mod.redact(url)
 
 
 def trial_budget_for(total_layouts: int, fraction: float = 0.1) -> int:
