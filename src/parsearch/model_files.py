@@ -18,7 +18,7 @@ import yaml
 
 from parsearch.errors import SpecError
 from parsearch.presets import PRESETS, get_preset
-from parsearch.workload import MlaSpec, ModelSpec, MoeSpec
+from parsearch.workload import MAX_SIZES, MlaSpec, ModelSpec, MoeSpec, short_repr
 
 Config = Mapping[str, Any]
 
@@ -47,20 +47,51 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+#: Largest model file read (a config.json is a few kB; this keeps a stray large file out).
+MAX_FILE_BYTES = 16 * 2**20
+#: Deepest nesting of lists/mappings accepted in a model file (real configs nest 3 deep).
+MAX_NESTING = 64
+
+
 def _read_text(path: Path) -> str:
     if not path.exists():
         raise SpecError(f"model file not found: {path}")
     if not path.is_file():
         raise SpecError(f"model file {path} is not a regular file")
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read model file {path}: {_one_line(str(exc))}") from exc
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SpecError(f"model file {path} is {size:,} bytes, over the largest accepted "
+                            f"size of {MAX_FILE_BYTES:,} bytes; is it a config.json?")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SpecError(f"cannot read model file {path}: {_one_line(exc.strerror or exc)}") \
+            from exc
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"model file {path} is not UTF-8 text (byte {exc.start}: "
+                        f"{exc.reason}); save it as UTF-8 JSON or YAML") from None
+
+
+def _nesting(text: str) -> int:
+    """Deepest bracket nesting of ``text`` (an upper bound for JSON and flow-style YAML)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def _parse(path: Path) -> dict[str, Any]:
     """Parse ``path`` as JSON (``.json``) or YAML (otherwise); the top level must be a mapping."""
     text = _read_text(path)
+    if _nesting(text) > MAX_NESTING:
+        raise SpecError(f"{path}: lists or mappings nested deeper than {MAX_NESTING} levels; "
+                        "a model config is a flat mapping")
     data: object
     if path.suffix.lower() == ".json":
         try:
@@ -69,6 +100,8 @@ def _parse(path: Path) -> dict[str, Any]:
             raise SpecError(
                 f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             ) from exc
+        except (ValueError, RecursionError) as exc:  # e.g. an integer of 5,000 digits
+            raise SpecError(f"{path}: invalid JSON: {_one_line(str(exc))[:200]}") from None
     else:
         try:
             data = yaml.safe_load(text)
@@ -77,6 +110,8 @@ def _parse(path: Path) -> dict[str, Any]:
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(exc, "problem", None) or str(exc)
             raise SpecError(f"{path}: invalid YAML{where}: {_one_line(problem)}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise SpecError(f"{path}: invalid YAML: {_one_line(str(exc))[:200]}") from None
     if not isinstance(data, dict):
         raise SpecError(
             f"{path}: expected a mapping of keys to values at the top level, "
@@ -91,6 +126,24 @@ def _is_hf_config(data: Config) -> bool:
 
 # --------------------------------------------------------------------------- typed access
 
+# HF config keys and the ModelSpec field whose bound (workload.MAX_SIZES) they obey.
+_HF_SIZE_NAMES: dict[str, str] = {
+    "num_hidden_layers": "num_layers",
+    "intermediate_size": "ffn_hidden_size",
+    "moe_intermediate_size": "expert_ffn_hidden_size",
+    "shared_expert_intermediate_size": "shared_expert_ffn_hidden_size",
+    "num_key_value_heads": "num_query_groups",
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "num_experts_per_tok": "top_k",
+    "n_shared_experts": "num_experts",
+    "first_k_dense_replace": "first_k_dense",
+    "moe_layer_freq": "layer_freq",
+    "decoder_sparse_step": "layer_freq",
+    "num_nextn_predict_layers": "mtp_layers",
+}
+_MAX_OTHER_INT = 2**31 - 1
+
 
 class _Reader:
     """Typed access to the keys of one config, with errors that name the key and the file."""
@@ -100,7 +153,7 @@ class _Reader:
         self.where = where
 
     def _bad(self, key: str, value: object, expected: str) -> SpecError:
-        return SpecError(f"{self.where}: key {key!r} = {value!r}: expected {expected}")
+        return SpecError(f"{self.where}: key {key!r} = {short_repr(value)}: expected {expected}")
 
     def has(self, key: str) -> bool:
         return self.data.get(key) is not None
@@ -119,6 +172,10 @@ class _Reader:
         if value < minimum:
             kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise self._bad(key, value, kind)
+        bound = MAX_SIZES.get(_HF_SIZE_NAMES.get(key, key), _MAX_OTHER_INT)
+        if value > bound:
+            raise SpecError(f"{self.where}: key {key!r} = {short_repr(value)} exceeds the largest "
+                            f"supported value, {bound:,}")
         return value
 
     def get_bool(self, key: str, default: bool) -> bool:
@@ -152,16 +209,22 @@ class _Reader:
 
 
 def _moe_pattern(is_moe: list[bool], reader: _Reader, key: str) -> tuple[int, int]:
-    """Express per-layer MoE flags as ``(first_k_dense, layer_freq)``, else raise naming ``key``."""
+    """Express per-layer MoE flags as ``(first_k_dense, layer_freq)``, else raise naming ``key``.
+
+    The first MoE layer fixes ``first_k_dense`` and the gap to the next one
+    the frequency (one MoE layer: the smallest frequency that reaches past
+    the last layer); one pass then checks every layer.
+    """
     n = len(is_moe)
-    for first_k in range(n):
-        for freq in range(1, n + 1):
-            if all(is_moe[i] == (i >= first_k and (i - first_k) % freq == 0) for i in range(n)):
-                return first_k, freq
     moe_layers = [i for i, flag in enumerate(is_moe) if flag]
+    if moe_layers:
+        first_k = moe_layers[0]
+        freq = moe_layers[1] - first_k if len(moe_layers) > 1 else max(1, n - first_k)
+        if all(is_moe[i] == (i >= first_k and (i - first_k) % freq == 0) for i in range(n)):
+            return first_k, freq
     raise SpecError(
-        f"{reader.where}: key {key!r} gives MoE layers {moe_layers}, which parsearch cannot "
-        "express as first-k-dense plus a frequency"
+        f"{reader.where}: key {key!r} gives MoE layers {short_repr(moe_layers)}, which "
+        "parsearch cannot express as first-k-dense plus a frequency"
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,7 +33,14 @@ from typing import Any
 
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.layout import Layout
-from parsearch.workload import ModelSpec, MoeSpec, Precision, Recompute, TrainingSpec
+from parsearch.workload import (
+    ModelSpec,
+    MoeSpec,
+    Precision,
+    Recompute,
+    TrainingSpec,
+    short_repr,
+)
 
 Row = Mapping[str, str]
 
@@ -194,16 +202,27 @@ def _text(row: Row, column: str) -> str:
     return (row.get(column) or "").strip()
 
 
+#: Largest integer cell (GPU counts, degrees, sizes); larger ones are typos.
+MAX_INT_CELL = 2**31 - 1
+
+
 def _parsed(row: Row, column: str, kind: type[int] | type[float], what: str) -> Any:
     text = _text(row, column)
     if not text:
         return None
     try:
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise SpecError(
-            f"published run {row.get('id')}: {column}={text!r} is not {what}"
+            f"published run {row.get('id')}: {column}={short_repr(text)} is not {what}"
         ) from None
+    if kind is int and not 0 <= value <= MAX_INT_CELL:
+        raise SpecError(f"published run {row.get('id')}: {column}={short_repr(text)} is not "
+                        f"an integer between 0 and {MAX_INT_CELL:,}")
+    if kind is float and not (math.isfinite(value) and value >= 0):
+        raise SpecError(f"published run {row.get('id')}: {column}={short_repr(text)} is not "
+                        "a finite number >= 0")
+    return value
 
 
 def _int(row: Row, column: str) -> int | None:
@@ -734,37 +753,77 @@ def _skip_reason(
     return None
 
 
+#: Largest runs file read (the bundled ones are under 1 MB).
+MAX_FILE_BYTES = 64 * 2**20
+
+
 def _read_text(path: str | Path | None) -> str:
-    if path is not None:
-        try:
-            return Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise SpecError(f"published runs {path}: cannot read it ({error})") from None
-    return resources.files(DATA_PACKAGE).joinpath(DATA_FILE).read_text(encoding="utf-8")
+    if path is None:
+        return resources.files(DATA_PACKAGE).joinpath(DATA_FILE).read_text(encoding="utf-8")
+    try:
+        file = Path(path)
+        if file.is_dir():
+            raise SpecError(f"published runs {path}: is a folder, not a CSV file")
+        if file.stat().st_size > MAX_FILE_BYTES:
+            raise SpecError(f"published runs {path}: over {MAX_FILE_BYTES:,} bytes")
+        return file.read_bytes().decode("utf-8-sig")
+    except OSError as error:
+        raise SpecError(f"published runs {path}: cannot read it ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise SpecError(f"published runs {path}: not UTF-8 text (byte {error.start}: "
+                        f"{error.reason})") from None
+
+
+@dataclass(frozen=True)
+class PublishedRunsFile:
+    """The rows of a runs file: the readable runs, and each unreadable row with why."""
+
+    runs: list[PublishedRun]
+    unreadable: tuple[tuple[str, str], ...]
+
+
+def read_published_runs(path: str | Path | None = None) -> PublishedRunsFile:
+    """Every row of the dataset (default: the packaged CSV), in file order.
+
+    A row with a blank required cell or a malformed cell is not a run: it is
+    listed in ``unreadable`` as ``(id, reason)`` (id ``line N`` when the id
+    cell is blank) and the other rows are read.  A file that is not a runs
+    CSV at all (unreadable, not UTF-8, required columns missing) raises
+    :class:`SpecError`.
+    """
+    name = path or DATA_FILE
+    try:
+        reader = csv.DictReader(io.StringIO(_read_text(path)))
+        fieldnames = reader.fieldnames or []
+    except csv.Error as error:
+        raise SpecError(f"published runs {name}: not a CSV file ({error})") from None
+    missing = [c for c in ("id", "model", "num_gpus", "tp", "pp", "global_batch_size",
+                           "seq_length") if c not in fieldnames]
+    if missing:
+        raise SpecError(
+            f"published runs {name}: missing column(s) {', '.join(missing)}; "
+            "use the columns of the bundled published_runs.csv"
+        )
+    runs: list[PublishedRun] = []
+    unreadable: list[tuple[str, str]] = []
+    line = 1
+    try:
+        for line, row in enumerate(reader, start=2):
+            try:
+                runs.append(parse_row(row))
+            except (KeyError, ValueError, TypeError, ArithmeticError) as error:
+                row_id = _text(row, "id") or f"line {line}"
+                reason = str(error) if isinstance(error, SpecError) else repr(error)
+                reason = reason.removeprefix(f"published run {row.get('id')}: ")
+                unreadable.append((row_id, f"cannot read row: {' '.join(reason.split())[:300]}"))
+    except csv.Error as error:
+        raise SpecError(f"published runs {name} line {line + 1}: not CSV ({error})") from None
+    return PublishedRunsFile(runs, tuple(unreadable))
 
 
 def load_published_runs(path: str | Path | None = None) -> list[PublishedRun]:
-    """Every row of the dataset (default: the packaged CSV), in file order."""
-    reader = csv.DictReader(io.StringIO(_read_text(path)))
-    missing = [c for c in ("id", "model", "num_gpus", "tp", "pp", "global_batch_size",
-                           "seq_length") if c not in (reader.fieldnames or [])]
-    if missing:
-        raise SpecError(
-            f"published runs {path or DATA_FILE}: missing column(s) {', '.join(missing)}; "
-            "use the columns of the bundled published_runs.csv"
-        )
-    runs = []
-    for line, row in enumerate(reader, start=2):
-        try:
-            runs.append(parse_row(row))
-        except (KeyError, ValueError, TypeError) as error:
-            if isinstance(error, SpecError):
-                raise SpecError(f"published runs {path or DATA_FILE} line {line}: {error}") \
-                    from None
-            raise SpecError(
-                f"published runs {path or DATA_FILE} line {line}: cannot read row ({error!r})"
-            ) from None
-    return runs
+    """The readable rows of the dataset (see :func:`read_published_runs` for the others)."""
+    return read_published_runs(path).runs
 
 
 # --------------------------------------------------------------------------- selections

@@ -8,6 +8,7 @@ files lives in :mod:`parsearch.model_files`; presets in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,28 +34,80 @@ RECOMPUTE_MODULES: tuple[str, ...] = (
 )
 
 
-def require_positive_int(owner: str, name: str, value: object) -> int:
-    """Return ``value`` if it is an int >= 1, else raise a :class:`SpecError`."""
+# Upper bounds of sizes, far above any published model or run, so that every
+# later product (FLOPs, bytes, layout counts) stays finite and exact in int64
+# and float64 and no input can make the enumeration hang.  An error names the
+# bound; ``MAX_SIZES`` maps each field to its bound.
+MAX_LAYERS = 4_096  # largest public dense/MoE models: 126 (Llama 3.1 405B), 61 (DeepSeek-V3)
+MAX_HIDDEN_SIZE = 262_144  # public maximum 25,600 (GPT-1T, Narayanan et al. 2021)
+MAX_FFN_HIDDEN_SIZE = 1_048_576
+MAX_HEADS = 16_384  # public maximum 160 (GPT-1T)
+MAX_HEAD_DIM = 16_384
+MAX_VOCAB_SIZE = 16_777_216  # public maximum ~262k (Gemma 3)
+MAX_EXPERTS = 65_536  # public maximum 384 (Kimi-K2)
+MAX_MTP_LAYERS = 64
+MAX_SEQ_LEN = 4_194_304  # 4M tokens; public long-context training reaches 1M
+MAX_GLOBAL_BATCH = 16_777_216  # sequences per step
+MAX_MICRO_BATCH = 65_536
+MAX_BYTES_PER_PARAMETER = 64.0  # fp64 master weights + two fp64 moments = 24
+MAX_SIZES: dict[str, int] = {
+    "num_layers": MAX_LAYERS,
+    "hidden_size": MAX_HIDDEN_SIZE,
+    "ffn_hidden_size": MAX_FFN_HIDDEN_SIZE,
+    "num_attention_heads": MAX_HEADS,
+    "num_query_groups": MAX_HEADS,
+    "head_dim": MAX_HEAD_DIM,
+    "vocab_size": MAX_VOCAB_SIZE,
+    "mtp_layers": MAX_MTP_LAYERS,
+    "num_experts": MAX_EXPERTS,
+    "top_k": MAX_EXPERTS,
+    "expert_ffn_hidden_size": MAX_FFN_HIDDEN_SIZE,
+    "shared_expert_ffn_hidden_size": MAX_FFN_HIDDEN_SIZE,
+    "first_k_dense": MAX_LAYERS,
+    "layer_freq": MAX_LAYERS,
+    "kv_lora_rank": MAX_HIDDEN_SIZE,
+    "qk_nope_head_dim": MAX_HEAD_DIM,
+    "qk_rope_head_dim": MAX_HEAD_DIM,
+    "v_head_dim": MAX_HEAD_DIM,
+    "q_lora_rank": MAX_HIDDEN_SIZE,
+    "seq_len": MAX_SEQ_LEN,
+    "global_batch": MAX_GLOBAL_BATCH,
+    "micro_batch_sizes": MAX_MICRO_BATCH,
+    "max_vpp": MAX_LAYERS,
+    "recompute_num_layers": MAX_LAYERS,
+    "activation_offload_layers": MAX_LAYERS,
+}
+
+
+def _require_int(owner: str, name: str, value: object, minimum: int, kind: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(
-            f"{owner}: {name} must be a positive integer, got {value!r} "
-            f"({type(value).__name__})"
-        )
-    if value < 1:
-        raise SpecError(f"{owner}: {name} must be a positive integer, got {value}")
+        raise SpecError(f"{owner}: {name} must be {kind}, got {short_repr(value)} "
+                        f"({type(value).__name__})")
+    if value < minimum:
+        raise SpecError(f"{owner}: {name} must be {kind}, got {short_repr(value)}")
+    bound = MAX_SIZES.get(name)
+    if bound is not None and value > bound:
+        raise SpecError(f"{owner}: {name}={short_repr(value)} exceeds the largest supported "
+                        f"{name}, {bound:,}")
     return value
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, shortened: a 5,000-digit integer is not worth printing."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def require_positive_int(owner: str, name: str, value: object) -> int:
+    """``value`` if it is an int >= 1 (and within ``MAX_SIZES``), else a :class:`SpecError`."""
+    return _require_int(owner, name, value, 1, "a positive integer")
 
 
 def require_non_negative_int(owner: str, name: str, value: object) -> int:
-    """Return ``value`` if it is an int >= 0, else raise a :class:`SpecError`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(
-            f"{owner}: {name} must be a non-negative integer, got {value!r} "
-            f"({type(value).__name__})"
-        )
-    if value < 0:
-        raise SpecError(f"{owner}: {name} must be a non-negative integer, got {value}")
-    return value
+    """``value`` if it is an int >= 0 (and within ``MAX_SIZES``), else a :class:`SpecError`."""
+    return _require_int(owner, name, value, 0, "a non-negative integer")
 
 
 def require_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -297,8 +350,12 @@ class TrainingSpec:
         require_choice(owner, "pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
         for name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpecError(f"{owner}: {name} must be a number >= 0, got {value!r}")
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise SpecError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+            if value > MAX_BYTES_PER_PARAMETER:
+                raise SpecError(f"{owner}: {name}={value:g} exceeds the largest supported "
+                                f"bytes per parameter, {MAX_BYTES_PER_PARAMETER:g}")
         self._check_activation_options(owner)
 
     def _check_activation_options(self, owner: str) -> None:
@@ -310,6 +367,7 @@ class TrainingSpec:
                     f"model chunk to recompute with recompute=full) or None for all layers; "
                     f"got {value!r}"
                 )
+            require_positive_int(owner, "recompute_num_layers", value)
         modules = self.recompute_modules
         if isinstance(modules, str) or not isinstance(modules, (tuple, list)):
             raise SpecError(
@@ -335,6 +393,7 @@ class TrainingSpec:
                 f"{owner}: activation_offload_layers must be an integer >= 0 (transformer "
                 f"layers per model chunk whose activations go to host memory); got {value!r}"
             )
+        require_non_negative_int(owner, "activation_offload_layers", value)
 
     @property
     def tokens_per_step(self) -> int:

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for module in command_modules():
         module.register(subparsers)
+    from parsearch.cli.input_checks import check_parser_inputs
+
+    check_parser_inputs(parser)  # bounds, finite floats, seeds, output files, storage URLs
     return parser
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
@@ -20,6 +21,7 @@ from parsearch.workload import (
     SEQUENCE_PARALLEL_MODES,
     ModelSpec,
     TrainingSpec,
+    short_repr,
 )
 
 
@@ -27,9 +29,9 @@ def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not an integer") from None
     if value < low:
-        raise argparse.ArgumentTypeError(f"{value} must be {what}")
+        raise argparse.ArgumentTypeError(f"{short_repr(value)} must be {what}")
     return value
 
 
@@ -44,22 +46,34 @@ def non_negative_int(text: str) -> int:
 
 
 def non_negative_float(text: str) -> float:
-    """argparse type: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    """argparse type: a finite number >= 0."""
+    value = finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
     return value
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``nan``, ``inf`` and overflowing values refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a finite number")
+    return value
+
+
+#: Most values in one comma-separated list option.
+MAX_LIST_VALUES = 64
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """argparse type: ``"1,2,4"`` -> ``(1, 2, 4)``, each a positive integer."""
-    values = []
-    for part in text.split(","):
-        if part.strip():
-            values.append(positive_int(part.strip()))
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if len(parts) > MAX_LIST_VALUES:
+        raise argparse.ArgumentTypeError(f"{len(parts)} values; give at most {MAX_LIST_VALUES}")
+    values = [positive_int(part) for part in parts]
     if not values:
         raise argparse.ArgumentTypeError("give at least one value, e.g. 1,2,4")
     return tuple(values)
@@ -263,9 +277,42 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 
 def print_json(document: Any, out: TextIO | None = None) -> None:
+    """Print ``document`` as strict JSON (RFC 8259: no NaN or Infinity), see :func:`strict_json`."""
     out = out or sys.stdout
-    json.dump(document, out, indent=2)
+    json.dump(strict_json(document), out, indent=2, allow_nan=False)
     out.write("\n")
+
+
+def strict_json(document: Any) -> Any:
+    """``document`` in plain JSON types, each NaN/Infinity replaced by ``null`` with a reason.
+
+    A number that cannot be computed (NaN) or is unbounded (Infinity) has no
+    JSON spelling; it becomes ``null`` and, when the top level is a mapping,
+    its path is listed under ``"null_reasons"`` with why, so no value goes
+    missing silently.  numpy scalars and arrays become numbers and lists.
+    """
+    reasons: dict[str, str] = {}
+    clean = _plain(document, "", reasons)
+    if reasons and isinstance(clean, dict):
+        clean["null_reasons"] = {**clean.get("null_reasons", {}), **reasons}
+    return clean
+
+
+def _plain(value: Any, path: str, reasons: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{path}.{k}" if path else str(k), reasons)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{path}[{i}]", reasons) for i, v in enumerate(value)]
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalar or array
+        return _plain(value.tolist(), path, reasons)
+    if isinstance(value, float) and not math.isfinite(value):
+        reasons[path or "value"] = ("cannot be computed from these inputs" if value != value
+                                    else "unbounded: no finite value")
+        return None
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return str(value)
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
@@ -289,6 +336,8 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return "n/a" if value != value else "unbounded"
         return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
 

@@ -124,14 +124,19 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from parsearch.published_runs import load_published_runs
+    from dataclasses import replace
+
+    from parsearch.published_runs import read_published_runs
     from parsearch.validation import validate_runs
 
-    runs = load_published_runs(args.data)
+    data = read_published_runs(args.data)
+    runs = data.runs
     if args.cv:
         return _run_cross_validation(args, runs)
     report = validate_runs(runs, deduplicate=not args.all_releases,
                            include_partial=args.include_partial)
+    # Rows that could not be read at all are skipped rows too, each with its reason.
+    report = replace(report, skipped=data.unreadable + report.skipped)
     if args.format == "json":
         print_json(report.to_dict())
         return 0
@@ -139,13 +144,13 @@ def run_validate(args: argparse.Namespace) -> int:
         ("id", "model", "gpu", "gpus", "layout", "precision", "predicted", "measured", "APE",
          "assumed"),
         [(r.id, r.model, r.gpu, r.num_gpus, r.layout_key, r.precision,
-          f"{r.predicted_tokens_per_s_per_gpu:,.0f}", f"{r.measured_tokens_per_s_per_gpu:,.0f}",
-          f"{r.ape:.1%}", r.assumed or "-") for r in report.rows],
+          _num(r.predicted_tokens_per_s_per_gpu), _num(r.measured_tokens_per_s_per_gpu),
+          _pct(r.ape, 1), r.assumed or "-") for r in report.rows],
     )
     summary = report.summary()
     print()
-    print(f"rows: {summary['n']}  skipped: {summary['skipped']}  MAPE: {summary['mape']:.1%}  "
-          f"median APE: {summary['median_ape']:.1%}  "
+    print(f"rows: {summary['n']}  skipped: {summary['skipped']}  "
+          f"MAPE: {_pct(summary['mape'], 1)}  median APE: {_pct(summary['median_ape'], 1)}  "
           f"Spearman (mean within {summary['spearman_groups']} model/GPU groups): "
           f"{_fmt(summary['spearman'])}  predicted out of memory: "
           f"{summary['predicted_out_of_memory']}")
@@ -186,9 +191,13 @@ def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
     return 0
 
 
-def _pct(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.0%}"
+def _pct(value: float, digits: int = 0) -> str:
+    return f"{value:.{digits}%}" if math.isfinite(value) else "n/a"
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if math.isfinite(value) else "n/a"
 
 
 def _fmt(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.2f}"
+    return f"{value:.2f}" if math.isfinite(value) else "n/a"

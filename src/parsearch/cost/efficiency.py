@@ -159,8 +159,9 @@ def efficiency_dir() -> Path:
 def _read(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise SpecError(f"efficiency profile {path}: cannot read it: {error}") from None
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as error:  # one line
+        raise SpecError(f"efficiency profile {path}: cannot read it: "
+                        f"{' '.join(str(error).split())[:300]}") from None
     if not isinstance(data, dict):
         raise SpecError(f"efficiency profile {path}: expected a mapping at the top level")
     return data
@@ -237,11 +238,15 @@ def _non_negative(where: str, name: str, value: Any) -> float:
     if isinstance(value, str):  # YAML 1.1 reads "2.0e9" (no exponent sign) as a string
         with contextlib.suppress(ValueError):
             value = float(value)
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-            or not math.isfinite(value)):
-        raise SpecError(f"efficiency profile {where}: {name} must be a finite number >= 0, "
-                        f"got {value!r}")
+    # At most _MAX_VALUE keeps every product of profile values finite; NaN fails both tests.
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 <= value <= _MAX_VALUE):
+        raise SpecError(f"efficiency profile {where}: {name} must be a finite number >= 0 "
+                        f"(at most {_MAX_VALUE:g}), got {str(value)[:40]}")
     return float(value)
+
+
+_MAX_VALUE = 1e15
 
 
 def _fraction(where: str, name: str, value: Any) -> float:

@@ -45,7 +45,11 @@ def write_plot(result: ParetoResult, path: str | os.PathLike[str], *,
         data = _png_bytes(result, title)
     else:
         data = html_page(result, title).encode("utf-8")
-    _write_atomically(target, data)
+    try:
+        _write_atomically(target, data)
+    except (OSError, ValueError) as error:  # read-only folder, a folder of that name, NUL...
+        reason = getattr(error, "strerror", None) or str(error)
+        raise SpecError(f"--plot {str(path)!r}: cannot write the file: {reason}") from None
     return target
 
 

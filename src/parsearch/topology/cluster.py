@@ -47,6 +47,7 @@ import yaml
 from parsearch.errors import TopologyError
 from parsearch.hardware import list_gpu_profiles
 from parsearch.resources import data_dir
+from parsearch.workload import short_repr
 
 FABRICS: tuple[str, ...] = ("infiniband", "ethernet")
 
@@ -80,6 +81,33 @@ _OPTIONAL: tuple[str, ...] = (
     "nvlink_efficiency",
     "network_efficiency",
 )
+
+#: Largest job parsearch models (GPUs): above the largest public clusters (~100k GPUs),
+#: and the topology graph of this many GPUs still builds in seconds.
+MAX_GPUS = 131_072
+#: Accepted range of each number of a cluster file, in the file's units; far outside any
+#: real hardware, so that no product of them overflows or rounds to zero.
+FIELD_RANGES: dict[str, tuple[float, float]] = {
+    "nvlink_bandwidth_GBps": (1e-3, 1e6),
+    "nic_bandwidth_Gbps": (1e-3, 1e7),
+    "leaf_oversubscription": (0.0, 1024.0),  # >= 1 checked by ClusterSpec
+    "spine_oversubscription": (0.0, 1024.0),
+    "nvlink_latency_us": (0.0, 1e6),
+    "network_latency_us": (0.0, 1e6),
+    "switch_latency_us": (0.0, 1e6),
+}
+#: Largest value of each integer field of a cluster file.
+INT_MAXIMA: dict[str, int] = {
+    "gpus_per_node": 4_096,
+    "nics_per_node": 4_096,
+    "nvlink_domain_size": MAX_GPUS,
+    "usable_domain_size": MAX_GPUS,
+    "gpus_per_leaf": MAX_GPUS,
+    "gpus_per_pod": MAX_GPUS,
+    "max_gpus": 2**31 - 1,
+}
+#: Largest cluster file read.
+MAX_FILE_BYTES = 1 * 2**20
 
 # Defaults when a file omits an efficiency: formulas.md §9 (H100 ring busbw ~370 of 450 GB/s;
 # NDR 46-48 of 50 GB/s per NIC); RoCE lower (no measured source; an assumption).
@@ -208,19 +236,31 @@ class ClusterSpec:
 
 def _require_int(owner: str, name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TopologyError(f"{owner}: field '{name}' must be an integer, got {value!r}")
+        raise TopologyError(f"{owner}: field '{name}' must be an integer, "
+                            f"got {short_repr(value)}")
     if value < minimum:
-        raise TopologyError(f"{owner}: field '{name}' must be >= {minimum}, got {value}")
+        raise TopologyError(f"{owner}: field '{name}' must be >= {minimum}, "
+                            f"got {short_repr(value)}")
+    maximum = INT_MAXIMA.get(name)
+    if maximum is not None and value > maximum:
+        raise TopologyError(f"{owner}: field '{name}' = {short_repr(value)} exceeds the largest "
+                            f"supported value, {maximum:,}")
     return value
 
 
 def _require_number(owner: str, name: str, value: Any, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TopologyError(f"{owner}: field '{name}' must be a finite number, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not -1e300 < value < 1e300):  # NaN and Infinity fail too; huge ints never float
+        raise TopologyError(f"{owner}: field '{name}' must be a finite number, "
+                            f"got {short_repr(value)}")
     if positive and value <= 0:
         raise TopologyError(f"{owner}: field '{name}' must be positive, got {value}")
     if not positive and value < 0:
         raise TopologyError(f"{owner}: field '{name}' must not be negative, got {value}")
+    low, high = FIELD_RANGES.get(name, (-math.inf, math.inf))
+    if not low <= value <= high:
+        raise TopologyError(f"{owner}: field '{name}' = {value:g} is outside the supported "
+                            f"range {low:g} .. {high:g}")
     return float(value)
 
 
@@ -313,11 +353,26 @@ def preset_names() -> list[str]:
 def load_cluster_file(path: Path) -> ClusterSpec:
     """Read one cluster file; malformed files raise :class:`TopologyError` naming the field."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise TopologyError(f"cluster file {path} is over {MAX_FILE_BYTES:,} bytes; "
+                                "a cluster file is a short YAML mapping")
+        text = path.read_bytes().decode("utf-8-sig")
     except OSError as error:
         raise TopologyError(f"cannot read cluster file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise TopologyError(f"cluster file {path} is not UTF-8 text (byte {error.start}: "
+                            f"{error.reason})") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise TopologyError(f"{path}: not valid YAML ({error})") from None
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise TopologyError(f"{path}: not valid YAML{where}: "
+                            f"{' '.join(str(problem).split())[:200]}") from None
+    except (ValueError, RecursionError) as error:
+        raise TopologyError(f"{path}: not valid YAML: {' '.join(str(error).split())[:200]}") \
+            from None
     return cluster_from_dict(data, str(path))
 
 

@@ -35,7 +35,8 @@ from collections.abc import Iterable
 import networkx as nx
 
 from parsearch.errors import TopologyError
-from parsearch.topology.cluster import ClusterSpec
+from parsearch.topology.cluster import MAX_GPUS, ClusterSpec
+from parsearch.workload import short_repr
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nvswitch", "nic", "leaf", "spine", "core")
 
@@ -63,7 +64,10 @@ def build_graph(cluster: ClusterSpec, num_gpus: int) -> nx.Graph:
     is not penalised.
     """
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
-        raise TopologyError(f"num_gpus must be a positive integer, got {num_gpus!r}")
+        raise TopologyError(f"num_gpus must be a positive integer, got {short_repr(num_gpus)}")
+    if num_gpus > MAX_GPUS:
+        raise TopologyError(f"num_gpus={short_repr(num_gpus)} exceeds the largest supported job, "
+                            f"{MAX_GPUS:,} GPUs")
     if cluster.max_gpus is not None and num_gpus > cluster.max_gpus:
         raise TopologyError(
             f"cluster '{cluster.name}' supports at most max_gpus={cluster.max_gpus} GPUs; "
