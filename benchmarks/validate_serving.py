@@ -26,9 +26,9 @@ from typing import Any
 
 from parsearch.presets import get_preset
 from parsearch.serve.api import _context
-from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated
+from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated, instance_times
 from parsearch.serve.space import enumerate_serving_layouts
-from parsearch.serve.spec import ServingWorkload
+from parsearch.serve.spec import ServingLayout, ServingWorkload
 from parsearch.topology.cluster import load_cluster
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "serving_runs.csv"
@@ -45,9 +45,11 @@ def load_rows(path: Path = DATA) -> list[dict[str, str]]:
 
 def workload_for(row: dict[str, str]) -> ServingWorkload:
     precision = row["precision"]
-    # KV dtype is not stated by the tables: FP8 KV assumed with FP8/FP4 checkpoints
-    # (ModelOpt checkpoints ship an FP8 KV-cache scale), BF16 otherwise.
-    kv = row["kv_precision"] or ("bf16" if precision == "bf16" else "fp8")
+    # KV dtype when the source does not state it: SGLang's default "auto" keeps the model's
+    # activation dtype (SGLang server arguments, --kv-cache-dtype), BF16; for TensorRT-LLM
+    # FP8 KV is assumed with FP8/FP4 checkpoints (ModelOpt checkpoints ship a KV-cache scale).
+    default_kv = "bf16" if precision == "bf16" or row["framework"] == "sglang" else "fp8"
+    kv = row["kv_precision"] or default_kv
     return ServingWorkload(isl=int(row["isl"]), osl=int(row["osl"]), precision=precision,
                            kv_precision=kv, max_batch=int(row["max_batch"] or TRTLLM_MAX_BATCH),
                            max_num_batched_tokens=int(row["max_num_tokens"] or TRTLLM_MAX_TOKENS),
@@ -60,14 +62,45 @@ def _shape(e: ServingEstimate) -> tuple[int, int, int, int]:
 
 
 def _published_match(row: dict[str, str], e: ServingEstimate, moe: bool) -> bool:
-    """Same layout as published.  MoE rows state only the total width (TensorRT-LLM's TP with
-    attention DP and an unstated EP), so any (tp, attention_dp, ep) of that width matches."""
+    """Same layout as published.  TensorRT-LLM's ``--tp`` of an MoE run is the stage width;
+    with attention DP (``attention_dp`` column) the attention TP is width / attention_dp;
+    an unstated EP matches any ep."""
     lay = e.layout
     if lay.pp != int(row["pp"]) or lay.replicas * lay.gpus_per_replica != int(row["num_gpus"]):
         return False
     if moe:
-        return lay.stage_width == int(row["tp"])
+        adp = int(row["attention_dp"] or 1)
+        ep_ok = not row["ep"] or lay.ep == int(row["ep"])
+        return lay.stage_width == int(row["tp"]) and lay.attention_dp == adp and ep_ok
     return lay.tp == int(row["tp"])
+
+
+def evaluate_phase_row(row: dict[str, str]) -> dict[str, Any]:
+    """A prefill-only or decode-only measurement: the published instance at its batch.
+
+    Decode: output tokens/s = batch / TPOT of decode alone.  Prefill: input tokens/s =
+    isl / (instance time one prompt occupies), prompts packed ``max_num_tokens`` per step.
+    """
+    model = get_preset(row["model"])
+    workload = workload_for(row)
+    ctx = _context(model, load_cluster(row["cluster"]), workload, None, None)
+    n = int(row["num_gpus"])
+    tp, pp, adp = int(row["tp"]), int(row["pp"]), int(row["attention_dp"] or 1)
+    batch = int(row["concurrency"] or adp)
+    g = tp * pp * adp
+    layout = ServingLayout(tp=tp, pp=pp, ep=int(row["ep"] or 1), attention_dp=adp,
+                           batch=batch, replicas=n // g)
+    times = instance_times(ctx, layout)
+    if row["phase"] == "decode":
+        predicted = layout.replicas * batch / times.tpot_decode_s
+        measured = float(row["output_tokens_per_s"])
+    else:
+        predicted = layout.replicas * workload.isl / times.prefill_busy_s
+        measured = float(row["input_tokens_per_s"])
+    return {"id": row["id"], "model": row["model"], "gpu": row["gpu"], "phase": row["phase"],
+            "layout": layout.label(), "isl": workload.isl, "measured": measured,
+            "predicted": round(predicted, 1), "ape": abs(predicted - measured) / measured,
+            "log_ratio": math.log(predicted / measured)}
 
 
 def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
@@ -111,7 +144,8 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(results: list[dict[str, Any]],
+              phases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     scored = [r for r in results if r["ape"] is not None]
     latency = {name: [r[name] for r in results if name in r] for name in ("ttft_ms", "tpot_ms")}
     by: dict[str, dict[str, list[float]]] = {"gpu": defaultdict(list), "model": defaultdict(list)}
@@ -124,6 +158,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "rows": len(results), "scored": len(scored),
         "unscored": [r["id"] for r in results if r["ape"] is None and r["rank"] is None],
         "latency": latency,
+        "phase_rows": phases or [],
         "mape": statistics.fmean(r["ape"] for r in scored) if scored else None,
         "median_ape": statistics.median(r["ape"] for r in scored) if scored else None,
         "mean_log_ratio": statistics.fmean(r["log_ratio"] for r in scored) if scored else None,
@@ -142,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
-    results = [evaluate_row(row) for row in load_rows()]
-    summary = summarize(results)
+    rows = load_rows()
+    results = [evaluate_row(row) for row in rows if not row["phase"]]
+    phases = [evaluate_phase_row(row) for row in rows if row["phase"]]
+    summary = summarize(results, phases)
     if args.json:
         json.dump({"summary": summary, "rows": results}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -159,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         for item in items:
             print(f"{name}: measured {item['measured']}, predicted {item['predicted']} "
                   f"(APE {item['ape']:.2f})")
+    for r in summary["phase_rows"]:
+        print(f"{r['phase']} only, {r['id']} {r['model']} {r['gpu']} {r['layout']} isl {r['isl']}: "
+              f"measured {r['measured']:,.0f} tok/s, predicted {r['predicted']:,.0f} "
+              f"(APE {r['ape']:.2f})")
     for kind in ("gpu", "model"):
         items = summary[f"mape_by_{kind}"].items()
         print(f"MAPE by {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in items))

@@ -155,5 +155,9 @@ def test_serving_dataset_has_provenance() -> None:
         assert r["url"].startswith("https://"), r["id"]
         assert r["source"] and r["notes"], r["id"]
         assert r["model"] in PRESETS and r["cluster"] in clusters, r["id"]
-        assert float(r["output_tokens_per_s"] or 0) > 0 or float(r["tpot_ms"]) > 0, r["id"]
-        assert int(r["num_gpus"]) == int(r["tp"]) * int(r["pp"]), r["id"]
+        measured = [r[k] for k in ("output_tokens_per_s", "input_tokens_per_s", "tpot_ms") if r[k]]
+        assert measured and all(float(v) > 0 for v in measured), r["id"]
+        assert r["phase"] in ("", "prefill", "decode"), r["id"]
+        width = int(r["tp"]) if r["framework"] == "tensorrt-llm" else (
+            int(r["tp"]) * int(r["attention_dp"] or 1))
+        assert int(r["num_gpus"]) % (width * int(r["pp"])) == 0, r["id"]

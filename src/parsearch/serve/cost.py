@@ -11,7 +11,7 @@ dispatch/combine all-to-alls, pipeline hand-offs, and per-kernel and per-step ov
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_time, p2p_time
 from parsearch.cost.efficiency import EfficiencyProfile
@@ -50,6 +50,7 @@ class Rates:
     attention_half_block: float
     hbm_Bps: float           # achievable HBM bytes/s
     kernel_s: float
+    memory_bound: float      # counted non-GEMM bytes times this (fusion the count misses)
     collective_latency_s: float
     alltoall: float
 
@@ -69,6 +70,7 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) -> Ra
         attention_half_block=profile.attention_half_block,
         hbm_Bps=gpu.hbm_bandwidth_Bps * profile.hbm_efficiency,
         kernel_s=profile.kernel_overhead_s,
+        memory_bound=profile.memory_bound_factor,
         collective_latency_s=profile.collective_latency_s,
         alltoall=profile.alltoall_efficiency,
     )
@@ -195,25 +197,29 @@ def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, r
                 tokens_rank: float, tokens_stage: float) -> tuple[float, float]:
     """(communication of a dense layer, of an MoE layer) for one pass.
 
-    Attention output: all-reduce over tp of the rank's tokens.  MLP over the stage width:
-    with attention DP the tokens of all DP ranks are gathered and the outputs reduce-
-    scattered back (priced as one all-reduce of the stage's tokens); routed experts with
-    ep > 1: FP8 dispatch + BF16 combine all-to-alls over the EP group of the tokens each GPU
-    owns, then an all-reduce over the expert-TP slices.
+    Attention output and dense MLP output (both split over the attention TP group, the
+    dense MLP replicated over attention-DP ranks as in SGLang/DeepSeek large-EP serving):
+    one all-reduce over tp of the rank's tokens each.  Routed experts with ep = 1 are
+    tensor-sliced over the stage width: with attention DP the stage's tokens are gathered
+    and the outputs reduce-scattered (priced as one all-reduce of the stage's tokens),
+    without it one all-reduce over tp.  With ep > 1: FP8 dispatch + BF16 combine
+    all-to-alls of the tokens each GPU owns over the EP group, an all-reduce over the
+    expert-TP slices, and one over tp for the shared experts' partial sums.
     """
     h = model.hidden_size
     attn = serving_all_reduce(links.tp, tokens_rank * h * _ACT, rates)
-    width_tokens = tokens_stage if layout.attention_dp > 1 else tokens_rank
-    mlp = serving_all_reduce(links.width, width_tokens * h * _ACT, rates)
-    if model.moe is None or layout.ep == 1:
-        return attn + mlp, attn + mlp
+    dense = attn + attn
+    if model.moe is None:
+        return dense, dense
+    if layout.ep == 1:
+        if layout.attention_dp > 1:
+            return dense, attn + serving_all_reduce(links.width, tokens_stage * h * _ACT, rates)
+        return dense, dense
     per_gpu = tokens_stage / layout.stage_width * model.moe.top_k * h
     moe = (_alltoall(links.ep, per_gpu * DISPATCH_BYTES, rates)
            + _alltoall(links.ep, per_gpu * COMBINE_BYTES, rates)
            + serving_all_reduce(links.etp, tokens_stage / layout.ep * h * _ACT, rates))
-    if layout.attention_dp > 1 and layout.tp > 1:
-        moe += attn  # tokens re-replicated over the attention-TP ranks after combine
-    return attn + mlp, attn + moe
+    return dense, attn + moe + attn
 
 
 def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
@@ -233,6 +239,38 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     per_gemm = 2.0 * rows * per_expert / layout.expert_tp / 3.0  # gate, up, down GEMMs
     eff = _gemm_eff(rates, per_gemm) * rates.grouped_gemm
     return flops / (rates.peak_flops * max(eff, 1e-6))
+
+
+def activation_bytes(model: ModelSpec, layout: ServingLayout, tokens_rank: float,
+                     tokens_stage: float) -> float:
+    """HBM bytes the non-GEMM kernels of one pass move on one GPU (norms, RoPE, residual
+    adds, activation function, MoE permute/combine), BF16, counted per token and layer:
+    attention side ``~14 h + 4 a d / tp + 6 f / tp`` elements (each kernel reads its input
+    and writes its output once); per routed copy ``~4 h + 6 f_e / etp`` (permute, expert
+    activation, combine), spread over the stage width."""
+    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    h = model.hidden_size
+    ad = model.num_attention_heads * model.head_dim / layout.tp
+    dense_f = model.ffn_hidden_size / layout.tp
+    per_token = 14.0 * h + 4.0 * ad
+    elements = tokens_rank * (layers * per_token + n_dense * 6.0 * dense_f)
+    if model.moe is not None:
+        moe = model.moe
+        f_shared = moe.shared_expert_ffn_hidden_size / layout.tp
+        routed = tokens_stage * moe.top_k / layout.stage_width
+        elements += n_moe * (tokens_rank * 6.0 * f_shared
+                             + routed * (4.0 * h + 6.0 * moe.expert_ffn_hidden_size
+                                         / layout.expert_tp))
+    return elements * _ACT
+
+
+def _non_gemm_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tokens_rank: float,
+                tokens_stage: float) -> float:
+    """Time of the memory-bound non-GEMM kernels: their counted bytes times the profile's
+    memory-bound factor (fusion and copies the count does not see) at achievable HBM
+    bandwidth; they run between the GEMMs, so their time adds to the GEMMs'."""
+    nbytes = activation_bytes(model, layout, tokens_rank, tokens_stage)
+    return nbytes * rates.memory_bound / rates.hbm_Bps
 
 
 def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
@@ -258,6 +296,16 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     return weights, kv
 
 
+def _rank_params(model: ModelSpec, layout: ServingLayout,
+                 counts: ParameterCounts) -> tuple[float, float]:
+    """(attention, dense-MLP + shared-expert) parameters of the heaviest stage on one GPU:
+    both split over the attention TP group (replicated over attention-DP ranks)."""
+    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    _per_expert, shared, _k = _expert_shapes(model, counts)
+    attn = layers * counts.attention_per_layer / layout.tp
+    return attn, (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.tp
+
+
 def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
                 counts: ParameterCounts, rates: Rates, links: InstanceLinks,
                 window: SlidingWindow | None) -> StepTime:
@@ -266,15 +314,13 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     t_rank = max(1.0, b_m / layout.attention_dp)
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
-    _per_expert, shared, _k = _expert_shapes(model, counts)
     weights, kv = decode_bytes(model, workload, layout, counts, window)
     ctx = workload.mean_decode_context
     memory = (weights + kv) / rates.hbm_Bps
-    # FLOPs on one GPU: 2 per parameter per token (attention over tp on the rank's tokens;
-    # dense MLP, shared and routed experts over the stage width on all the stage's tokens).
-    attn_params = layers * counts.attention_per_layer / layout.tp
-    mlp_params = (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.stage_width
-    gemm_flops = 2.0 * t_rank * (attn_params + w.output) + 2.0 * b_m * mlp_params
+    # FLOPs on one GPU: 2 per parameter per token; attention, dense MLP and shared experts
+    # on the rank's tokens, routed experts over the stage width on all the stage's tokens.
+    attn_params, mlp_params = _rank_params(model, layout, counts)
+    gemm_flops = 2.0 * t_rank * (attn_params + mlp_params + w.output)
     attended = attention_context_tokens(model, ctx, window)
     core = t_rank * layers * attention_flops_per_token_layer(model, attended) / layout.tp
     gemm_eff = _gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
@@ -283,7 +329,8 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
                + expert_gemm_time(model, layout, counts, rates, b_m, b_m))
     dense_comm, moe_comm = _layer_comm(model, layout, links, rates, t_rank, b_m)
     comm = n_dense * dense_comm + n_moe * moe_comm
-    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s
+    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
+        model, layout, rates, t_rank, b_m)
     hop = float(p2p_time(links.pp, t_rank * model.hidden_size * _ACT)) if layout.pp > 1 else 0.0
     return StepTime(memory, compute, comm, overhead, hop)
 
@@ -303,6 +350,40 @@ def prefill_packed_tokens(workload: ServingWorkload, layout: ServingLayout) -> f
     return max(s, min(float(workload.max_num_batched_tokens), s * layout.batch))
 
 
+def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                  counts: ParameterCounts, rates: Rates, links: InstanceLinks,
+                  window: SlidingWindow | None, tokens_rank: float) -> StepTime:
+    """One prefill pass of the heaviest stage with ``tokens_rank`` prompt tokens on each
+    attention-DP rank (prompts of ``isl`` tokens; the routed experts see all ranks')."""
+    s = float(workload.isl)
+    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    w = stage_weights(model, layout, counts)
+    tokens_stage = tokens_rank * layout.attention_dp
+    attn_params, mlp_params = _rank_params(model, layout, counts)
+    h = model.hidden_size
+    gemm_flops = 2.0 * tokens_rank * (attn_params + mlp_params) + 2.0 * w.output
+    heads = model.num_attention_heads / layout.tp
+    if model.mla is not None:
+        dim = (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim) / 2
+    else:
+        dim = float(model.head_dim)
+    attended = attention_context_tokens(model, s / 2.0, window)  # mean causal span
+    core = layers * 4.0 * tokens_rank * attended * heads * dim
+    block = s / (s + rates.attention_half_block)
+    gemm_rate = rates.peak_flops * max(_gemm_eff(rates, 2.0 * tokens_rank * h * h / layout.tp),
+                                       1e-6)
+    compute = (gemm_flops / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
+               + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage))
+    prec = ELEMENT_BYTES[workload.precision]
+    memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
+    dense_comm, moe_comm = _layer_comm(model, layout, links, rates, tokens_rank, tokens_stage)
+    comm = n_dense * dense_comm + n_moe * moe_comm
+    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
+        model, layout, rates, tokens_rank, tokens_stage)
+    hop = float(p2p_time(links.pp, tokens_rank * h * _ACT)) if layout.pp > 1 else 0.0
+    return StepTime(memory, compute, comm, overhead, hop)
+
+
 def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
                  counts: ParameterCounts, rates: Rates, links: InstanceLinks,
                  window: SlidingWindow | None) -> StepTime:
@@ -311,53 +392,21 @@ def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     Attention FLOPs are causal: ``2 * s^2 * heads * d`` per layer (half of QK^T and PV,
     FlashAttention-2 arXiv 2307.08691 §4 FLOP count), windowed layers ``4 * s * w * heads * d``
     for ``s >> w``; MLA prefill runs unabsorbed with qk dim ``d_nope + d_rope`` and v dim
-    ``d_v`` (DeepSeek-V2 §2.1.2).  GEMM efficiency follows the GEMM size of a scheduler
-    step, which packs prompts up to ``max_num_batched_tokens`` tokens per attention-DP rank
-    (TensorRT-LLM/vLLM chunked-prefill schedulers); each routed expert sees
-    ``tokens * top_k / E`` of the stage's tokens (grouped GEMM at the profile's
-    grouped-GEMM efficiency).
+    ``d_v`` (DeepSeek-V2 §2.1.2).  Each routed expert sees ``tokens * top_k / E`` rows of
+    the stage's tokens (grouped GEMM at the profile's grouped-GEMM efficiency).
 
-    ``busy_s`` is the instance time one request occupies: attention runs on the request's
-    attention-DP rank while the other ranks serve other requests (``/ attention_dp``);
-    the MLP/expert part and its communication occupy the whole stage.
+    The returned times are the latency of the request alone (its TTFT); ``busy_s`` is the
+    instance time one request occupies under load, when a scheduler step packs prompts up
+    to ``max_num_batched_tokens`` tokens on every attention-DP rank (TensorRT-LLM/vLLM/SGLang
+    chunked-prefill schedulers): that step's time divided by the prompts it carries, so
+    weight reads, collective latencies and kernel overheads are shared by them.
     """
-    s = float(workload.isl)
-    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
-    w = stage_weights(model, layout, counts)
-    _per_expert, shared, _k = _expert_shapes(model, counts)
+    args = (model, workload, layout, counts, rates, links, window)
+    alone = _prefill_pass(*args, float(workload.isl))
     packed = prefill_packed_tokens(workload, layout)
-    attn_params = layers * counts.attention_per_layer / layout.tp
-    mlp_params = (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.stage_width
-    attn_gemm = 2.0 * s * attn_params + 2.0 * w.output
-    mlp_gemm = 2.0 * s * mlp_params
-    h = model.hidden_size
-    expert_time = expert_gemm_time(model, layout, counts, rates, s,
-                                   packed * layout.attention_dp)
-    heads = model.num_attention_heads / layout.tp
-    if model.mla is not None:
-        dim = (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim) / 2
-    else:
-        dim = float(model.head_dim)
-    attended = attention_context_tokens(model, s / 2.0, window)  # mean causal span
-    core = layers * 4.0 * s * attended * heads * dim
-    block = s / (s + rates.attention_half_block)
-    gemm_rate = rates.peak_flops * max(_gemm_eff(rates, 2.0 * packed * h * h / layout.tp), 1e-6)
-    attn_time = attn_gemm / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
-    mlp_time = mlp_gemm / gemm_rate + expert_time
-    prec = ELEMENT_BYTES[workload.precision]
-    memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
-    dense_comm, moe_comm = _layer_comm(model, layout, links, rates, s, s)
-    comm = n_dense * dense_comm + n_moe * moe_comm
-    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s
-    hop = float(p2p_time(links.pp, s * h * _ACT)) if layout.pp > 1 else 0.0
-    compute = attn_time + mlp_time
-    # Under load, one step carries ``packed`` prompt tokens: weight reads, collective
-    # latencies and kernel overheads are paid once per step and shared by its prompts.
-    share = s / packed
-    dense_p, moe_p = _layer_comm(model, layout, links, rates, packed, packed * layout.attention_dp)
-    busy = (max(memory * share, attn_time / layout.attention_dp + mlp_time)
-            + (n_dense * dense_p + n_moe * moe_p + overhead) * share)
-    return StepTime(memory, compute, comm, overhead, hop, busy_s=busy)
+    step = _prefill_pass(*args, packed)
+    busy = step.total_s * workload.isl / (packed * layout.attention_dp)
+    return replace(alone, busy_s=busy)
 
 
 def prefill_latency_s(step: StepTime, pp: int) -> float:

@@ -41,10 +41,11 @@ def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCoun
                   ) -> StageWeights:
     """Per-GPU parameters of the heaviest stage.
 
-    Attention is split over ``tp`` (and replicated over attention-DP ranks); dense MLPs,
-    shared and routed experts over the whole stage width ``tp * attention_dp`` (SGLang DP
-    attention keeps the MLP/MoE layers tensor/expert parallel over all ranks); the
-    vocabulary of the embedding and output layer over ``tp`` (vocab-parallel layers).
+    Attention, dense MLPs and shared experts are split over ``tp`` and replicated over the
+    attention-DP ranks (SGLang ``--moe-dense-tp-size 1`` / DeepSeek's inference system:
+    data-parallel dense FFNs beside DP attention); routed experts over the whole stage
+    width ``tp * attention_dp``; the vocabulary of the embedding and output layer over
+    ``tp`` (vocab-parallel layers).
     """
     c = counts or parameter_counts(model)
     width = layout.stage_width
@@ -54,8 +55,8 @@ def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCoun
     n_moe = moe_layers * share
     n_dense = (model.num_layers - moe_layers) * share
     attention = model.num_layers * share * c.attention_per_layer / layout.tp
-    dense = n_dense * c.dense_mlp_per_layer / width
-    shared = n_moe * c.shared_experts_per_layer / width
+    dense = n_dense * c.dense_mlp_per_layer / layout.tp
+    shared = n_moe * c.shared_experts_per_layer / layout.tp
     routed = n_moe * c.routed_experts_per_layer / width
     norms = n_dense * c.replicated_per_layer_dense + n_moe * c.replicated_per_layer_moe
     ends = c.embedding + c.output if layout.pp == 1 else max(c.embedding, c.output)
