@@ -150,7 +150,7 @@ def test_cli_calibrate_writes_a_profile_that_explain_takes(tmp_path, measurement
     report = json.loads(result.out, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
     assert report["mape_leave_one_out_after"] < report["mape_before"]
     (line,) = result.err.strip().splitlines()
-    assert "not_a_log.txt" in line and "Traceback" not in line
+    assert "left out: " in line and "not_a_log.txt" in line and "Traceback" not in line
     profile = load_efficiency_profile(str(out))
     assert profile.get("gemm_efficiency.bf16") < efficiency_for_gpu("h100-sxm").get(
         "gemm_efficiency.bf16")

@@ -120,8 +120,10 @@ def _load_rows(args: argparse.Namespace, profile: Any) -> tuple[list[Any], list[
             continue
         kept.append(m)
     rows, bad = prepare_measurements(kept, profile)
-    for line in [*loaded.notes, *problems, *bad]:
-        print(f"parsearch {args.command}: {line}", file=sys.stderr)
+    for line in loaded.notes:
+        print(f"parsearch {args.command}: note: {line}", file=sys.stderr)
+    for line in [*problems, *bad]:
+        print(f"parsearch {args.command}: left out: {line}", file=sys.stderr)
     return rows, problems + bad
 
 
