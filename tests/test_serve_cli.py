@@ -161,3 +161,40 @@ def test_serving_dataset_has_provenance() -> None:
         width = int(r["tp"]) if r["framework"] == "tensorrt-llm" else (
             int(r["tp"]) * int(r["attention_dp"] or 1))
         assert int(r["num_gpus"]) % (width * int(r["pp"])) == 0, r["id"]
+
+
+def test_config_json_sliding_window_reaches_the_kv_cache(tmp_path) -> None:
+    """A GPT-OSS-style config.json: alternate layers windowed at 128 tokens; with long
+    requests the windowed layers hold 128 tokens, so more requests fit than without."""
+    cfg = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+           "num_hidden_layers": 36, "hidden_size": 2880, "intermediate_size": 2880,
+           "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "vocab_size": 201088, "num_local_experts": 128, "num_experts_per_tok": 4,
+           "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 18,
+           "tie_word_embeddings": False, "hidden_act": "silu"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    common = ("serve", "--model", str(path), "--cluster", "dgx-h100", "--gpus", "1",
+              "--isl", "16000", "--osl", "1000", "--precision", "fp4", "--format", "json")
+    windowed = run_cli(*common)
+    assert windowed.code == 0, windowed.err
+    doc = _strict(windowed.out)
+    assert doc["query"]["sliding_window"] == {"window": 128, "windowed_layers": 18}
+    full = run_cli(*common, "--sliding-window", "128", "--windowed-layers", "1")
+    assert full.code == 0, full.err
+    fit_windowed = doc["results"][0]["max_batch_fit"]
+    fit_full = _strict(full.out)["results"][0]["max_batch_fit"]
+    # 18 of 36 layers keep 128 instead of 17,000 tokens: close to twice the requests.
+    assert 1.8 * fit_full <= fit_windowed <= 2.0 * fit_full + 1
+
+
+def test_vllm_max_num_seqs_is_per_data_parallel_engine() -> None:
+    from parsearch.serve.launch import launch_settings
+
+    w = ServingWorkload(isl=100, osl=100, precision="fp8", kv_precision="fp8")
+    s = launch_settings("deepseek-ai/DeepSeek-V3", ServingLayout(1, 1, 8, 8, 512, 1), w)
+    vllm = " ".join(s.vllm)
+    assert "--data-parallel-size 8 --enable-expert-parallel --max-num-seqs 64" in vllm
+    sglang = " ".join(s.sglang)
+    assert "--tp-size 8 --dp-size 8 --enable-dp-attention --ep-size 8" in sglang
+    assert "--max-running-requests 512" in sglang
