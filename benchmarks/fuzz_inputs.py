@@ -86,7 +86,8 @@ def base_command(rng: random.Random, model: str | None = None,
     cluster = cluster or rng.choice(CLUSTERS)
     gpus = rng.choice((8, 16, 32, 64))
     command = rng.choice(("search", "search", "explain", "check", "layouts", "placement",
-                          "pareto", "pareto", "cluster", "models", "clusters"))
+                          "pareto", "pareto", "cluster", "models", "clusters", "serve",
+                          "sweep"))
     layout = rng.choice(("tp=2,pp=2", "tp=4,pp=1,sp=true", "tp=1,pp=2,mbs=2", "tp=8",
                          "tp=2,pp=1,ep=2" if "qwen" in model or "mixtral" in model else "tp=2"))
     fmt = ["--format", rng.choice(("table", "json"))]
@@ -114,6 +115,15 @@ def base_command(rng: random.Random, model: str | None = None,
         return command, argv
     if command == "cluster":
         return command, ["cluster", "show", cluster, "--gpus", str(gpus), *fmt]
+    if command == "serve":
+        return command, ["serve", "--model", model, "--cluster", cluster, "--gpus", str(gpus),
+                         "--isl", rng.choice(("128", "1024")), "--osl", "128", "--top", "3",
+                         *fmt]
+    if command == "sweep":
+        return command, ["sweep", "--models", model, "--clusters", cluster, "--gpus",
+                         f"8,{gpus}", "--global-batch", "128", "--seq-len", "2048",
+                         "--storage", "sqlite:///{tmp}/sweep.db", "--top", "2",
+                         "--format", rng.choice(("table", "json", "csv"))]
     return command, [command, *fmt]
 
 
@@ -145,6 +155,10 @@ NUMERIC_OPTIONS: dict[str, tuple[str, ...]] = {
                "--global-batch", "--seq-len", "--weight-bytes", "--moe-imbalance",
                "--memory-margin", "--grad-bytes"),
     "cluster": ("--gpus",),
+    "serve": ("--gpus", "--isl", "--osl", "--ttft-ms", "--tpot-ms", "--concurrency",
+              "--request-rate", "--max-batch", "--sliding-window", "--windowed-layers", "--top"),
+    "sweep": ("--gpus", "--global-batch", "--seq-len", "--micro-batch-sizes", "--top",
+              "--heartbeat"),
 }
 
 
@@ -294,19 +308,23 @@ def efficiency_file_case(rng: random.Random) -> Case:
 
 def storage_case(rng: random.Random) -> Case:
     _, argv = base_command(rng)
-    while argv[0] != "pareto":
+    while argv[0] not in ("pareto", "sweep"):
         _, argv = base_command(rng)
-    argv = _set_option(_set_option(argv, "--method", "optuna"), "--n-trials", "12")
+    if argv[0] == "pareto":
+        argv = _set_option(_set_option(argv, "--method", "optuna"), "--n-trials", "12")
+    elif rng.random() < 0.3:  # a worker naming only the storage
+        argv = ["sweep", "--worker", "--storage", ""]
     url = rng.choice(STORAGE_URLS)
     argv = _set_option(argv, "--storage", url)
     if rng.random() < 0.3:
-        argv = _set_option(argv, "--study-name", rng.choice(("s", "", "x" * 2000, "é", "\x00")))
+        argv = _set_option(argv, "--study-name" if argv[0] == "pareto" else "--name",
+                           rng.choice(("s", "", "x" * 2000, "é", "\x00")))
     return Case("storage", argv, {"file.txt": b"not a database\n"}, ("dir.png",))
 
 
 def plot_case(rng: random.Random) -> Case:
     _, argv = base_command(rng)
-    while argv[0] != "pareto":
+    while argv[0] not in ("pareto", "sweep"):
         _, argv = base_command(rng)
     argv = _set_option(argv, "--plot", rng.choice(PLOT_PATHS))
     return Case("plot", argv, {"file.txt": b"x\n"}, ("dir.png",))
@@ -354,6 +372,42 @@ def validation_csv_case(rng: random.Random) -> Case:
     return Case("validation_csv", argv, {"runs.csv": data}, ("dir.png",))
 
 
+MEASUREMENT_COLUMNS = ("model", "cluster", "num_gpus", "global_batch", "seq_len", "precision",
+                       "layout", "tokens_per_s_per_gpu", "step_time_s")
+LOGS = ROOT / "tests" / "fixtures" / "megatron_logs"
+
+
+def measurement_case(rng: random.Random) -> Case:
+    """``calibrate`` on a malformed measurements table or training log."""
+    roll = rng.random()
+    if roll < 0.5:
+        rows = [["llama3-8b", "dgx-h100", "16", "128", "8192", "bf16", layout, str(tokens), ""]
+                for layout, tokens in (("tp=2,sp=true", 9000), ("tp=4,sp=true", 8000),
+                                       ("tp=1", 9500))]
+        for _ in range(rng.randint(1, 4)):
+            row = rng.choice(rows)
+            row[rng.randrange(len(row))] = rng.choice(
+                (*BAD_NUMBERS[:30], "tp=0", "tp=2,pp=3", "bf17", "nope"))
+        header = list(MEASUREMENT_COLUMNS)
+        if rng.random() < 0.1:
+            header[rng.randrange(len(header))] = "colour"
+        text = "\n".join(",".join(f'"{c}"' for c in row) for row in [header, *rows]) + "\n"
+        name, data = "runs.csv", text.encode()
+    elif roll < 0.8:
+        log = rng.choice(sorted(LOGS.iterdir())).read_bytes()
+        cut = rng.randrange(len(log) + 1)
+        noise = rng.choice((b"", b"\xff\xfe", b"nan", b"iteration 5/ 10 | elapsed time per "
+                            b"iteration (ms): inf | ", b"\x00" * 8, b"9" * 400))
+        name, data = "train.out", log[:cut] + noise + log[cut:][: rng.randrange(len(log) + 1)]
+    else:
+        name, data = rng.choice(("runs.csv", "runs.yaml", "x.out")), _raw_file(rng, ".csv")
+    argv = ["calibrate", "--measurements", name, "--out", "{tmp}/mine.yaml", "--format",
+            rng.choice(("table", "json"))]
+    if rng.random() < 0.6:
+        argv += ["--model", "llama3-8b", "--cluster", "dgx-h100"]
+    return Case("measurements", argv, {name: data})
+
+
 def junk_case(rng: random.Random) -> Case:
     _, argv = base_command(rng)
     tokens = [*argv, "--", "-", "--gpus", "--help=x", "--format", "xml", "\x00", "é", "-h"]
@@ -364,15 +418,16 @@ def junk_case(rng: random.Random) -> Case:
 
 
 KINDS = {
-    "numeric": (numeric_case, 0.24),
+    "numeric": (numeric_case, 0.22),
     "layout": (layout_case, 0.10),
-    "model_file": (model_file_case, 0.18),
+    "model_file": (model_file_case, 0.17),
     "cluster_file": (cluster_file_case, 0.14),
     "efficiency_file": (efficiency_file_case, 0.05),
     "storage": (storage_case, 0.08),
     "plot": (plot_case, 0.07),
-    "validation_csv": (validation_csv_case, 0.09),
-    "junk": (junk_case, 0.05),
+    "validation_csv": (validation_csv_case, 0.08),
+    "measurements": (measurement_case, 0.05),
+    "junk": (junk_case, 0.04),
 }
 
 

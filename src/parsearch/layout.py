@@ -123,7 +123,8 @@ def _parse_degree(key: str, text: str) -> int:
     try:
         value = int(text.strip())
     except ValueError:
-        raise SpecError(f"layout: {key}={text!r} is not an integer") from None
+        shown = repr(text) if len(text) <= 40 else repr(text[:37]) + "..."
+        raise SpecError(f"layout: {key}={shown} is not an integer") from None
     if value < 1:
         raise SpecError(f"layout: {key}={value} must be a positive integer")
     return value

@@ -94,8 +94,8 @@ def _require_int(owner: str, name: str, value: object, minimum: int, kind: str) 
 
 def short_repr(value: object) -> str:
     """``repr(value)``, shortened: a 5,000-digit integer is not worth printing."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"<integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -13,7 +13,9 @@ from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
+from parsearch.topology.cluster import MAX_GPUS
 from parsearch.workload import (
+    MAX_MICRO_BATCH,
     PIPELINE_SPLITS,
     PRECISIONS,
     RECOMPUTE_MODES,
@@ -273,7 +275,16 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
 def layout_from_args(args: argparse.Namespace) -> Layout:
     if args.layout is None:
         raise SpecError("--layout is required, e.g. --layout \"tp=8,pp=4,sp=true\"")
-    return parse_layout_string(args.layout, num_gpus=args.gpus)
+    layout = parse_layout_string(args.layout, num_gpus=args.gpus)
+    for name in ("tp", "pp", "cp", "ep", "etp", "vpp"):  # no degree beyond the largest job
+        value = getattr(layout, name)
+        if value > MAX_GPUS:
+            raise SpecError(f"--layout: {name}={short_repr(value)} exceeds the largest "
+                            f"supported degree, {MAX_GPUS:,}")
+    if layout.mbs > MAX_MICRO_BATCH:
+        raise SpecError(f"--layout: mbs={short_repr(layout.mbs)} exceeds the largest supported "
+                        f"micro-batch, {MAX_MICRO_BATCH:,}")
+    return layout
 
 
 def print_json(document: Any, out: TextIO | None = None) -> None:

@@ -107,7 +107,9 @@ def _checked_type(action: argparse.Action) -> Callable[[str], Any] | None:
         return _chain(base or float, lambda value: _finite_within(value, bound_f))
     if base is not None:  # any other typed option: finite floats, ints within int32
         return _chain(base, _plain_number)
-    return None
+    if action.nargs == 0:  # flags take no value
+        return None
+    return _chain(None, _plain_number)  # text: no NUL character (no file name holds one)
 
 
 def _plain_number(value: Any) -> Any:

@@ -226,6 +226,8 @@ def _table_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         raise SpecError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    except (ValueError, RecursionError) as error:  # e.g. nesting deeper than Python's stack
+        raise SpecError(f"{path}: not valid YAML: {type(error).__name__}") from None
     if isinstance(data, dict) and "measurements" in data:
         data = data["measurements"]
     if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
