@@ -352,13 +352,14 @@ def prefill_packed_tokens(workload: ServingWorkload, layout: ServingLayout) -> f
 
 def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
                   counts: ParameterCounts, rates: Rates, links: InstanceLinks,
-                  window: SlidingWindow | None, tokens_rank: float) -> StepTime:
-    """One prefill pass of the heaviest stage with ``tokens_rank`` prompt tokens on each
-    attention-DP rank (prompts of ``isl`` tokens; the routed experts see all ranks')."""
+                  window: SlidingWindow | None, tokens_rank: float,
+                  tokens_stage: float) -> StepTime:
+    """One prefill pass of the heaviest stage with ``tokens_rank`` prompt tokens on the
+    busiest attention-DP rank and ``tokens_stage`` on all of them (the routed experts'
+    share); prompts of ``isl`` tokens."""
     s = float(workload.isl)
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
-    tokens_stage = tokens_rank * layout.attention_dp
     attn_params, mlp_params = _rank_params(model, layout, counts)
     h = model.hidden_size
     gemm_flops = 2.0 * tokens_rank * (attn_params + mlp_params) + 2.0 * w.output
@@ -402,9 +403,9 @@ def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     weight reads, collective latencies and kernel overheads are shared by them.
     """
     args = (model, workload, layout, counts, rates, links, window)
-    alone = _prefill_pass(*args, float(workload.isl))
+    alone = _prefill_pass(*args, float(workload.isl), float(workload.isl))
     packed = prefill_packed_tokens(workload, layout)
-    step = _prefill_pass(*args, packed)
+    step = _prefill_pass(*args, packed, packed * layout.attention_dp)
     busy = step.total_s * workload.isl / (packed * layout.attention_dp)
     return replace(alone, busy_s=busy)
 
