@@ -24,7 +24,7 @@ from parsearch.serve.kv_cache import (
 )
 from parsearch.serve.memory import stage_weights, weight_bytes_per_gpu
 from parsearch.serve.space import enumerate_serving_layouts, serving_violations
-from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
+from parsearch.serve.spec import LengthClass, ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.cluster import load_cluster
 from tests.strategies import small_models
 
@@ -223,3 +223,38 @@ def test_workload_errors_name_the_field(changes, fragment) -> None:
     with pytest.raises(SpecError) as info:
         replace(base, **changes)
     assert fragment in str(info.value)
+
+
+# --- request length mixes ----------------------------------------------------------------------
+
+
+def test_mix_slot_weighted_contexts_hand_count() -> None:
+    w = ServingWorkload.from_mix([LengthClass(1000, 200, 0.7), LengthClass(8000, 500, 0.3)])
+    assert (w.isl, w.osl) == (3100, 290)         # request-weighted means
+    assert w.mean_osl == pytest.approx(290.0)
+    # Batch slots are held in proportion to requests x output tokens: 140 : 150.
+    assert w.context == pytest.approx((140 * 1200 + 150 * 8500) / 290)
+    assert w.mean_decode_context == pytest.approx((140 * 1100 + 150 * 8250) / 290)
+    assert w.max_context == 8500
+
+
+def test_one_class_mix_equals_fixed_lengths() -> None:
+    from parsearch.serve.api import serve_layouts
+
+    model = get_preset("mixtral-8x7b")
+    fixed = ServingWorkload(isl=3000, osl=300, precision="fp8", kv_precision="fp8")
+    split = ServingWorkload.from_mix([LengthClass(3000, 300, 0.4), LengthClass(3000, 300, 0.6)],
+                                     precision="fp8", kv_precision="fp8")
+    a = serve_layouts(model=model, cluster="dgx-h100", num_gpus=4, workload=fixed, top=5)
+    b = serve_layouts(model=model, cluster="dgx-h100", num_gpus=4, workload=split, top=5)
+    for x, y in zip(a.entries, b.entries, strict=True):
+        assert x.estimate.layout == y.estimate.layout
+        assert x.estimate.tokens_per_s == pytest.approx(y.estimate.tokens_per_s)
+        assert x.estimate.ttft_ms == pytest.approx(y.estimate.ttft_ms)
+
+
+def test_bad_length_class_is_rejected() -> None:
+    with pytest.raises(SpecError, match="weight must be a positive number, got 0"):
+        LengthClass(100, 10, 0)
+    with pytest.raises(SpecError, match="mix is empty"):
+        ServingWorkload.from_mix([])

@@ -124,6 +124,8 @@ def test_disaggregated_mode_places_prefill_and_decode() -> None:
     (("--gpus", "1", "--model", "llama3.1-405b"), ("no serving layout of llama3.1-405b fits",)),
     (("--precision", "int4"), ("--precision", "invalid choice")),
     (("--cluster", "dgx-h1000"), ("unknown cluster 'dgx-h1000'",)),
+    (("--mix", "1000:x"), ("--mix", "is not input:output[:share]")),
+    (("--mix", "1000:100:0.5"), ("give either --isl/--osl or --mix, not both",)),
 ])
 def test_bad_input_is_one_line(argv, fragments) -> None:
     base = {"--model": "llama3-70b", "--cluster": "dgx-h100", "--gpus": "8", "--isl": "100",

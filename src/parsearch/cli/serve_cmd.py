@@ -23,6 +23,7 @@ from parsearch.serve.spec import (
     KV_PRECISIONS,
     SERVING_MODES,
     WEIGHT_PRECISIONS,
+    LengthClass,
     ServingWorkload,
     SlidingWindow,
 )
@@ -38,6 +39,28 @@ def _positive_number(text: str) -> float:
     return value
 
 
+def _mix(text: str) -> tuple[LengthClass, ...]:
+    """argparse type: ``I:O[:W],...`` -> length classes (weight 1 when omitted)."""
+    classes = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        fields = part.split(":")
+        try:
+            if len(fields) not in (2, 3):
+                raise ValueError
+            isl, osl = int(fields[0]), int(fields[1])
+            weight = float(fields[2]) if len(fields) == 3 else 1.0
+            classes.append(LengthClass(isl, osl, weight))
+        except (ValueError, SpecError):
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not input:output[:share] with positive integers and share > 0"
+            ) from None
+    if not classes:
+        raise argparse.ArgumentTypeError("give at least one class, e.g. 1000:200")
+    return tuple(classes)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="best serving layouts and replicas under latency targets",
@@ -49,10 +72,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_cluster_option(parser)
     parser.add_argument("--gpus", type=positive_int, required=True, metavar="N",
                         help="GPU budget")
-    parser.add_argument("--isl", type=positive_int, required=True, metavar="I",
-                        help="input tokens per request")
-    parser.add_argument("--osl", type=positive_int, required=True, metavar="O",
-                        help="output tokens per request")
+    parser.add_argument("--isl", type=positive_int, default=None, metavar="I",
+                        help="input tokens per request (or --mix)")
+    parser.add_argument("--osl", type=positive_int, default=None, metavar="O",
+                        help="output tokens per request (or --mix)")
+    parser.add_argument("--mix", type=_mix, default=None, metavar="I:O[:W],...",
+                        help="request lengths as classes of input:output tokens with "
+                        "request shares, e.g. 1000:200:0.7,8000:500:0.3 (instead of --isl/--osl)")
     parser.add_argument("--ttft-ms", type=_positive_number, default=None, metavar="X",
                         help="time-to-first-token target (ms)")
     parser.add_argument("--tpot-ms", type=_positive_number, default=None, metavar="Y",
@@ -93,10 +119,16 @@ def _window(args: argparse.Namespace) -> SlidingWindow | None:
 
 def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
     kv = args.kv_precision or ("bf16" if args.precision == "bf16" else "fp8")
-    return ServingWorkload(isl=args.isl, osl=args.osl, ttft_ms=args.ttft_ms,
-                           tpot_ms=args.tpot_ms, precision=args.precision, kv_precision=kv,
-                           mode=args.mode, concurrency=args.concurrency,
-                           request_rate=args.request_rate, max_batch=args.max_batch)
+    fields = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "precision": args.precision,
+              "kv_precision": kv, "mode": args.mode, "concurrency": args.concurrency,
+              "request_rate": args.request_rate, "max_batch": args.max_batch}
+    if args.mix is not None:
+        if args.isl is not None or args.osl is not None:
+            raise SpecError("give either --isl/--osl or --mix, not both")
+        return ServingWorkload.from_mix(args.mix, **fields)
+    if args.isl is None or args.osl is None:
+        raise SpecError("--isl and --osl are required (or --mix I:O[:W],...)")
+    return ServingWorkload(isl=args.isl, osl=args.osl, **fields)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,8 +159,9 @@ def _row(rank: Any, d: dict[str, Any]) -> list[Any]:
 def _print(result: ServeResult) -> None:
     q = result.query
     out = sys.stdout
-    out.write(f"{q['model']} on {q['num_gpus']} x {q['gpu']} ({q['cluster']}), isl {q['isl']} "
-              f"osl {q['osl']}, weights {q['precision']}, KV {q['kv_precision']}, {q['mode']}; "
+    lengths = f"isl {q['isl']} osl {q['osl']}" + (" (mean of the mix)" if q["mix"] else "")
+    out.write(f"{q['model']} on {q['num_gpus']} x {q['gpu']} ({q['cluster']}), {lengths}, "
+              f"weights {q['precision']}, KV {q['kv_precision']}, {q['mode']}; "
               f"{result.considered} layouts, {result.fitting} fit\n")
     headers = _HEADERS + (("prefill",) if q["mode"] == "disaggregated" else ())
     rows = [_row(e.rank, e.estimate.to_dict()) for e in result.entries]

@@ -124,7 +124,7 @@ def _no_result_message(model: ModelSpec, workload: ServingWorkload, num_gpus: in
         if workload.request_rate is not None:
             load += f" carrying {workload.request_rate:g} requests/s"
         return (f"no serving layout of {model.name} fits on {num_gpus} GPUs{load} with "
-                f"{workload.precision} weights and isl+osl={workload.context} tokens of KV "
+                f"{workload.precision} weights and isl+osl={workload.context:g} tokens of KV "
                 "cache per request; try more GPUs, --precision fp8/fp4, --kv-precision fp8, "
                 "shorter requests or less load")
     targets = [f"{name} <= {value:g} ms" for name, value in
@@ -167,6 +167,7 @@ def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int
     )
     query = {"model": model.name, "cluster": spec.name, "gpu": ctx.gpu.name,
              "num_gpus": num_gpus, "isl": workload.isl, "osl": workload.osl,
+             "mix": [{"isl": c.isl, "osl": c.osl, "weight": c.weight} for c in workload.mix],
              "precision": workload.precision, "kv_precision": workload.kv_precision,
              "mode": workload.mode, "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
              "concurrency": workload.concurrency, "request_rate": workload.request_rate,

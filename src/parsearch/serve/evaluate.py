@@ -15,7 +15,7 @@ decode TPOT has no prefill stalls, TTFT adds the KV transfer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile
@@ -55,8 +55,8 @@ class ServingContext:
     _fabrics: dict[int, Fabric] = field(default_factory=dict, init=False)
     _links: dict[tuple[int, int, int, int], InstanceLinks] = field(default_factory=dict,
                                                                    init=False)
-    _prefill: dict[tuple[int, int, int, int, float], StepTime] = field(default_factory=dict,
-                                                                       init=False)
+    _prefill: dict[tuple[int, int, int, int, int, float], StepTime] = field(
+        default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.counts = parameter_counts(self.model)
@@ -70,15 +70,20 @@ class ServingContext:
             self._links[key] = instance_links(self._fabrics[g], layout)
         return self._links[key]
 
-    def prefill(self, layout: ServingLayout) -> StepTime:
-        """Prefill step of ``layout`` (it depends on the batch only through the packed
-        prompt tokens, so batches that pack the same share one computation)."""
-        key = (layout.tp, layout.attention_dp, layout.pp, layout.ep,
-               prefill_packed_tokens(self.workload, layout))
-        if key not in self._prefill:
-            self._prefill[key] = prefill_step(self.model, self.workload, layout, self.counts,
-                                              self.rates, self.links(layout), self.window)
-        return self._prefill[key]
+    def prefill(self, layout: ServingLayout) -> list[tuple[float, StepTime]]:
+        """Prefill of ``layout`` for each request length class, with the class's request
+        share.  It depends on the batch only through the packed prompt tokens, so batches
+        that pack the same share one computation."""
+        out = []
+        for c in self.workload.classes:
+            work = replace(self.workload, isl=c.isl, osl=c.osl, mix=())
+            key = (layout.tp, layout.attention_dp, layout.pp, layout.ep, c.isl,
+                   prefill_packed_tokens(work, layout))
+            if key not in self._prefill:
+                self._prefill[key] = prefill_step(self.model, work, layout, self.counts,
+                                                  self.rates, self.links(layout), self.window)
+            out.append((c.weight, self._prefill[key]))
+        return out
 
 
 @dataclass(frozen=True)
@@ -160,19 +165,21 @@ def _memory(ctx: ServingContext, layout: ServingLayout) -> tuple[float, float, f
 class InstanceTimes:
     decode: StepTime
     tpot_decode_s: float
-    prefill: StepTime
-    ttft_s: float
-    prefill_busy_s: float   # instance time one request's prefill occupies (pipelined)
+    prefill: StepTime       # of the first length class
+    ttft_s: float           # request-weighted mean over the length classes
+    prefill_busy_s: float   # instance time one request's prefill occupies (pipelined), mean
 
 
 def instance_times(ctx: ServingContext, layout: ServingLayout) -> InstanceTimes:
     links = ctx.links(layout)
     args = (ctx.model, ctx.workload, layout, ctx.counts, ctx.rates, links, ctx.window)
     dec = decode_step(*args)
-    pre = ctx.prefill(layout)
-    return InstanceTimes(decode=dec, tpot_decode_s=decode_tpot_s(dec, layout.pp), prefill=pre,
-                         ttft_s=prefill_latency_s(pre, layout.pp),
-                         prefill_busy_s=pre.busy_s if pre.busy_s is not None else pre.total_s)
+    classes = ctx.prefill(layout)
+    total = sum(weight for weight, _ in classes)
+    ttft = sum(w * prefill_latency_s(p, layout.pp) for w, p in classes) / total
+    busy = sum(w * (p.busy_s if p.busy_s is not None else p.total_s) for w, p in classes) / total
+    return InstanceTimes(decode=dec, tpot_decode_s=decode_tpot_s(dec, layout.pp),
+                         prefill=classes[0][1], ttft_s=ttft, prefill_busy_s=busy)
 
 
 def _meets(ctx: ServingContext, ttft_ms: float, tpot_ms: float) -> bool:
@@ -197,9 +204,10 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     w = ctx.workload
     kv_gib, used_gib, _kv_used, max_fit, fits = _memory(ctx, layout)
     t = instance_times(ctx, layout)
-    cycle = w.osl * t.tpot_decode_s + layout.batch * t.prefill_busy_s
-    tpot = cycle / w.osl
-    per_instance = layout.batch * w.osl / cycle
+    osl = w.mean_osl
+    cycle = osl * t.tpot_decode_s + layout.batch * t.prefill_busy_s
+    tpot = cycle / osl
+    per_instance = layout.batch * osl / cycle
     replicas = _replicas_for(ctx, layout, layout.batch / cycle, num_gpus)
     placed = ServingLayout(layout.tp, layout.pp, layout.ep, layout.attention_dp, layout.batch,
                            replicas)
@@ -218,7 +226,9 @@ def kv_transfer_s(ctx: ServingContext, prefill: ServingLayout, decode: ServingLa
     instance over the scale-out network, every GPU of the smaller instance sending in
     parallel (NIXL/Mooncake transfer engines move per-GPU shards in parallel)."""
     c = ctx.cluster
-    nbytes = kv_bytes_per_token(ctx.model, ctx.workload.kv_precision) * ctx.workload.isl
+    mean_isl = sum(c.weight * c.isl for c in ctx.workload.classes) / sum(
+        c.weight for c in ctx.workload.classes)
+    nbytes = kv_bytes_per_token(ctx.model, ctx.workload.kv_precision) * mean_isl
     if c.nics_per_node == 0:
         bandwidth = c.nvlink_bandwidth_Bps * c.nvlink_efficiency
     else:
@@ -236,7 +246,7 @@ def evaluate_disaggregated(ctx: ServingContext, prefill: ServingLayout, decode: 
     td = instance_times(ctx, decode)
     tp_ = instance_times(ctx, prefill)
     prefill_rate = 1.0 / tp_.prefill_busy_s      # requests/s of one prefill instance
-    decode_rate = decode.batch / (w.osl * td.tpot_decode_s)
+    decode_rate = decode.batch / (w.mean_osl * td.tpot_decode_s)
     gp, gd = prefill.gpus_per_replica, decode.gpus_per_replica
     best: tuple[float, int, int] | None = None
     if w.request_rate is not None:
@@ -258,7 +268,7 @@ def evaluate_disaggregated(ctx: ServingContext, prefill: ServingLayout, decode: 
     ttft_ms = (tp_.ttft_s + kv_transfer_s(ctx, prefill, decode)) * 1e3
     tpot_ms = td.tpot_decode_s * 1e3
     return ServingEstimate(
-        layout=dec, gpus=x * gp + y * gd, tokens_per_s=carried * w.osl,
+        layout=dec, gpus=x * gp + y * gd, tokens_per_s=carried * w.mean_osl,
         tokens_per_s_per_user=1.0 / td.tpot_decode_s, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
         kv_cache_gib_per_gpu=kv_gib, memory_gib_per_gpu=used_gib, fits=fits and pre_fit,
         max_batch_fit=max_fit, bottleneck=_bottleneck(td.decode), prefill_layout=pre,

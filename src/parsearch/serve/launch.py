@@ -64,7 +64,7 @@ def _vllm(model: str, layout: ServingLayout, workload: ServingWorkload) -> list[
     if layout.ep > 1:
         args += ["--enable-expert-parallel"]
     per_engine = -(-layout.batch // layout.attention_dp)  # --max-num-seqs is per DP engine
-    args += ["--max-num-seqs", str(per_engine), "--max-model-len", str(workload.context)]
+    args += ["--max-num-seqs", str(per_engine), "--max-model-len", str(workload.max_context)]
     kv = _VLLM_KV[workload.kv_precision]
     if kv and kv != "auto":
         args += ["--kv-cache-dtype", kv]
@@ -83,7 +83,7 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
     if layout.pp > 1:
         args += ["--pp-size", str(layout.pp)]
     args += ["--max-running-requests", str(layout.batch),
-             "--context-length", str(workload.context)]
+             "--context-length", str(workload.max_context)]
     kv = _SGLANG_KV[workload.kv_precision]
     if kv and kv != "auto":
         args += ["--kv-cache-dtype", kv]

@@ -50,11 +50,27 @@ class SlidingWindow:
 
 
 @dataclass(frozen=True)
+class LengthClass:
+    """Requests of ``isl`` input and ``osl`` output tokens, ``weight`` their share of requests."""
+
+    isl: int
+    osl: int
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_positive_int("length class", "isl", self.isl)
+        require_positive_int("length class", "osl", self.osl)
+        _optional_positive("length class", "weight", self.weight)
+
+
+@dataclass(frozen=True)
 class ServingWorkload:
     """What a serving deployment must carry.
 
     ``isl``/``osl``: input and output tokens per request (fixed lengths, as the
-    framework benchmarks use).  ``ttft_ms``/``tpot_ms``: latency targets (None: no
+    framework benchmarks use).  ``mix``: a distribution of request lengths instead, as
+    classes with request shares (:meth:`from_mix`); ``isl``/``osl`` then hold the
+    request-weighted means.  ``ttft_ms``/``tpot_ms``: latency targets (None: no
     bound).  ``concurrency``: total requests in flight over the whole group (None:
     the space chooses the batch of each replica).  ``request_rate``: requests/s the
     group must carry (None: replicas fill the GPU budget).  ``max_batch``: the most
@@ -77,9 +93,25 @@ class ServingWorkload:
     max_batch: int = 1024
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
+    mix: tuple[LengthClass, ...] = ()
+
+    @classmethod
+    def from_mix(cls, mix: tuple[LengthClass, ...] | list[LengthClass],
+                 **fields: object) -> ServingWorkload:
+        """A workload whose requests follow ``mix``; isl/osl are its request-weighted means."""
+        classes = tuple(mix)
+        if not classes:
+            raise SpecError("serving workload: mix is empty; give at least one length class")
+        total = sum(c.weight for c in classes)
+        isl = max(1, round(sum(c.weight * c.isl for c in classes) / total))
+        osl = max(1, round(sum(c.weight * c.osl for c in classes) / total))
+        return cls(isl=isl, osl=osl, mix=classes, **fields)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         owner = "serving workload"
+        for item in self.mix:
+            if not isinstance(item, LengthClass):
+                raise SpecError(f"{owner}: mix entries must be LengthClass, got {item!r}")
         require_positive_int(owner, "isl", self.isl)
         require_positive_int(owner, "osl", self.osl)
         require_positive_int(owner, "max_batch", self.max_batch)
@@ -99,14 +131,38 @@ class ServingWorkload:
             )
 
     @property
-    def context(self) -> int:
-        """Tokens a request holds in the KV cache when it finishes."""
-        return self.isl + self.osl
+    def classes(self) -> tuple[LengthClass, ...]:
+        """The request length classes (one class of isl/osl without a mix)."""
+        return self.mix or (LengthClass(self.isl, self.osl, 1.0),)
+
+    def _slot_mean(self, per_class: list[float]) -> float:
+        # A class holds batch slots in proportion to its requests times their decode steps
+        # (Little's law: slots = arrival rate x time in the batch).
+        slots = [c.weight * c.osl for c in self.classes]
+        return sum(s * v for s, v in zip(slots, per_class, strict=True)) / sum(slots)
+
+    @property
+    def mean_osl(self) -> float:
+        """Output tokens per request, averaged over requests."""
+        classes = self.classes
+        return sum(c.weight * c.osl for c in classes) / sum(c.weight for c in classes)
+
+    @property
+    def context(self) -> float:
+        """KV tokens a batch slot must hold: the context a request reaches when it finishes,
+        averaged over the slots (a single class: isl + osl)."""
+        return self._slot_mean([c.isl + c.osl for c in self.classes])
+
+    @property
+    def max_context(self) -> int:
+        """The longest request (isl + osl), what the engine's context limit must allow."""
+        return max(c.isl + c.osl for c in self.classes)
 
     @property
     def mean_decode_context(self) -> float:
-        """Average tokens attended to per decode step (the context grows from isl to isl+osl)."""
-        return self.isl + self.osl / 2.0
+        """Average tokens attended to per decode step (a request's context grows from isl
+        to isl + osl), averaged over the batch slots."""
+        return self._slot_mean([c.isl + c.osl / 2.0 for c in self.classes])
 
 
 @dataclass(frozen=True)
