@@ -204,7 +204,7 @@ def measurement_from_row(row: Mapping[str, Any], where: str, defaults: Defaults)
 
 def _table_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's byte-order mark
     except (OSError, UnicodeDecodeError) as error:
         raise SpecError(f"{path}: cannot read it: {error}") from None
     if path.suffix.lower() == ".csv":
@@ -406,7 +406,8 @@ def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = N
     for raw in paths:
         path = Path(raw)
         if not path.is_file():
-            problems.append(f"{path}: no such file")
+            problems.append(f"{path}: " + ("a folder, not a file" if path.is_dir()
+                                           else "no such file"))
             continue
         if path.suffix.lower() not in TABLE_SUFFIXES:
             loaded = measurements_from_log(path, defaults)
