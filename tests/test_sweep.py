@@ -339,3 +339,11 @@ def test_storage_errors_never_show_the_password(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/missing-folder/x.db?password={SECRET}"
     result = run_cli("sweep", *_grid_args(), "--storage", url)
     assert result.code == 2 and SECRET not in result.err + result.out
+
+
+def test_a_misspelt_model_fails_before_the_sweep_is_stored(tmp_path: Path) -> None:
+    db = tmp_path / "sweep.db"
+    result = run_cli("sweep", *_grid_args(models="gpt-1.7b,no-such-model"),
+                     "--storage", f"sqlite:///{db}")
+    assert_one_line_error(result, "no-such-model")
+    assert not db.exists() or not optuna.get_all_study_names(storage=f"sqlite:///{db}")

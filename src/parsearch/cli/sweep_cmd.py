@@ -14,6 +14,9 @@ from parsearch.cli.common import choice_list, int_list, positive_int, print_json
 from parsearch.errors import SpecError
 from parsearch.workload import PRECISIONS, RECOMPUTE_MODES
 
+#: Longest heartbeat interval or hold, in seconds.
+MAX_WAIT_S = 3600
+
 
 def _names(text: str) -> tuple[str, ...]:
     values = tuple(p.strip() for p in text.split(",") if p.strip())
@@ -31,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "machines (or add --worker to a command naming only --storage) and they share the "
         "cells: each cell is answered once, and a cell whose worker dies is picked up by "
         "another.  Without --worker the command prints the report of the whole grid when "
-        "every cell is done.")
+        "every cell is done (exit 1 if some cell could not be answered after retries).")
     grid = parser.add_argument_group("grid (a list given here replaces the grid file's)")
     grid.add_argument("--grid", metavar="FILE", default=None,
                       help="grid file (.yaml, .toml or .json) with models, clusters, gpus, "
@@ -121,13 +124,17 @@ def run_sweep(args: argparse.Namespace) -> int:
     from parsearch.sweep.report import build_report, check_plot_path, summary_line
     from parsearch.sweep.worker import run_worker, worker_name
 
-    if args.hold < 0 or args.hold != args.hold:
-        raise SpecError(f"--hold {args.hold} must be >= 0")
+    if not 0 <= args.hold <= MAX_WAIT_S:
+        raise SpecError(f"--hold {args.hold} must be between 0 and {MAX_WAIT_S} seconds")
+    if args.heartbeat is not None and args.heartbeat > MAX_WAIT_S:
+        raise SpecError(f"--heartbeat {args.heartbeat} must be at most {MAX_WAIT_S} seconds")
     if args.plot is not None:
         if args.worker:
             raise SpecError("--plot draws the report; a --worker prints none (drop one)")
         check_plot_path(args.plot)
     grid = _grid(args)
+    if grid is not None and not args.report_only:
+        CellSolver(grid).check()  # a misspelt model or cluster fails before the sweep is stored
     url = args.storage or DEFAULT_STORAGE
     start = time.monotonic()
     queue = CellQueue.open(url, grid=grid, name=args.name,

@@ -709,8 +709,15 @@ def run_study(*, model: ModelSpec, training: TrainingSpec,
         if left <= 0:
             break
         storage_mod.reap_stale_trials(study, backend, storage)  # a dead worker's trials
-        batch = [storage_mod.ask(study, distributions) for _ in range(min(pop, left))]
-        with storage_mod.Heartbeat(backend, [t._trial_id for t in batch]):
+        with storage_mod.Heartbeat(backend) as beat:
+            batch: list[optuna.trial.Trial] = []
+            try:
+                for _ in range(min(pop, left)):
+                    batch.append(storage_mod.ask(study, distributions))
+                    beat.add(batch[-1]._trial_id)  # from its first moment: a kill is seen
+            except BaseException:
+                storage_mod.give_back(study, batch)
+                raise
             _tell_batch(study, batch, router, space)
         run += len(batch)
         if on_trials is not None:

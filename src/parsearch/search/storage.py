@@ -369,32 +369,37 @@ def heartbeat_interval(storage: Any) -> int | None:
 
 
 class Heartbeat:
-    """Record a heartbeat for the given trials now and every interval until the block ends.
+    """Record a heartbeat for the block's trials when each is added and every interval after.
 
     A heartbeat that cannot be written (a busy SQLite file) is skipped: the
     next one follows an interval later, well inside the grace period.
     """
 
-    def __init__(self, storage: Any, trial_ids: Sequence[int]) -> None:
+    def __init__(self, storage: Any, trial_ids: Sequence[int] = ()) -> None:
         self._storage = storage
-        self._ids = list(trial_ids)
+        self._ids: list[int] = []
         self._interval = heartbeat_interval(storage)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        for trial_id in trial_ids:
+            self.add(trial_id)
 
-    def _beat(self) -> None:
-        for trial_id in self._ids:
+    def add(self, trial_id: int) -> None:
+        """Keep ``trial_id`` alive from now on (its first heartbeat is written at once)."""
+        self._ids.append(trial_id)
+        if self._interval is not None:
             with contextlib.suppress(Exception):
                 self._storage.record_heartbeat(trial_id)
 
     def _run(self) -> None:
         assert self._interval is not None
         while not self._stop.wait(self._interval):
-            self._beat()
+            for trial_id in list(self._ids):
+                with contextlib.suppress(Exception):
+                    self._storage.record_heartbeat(trial_id)
 
     def __enter__(self) -> Heartbeat:
-        if self._interval is not None and self._ids:
-            self._beat()
+        if self._interval is not None:
             self._thread = threading.Thread(target=self._run, name="parsearch-heartbeat",
                                             daemon=True)
             self._thread.start()

@@ -28,8 +28,9 @@ from parsearch.workload import PRECISIONS, RECOMPUTE_MODES
 
 #: The grid's axes, in the order cells are listed.
 AXES: tuple[str, ...] = ("models", "clusters", "gpus", "global_batch", "seq_len")
-#: A sweep holds at most this many cells (each one is a trial in the storage).
-MAX_CELLS = 100_000
+#: A sweep holds at most this many cells (each one is a trial in the storage, and a
+#: worker looks through the waiting ones to claim one).
+MAX_CELLS = 10_000
 #: Upper bounds of the integer axes (the largest clusters parsearch models).
 _INT_BOUNDS: dict[str, int] = {"gpus": 1 << 20, "global_batch": 1 << 24, "seq_len": 1 << 24,
                                "micro_batch_sizes": 1 << 16, "top": 100}

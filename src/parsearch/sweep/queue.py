@@ -1,12 +1,18 @@
 """The cells of a sweep as a work queue in an optuna RDB storage, shared by any number of workers.
 
 A sweep is one optuna study.  Each cell is one trial with a single
-parameter, ``cell`` (its index in the grid), enqueued (``WAITING``) once
-when the sweep is created; the grid itself is a study attribute, so a
-worker on another machine needs only the storage URL and the sweep name.
+parameter, ``cell`` (its index in the grid); the grid itself is a study
+attribute, so a worker on another machine needs only the storage URL and
+the sweep name.
 
-* Claim: a worker moves a waiting trial to ``RUNNING`` and records a
-  heartbeat for it every few seconds while it works on the cell.
+* Claim: a worker takes a waiting trial (a cell given back or retried), or
+  else creates the trial of the next cell (a counter in the study), records
+  a heartbeat for it, then moves it to ``RUNNING``; it keeps recording a
+  heartbeat every few seconds while it works on the cell.  Cells are not
+  enqueued up front, so claiming stays cheap however large the grid: the
+  storage reads back only the unfinished trials.  A worker killed between
+  two of these steps leaves a cell that the next claim finds (a counter
+  ahead of its trials, or a waiting trial).
 * Finish: the answer is written to the trial (``result``) and the trial
   completed; a trial that is no longer running (its worker was presumed
   dead) refuses the write, so every cell is written exactly once.
@@ -35,7 +41,7 @@ from parsearch.sweep.grid import Cell, SweepGrid, grid_from
 SWEEP_PREFIX = "parsearch-sweep-"
 CELL_PARAM = "cell"
 _GRID_ATTR = "parsearch_sweep_grid"
-_CELLS_ATTR = "parsearch_sweep_cells"
+_NEXT_ATTR = "parsearch_sweep_next"
 DEFAULT_STORAGE = "sqlite:///parsearch-sweep.db"
 
 
@@ -87,6 +93,10 @@ class CellQueue:
     def name(self) -> str:
         return self.study.study_name
 
+    @property
+    def _study_id(self) -> int:
+        return int(self.storage.get_study_id_from_name(self.name))
+
     # --- opening -----------------------------------------------------------------------------
 
     @classmethod
@@ -111,35 +121,22 @@ class CellQueue:
             study = optuna.create_study(storage=storage, study_name=name,
                                         direction="maximize", load_if_exists=True)
             queue = cls(url, storage, study, grid)
-        queue._enqueue()
+        queue._record_grid()
         return queue
 
     def _lock(self) -> contextlib.AbstractContextManager[None]:
         return storage_mod.storage_lock(self.storage, self.url, f"{self.name}:queue")
 
-    def _enqueue(self) -> None:
-        """Record the grid and enqueue every cell, once per sweep (finishing an interrupted one)."""
+    def _record_grid(self) -> None:
+        """Store the grid with the sweep (once); refuse a sweep that holds another grid."""
         wanted = self.grid.to_dict()
         with self._lock():
-            attrs = self.study.user_attrs
-            stored = attrs.get(_GRID_ATTR)
-            if stored is not None and stored != wanted:
-                raise SpecError(f"sweep {self.name!r} in {storage_mod.redact(self.url)} holds "
-                                "another grid; give another --name or the original grid")
-            if attrs.get(_CELLS_ATTR) == len(self.cells):
-                return
+            stored = self.study.user_attrs.get(_GRID_ATTR)
             if stored is None:
                 self.study.set_user_attr(_GRID_ATTR, wanted)
-            present = {int(t.params[CELL_PARAM]) for t in self.study.get_trials(deepcopy=False)
-                       if CELL_PARAM in t.params}
-            distribution = optuna.distributions.IntDistribution(0, len(self.cells) - 1)
-            for index, cell in enumerate(self.cells):
-                if index not in present:
-                    self.study.add_trial(optuna.trial.create_trial(
-                        state=TrialState.WAITING, params={CELL_PARAM: index},
-                        distributions={CELL_PARAM: distribution},
-                        user_attrs={"cell_key": cell.key()}))
-            self.study.set_user_attr(_CELLS_ATTR, len(self.cells))
+            elif stored != wanted:
+                raise SpecError(f"sweep {self.name!r} in {storage_mod.redact(self.url)} holds "
+                                "another grid; give another --name or the original grid")
 
     # --- the work ----------------------------------------------------------------------------
 
@@ -153,18 +150,48 @@ class CellQueue:
             optuna.storages.fail_stale_trials(self.study)
 
     def claim(self, worker: str) -> Claim | None:
-        """Take a waiting cell (None when none waits)."""
+        """Take a cell: a waiting trial, else a cell without a trial (None when none is left)."""
         with self._lock():
-            for trial in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-                trial_id = trial._trial_id
-                try:
-                    if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-                        continue
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    continue
-                self.storage.set_trial_user_attr(trial_id, "worker", worker)
-                return Claim(trial_id, trial.number, int(trial.params[CELL_PARAM]))
-        return None
+            trials = self.trials()
+            for trial in trials:
+                if trial.state == TrialState.WAITING:
+                    claim = self._take(trial._trial_id, trial.number,
+                                       int(trial.params[CELL_PARAM]), worker)
+                    if claim is not None:
+                        return claim
+            cell = self._next_cell(trials)
+            if cell is None:
+                return None
+            trial_id = self.storage.create_new_trial(self._study_id, optuna.trial.create_trial(
+                state=TrialState.WAITING, params={CELL_PARAM: cell},
+                distributions={CELL_PARAM: optuna.distributions.IntDistribution(
+                    0, len(self.cells) - 1)},
+                user_attrs={"cell_key": self.cells[cell].key()}))
+            number = self.storage.get_trial(trial_id).number
+            return self._take(trial_id, number, cell, worker)
+
+    def _next_cell(self, trials: list[optuna.trial.FrozenTrial]) -> int | None:
+        """A cell below the counter left without a trial (its worker died), else the next one."""
+        counter = int(self.study.user_attrs.get(_NEXT_ATTR, 0))
+        seen = {int(t.params[CELL_PARAM]) for t in trials if CELL_PARAM in t.params}
+        orphan = next((i for i in range(counter) if i not in seen), None)
+        if orphan is not None:
+            return orphan
+        if counter >= len(self.cells):
+            return None
+        self.study.set_user_attr(_NEXT_ATTR, counter + 1)
+        return counter
+
+    def _take(self, trial_id: int, number: int, cell: int, worker: str) -> Claim | None:
+        """Heartbeat first, then RUNNING: a running cell always has a heartbeat to go stale."""
+        self.storage.record_heartbeat(trial_id)
+        try:
+            if not self.storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                return None
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return None
+        self.storage.set_trial_user_attr(trial_id, "worker", worker)
+        return Claim(trial_id, number, cell)
 
     def finish(self, claim: Claim, result: dict[str, Any]) -> bool:
         """Write the answer of a held cell; False when the cell was taken away meanwhile."""
@@ -191,21 +218,24 @@ class CellQueue:
     def progress(self) -> Progress:
         done: set[int] = set()
         live: set[int] = set()
+        seen: set[int] = set()
         running = waiting = 0
         for trial in self.trials():
-            cell = trial.params.get(CELL_PARAM)
-            if cell is None:
+            if CELL_PARAM not in trial.params:
                 continue
+            cell = int(trial.params[CELL_PARAM])
+            seen.add(cell)
             if trial.state == TrialState.COMPLETE:
-                done.add(int(cell))
+                done.add(cell)
             elif trial.state == TrialState.RUNNING:
                 running += 1
-                live.add(int(cell))
+                live.add(cell)
             elif trial.state == TrialState.WAITING:
                 waiting += 1
-                live.add(int(cell))
-        failed = tuple(i for i in range(len(self.cells)) if i not in done and i not in live)
-        return Progress(len(self.cells), len(done), running, waiting, failed)
+                live.add(cell)
+        unstarted = len(self.cells) - len(seen)  # no trial yet: waiting for a first claim
+        failed = tuple(sorted(seen - done - live))  # given up on after the last retry
+        return Progress(len(self.cells), len(done), running, waiting + unstarted, failed)
 
     def results(self) -> dict[int, dict[str, Any]]:
         """The answer of every finished cell, by cell index."""
