@@ -217,7 +217,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 [(p.order, p.layout.key(), p.predicted_rank, p.tokens_per_s_per_gpu,
                   p.step_time_s, p.iterations, p.minutes, "; ".join(p.reasons[:-1]))
                  for p in plan.picks])
-    print(f"\nexpected misordered pairs among the top {TOP_PAIRS}: "
+    print(f"\nexpected misordered pairs among the top {min(TOP_PAIRS, plan.candidates)}: "
           f"{plan.misordered_before:.2f} -> {plan.misordered_after:.2f} after these "
           f"{len(plan.picks)} measurement(s); {plan.candidates} shapes considered")
     loose = [f"{n} {plan.factor_sd_before[n]:.2f}->{plan.factor_sd_after[n]:.2f}"

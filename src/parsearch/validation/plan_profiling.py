@@ -208,13 +208,13 @@ def plan_profiling(cm: CostModel, *, k: int, gpus_per_node: int,
                    ) -> ProfilingPlan:
     """The ``k`` layouts (on ``cm``'s fabric) worth measuring next, in the order to run them."""
     if k < 1:
-        raise SpecError(f"plan-profiling: k must be >= 1, got {k}")
+        raise SpecError(f"k must be >= 1 layouts to measure, got {k}")
     model, training = cm.model, cm.training
     table = require_layouts(model, training, cm.fabric.num_gpus)
     scan = scan_table(cm, table)
     if not scan.feasible:
-        raise SpecError("plan-profiling: no layout fits in memory on "
-                        f"{cm.fabric.num_gpus} GPUs; nothing to measure")
+        raise SpecError(f"no layout fits in memory on {cm.fabric.num_gpus} GPUs; nothing to "
+                        "measure (`parsearch search` says how much the leanest one needs)")
     positions = _candidate_rows(scan, candidates)
     rows = scan.feasible_rows[positions]
     cols = {name: v[rows] for name, v in table.columns.items()}
