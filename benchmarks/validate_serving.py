@@ -53,6 +53,7 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
     return ServingWorkload(isl=int(row["isl"]), osl=int(row["osl"]), precision=precision,
                            kv_precision=kv, max_batch=int(row["max_batch"] or TRTLLM_MAX_BATCH),
                            max_num_batched_tokens=int(row["max_num_tokens"] or TRTLLM_MAX_TOKENS),
+                           ep_overlap=row["ep_overlap"] == "yes",
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None)
 
 

@@ -94,6 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="requests in flight over the whole group (default: choose)")
     parser.add_argument("--request-rate", type=_positive_number, default=None, metavar="R",
                         help="requests/s to carry: rank by the fewest GPUs that carry it")
+    parser.add_argument("--ep-overlap", action="store_true",
+                        help="overlap MoE all-to-alls with a second micro-batch's compute "
+                        "(SGLang --enable-two-batch-overlap)")
     parser.add_argument("--max-batch", type=positive_int, default=1024, metavar="B",
                         help="most requests per instance (vLLM --max-num-seqs; default 1024)")
     parser.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
@@ -121,7 +124,8 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
     kv = args.kv_precision or ("bf16" if args.precision == "bf16" else "fp8")
     fields = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "precision": args.precision,
               "kv_precision": kv, "mode": args.mode, "concurrency": args.concurrency,
-              "request_rate": args.request_rate, "max_batch": args.max_batch}
+              "request_rate": args.request_rate, "max_batch": args.max_batch,
+              "ep_overlap": args.ep_overlap}
     if args.mix is not None:
         if args.isl is not None or args.osl is not None:
             raise SpecError("give either --isl/--osl or --mix, not both")

@@ -169,7 +169,8 @@ def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int
              "num_gpus": num_gpus, "isl": workload.isl, "osl": workload.osl,
              "mix": [{"isl": c.isl, "osl": c.osl, "weight": c.weight} for c in workload.mix],
              "precision": workload.precision, "kv_precision": workload.kv_precision,
-             "mode": workload.mode, "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
+             "mode": workload.mode, "ep_overlap": workload.ep_overlap,
+             "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
              "concurrency": workload.concurrency, "request_rate": workload.request_rate,
              "sliding_window": None if ctx.window is None else
              {"window": ctx.window.window, "windowed_layers": ctx.window.windowed_layers}}

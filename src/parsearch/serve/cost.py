@@ -172,10 +172,12 @@ class StepTime:
     overhead_s: float
     hop_s: float  # pipeline hand-off to the next stage
     busy_s: float | None = None  # instance time per request when not total_s (prefill)
+    overlapped_comm_s: float = 0.0  # EP all-to-alls run beside the other micro-batch's work
 
     @property
     def total_s(self) -> float:
-        return max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+        work = max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+        return max(work, self.overlapped_comm_s)
 
 
 def _expert_shapes(model: ModelSpec, counts: ParameterCounts) -> tuple[float, float, int]:
@@ -194,8 +196,9 @@ def _stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
 
 
 def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,
-                tokens_rank: float, tokens_stage: float) -> tuple[float, float]:
-    """(communication of a dense layer, of an MoE layer) for one pass.
+                tokens_rank: float, tokens_stage: float) -> tuple[float, float, float]:
+    """(communication of a dense layer, of an MoE layer, the MoE layer's all-to-alls
+    alone) for one pass.
 
     Attention output and dense MLP output (both split over the attention TP group, the
     dense MLP replicated over attention-DP ranks as in SGLang/DeepSeek large-EP serving):
@@ -210,16 +213,28 @@ def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, r
     attn = serving_all_reduce(links.tp, tokens_rank * h * _ACT, rates)
     dense = attn + attn
     if model.moe is None:
-        return dense, dense
+        return dense, dense, 0.0
     if layout.ep == 1:
         if layout.attention_dp > 1:
-            return dense, attn + serving_all_reduce(links.width, tokens_stage * h * _ACT, rates)
-        return dense, dense
+            gathered = serving_all_reduce(links.width, tokens_stage * h * _ACT, rates)
+            return dense, attn + gathered, 0.0
+        return dense, dense, 0.0
     per_gpu = tokens_stage / layout.stage_width * model.moe.top_k * h
-    moe = (_alltoall(links.ep, per_gpu * DISPATCH_BYTES, rates)
-           + _alltoall(links.ep, per_gpu * COMBINE_BYTES, rates)
-           + serving_all_reduce(links.etp, tokens_stage / layout.ep * h * _ACT, rates))
-    return dense, attn + moe + attn
+    a2a = (_alltoall(links.ep, per_gpu * DISPATCH_BYTES, rates)
+           + _alltoall(links.ep, per_gpu * COMBINE_BYTES, rates))
+    etp = serving_all_reduce(links.etp, tokens_stage / layout.ep * h * _ACT, rates)
+    return dense, attn + a2a + etp + attn, a2a
+
+
+def _split_overlap(workload: ServingWorkload, comm: float, a2a: float) -> tuple[float, float]:
+    """(exposed communication, communication hidden behind compute).  With ``ep_overlap``
+    the pass is split into two micro-batches whose EP dispatch/combine run while the other
+    computes (SGLang two-batch overlap, following DeepSeek's inference system,
+    github.com/deepseek-ai/profile-data): the all-to-alls leave the critical path unless
+    they outlast the rest of the pass."""
+    if not workload.ep_overlap:
+        return comm, 0.0
+    return comm - a2a, a2a
 
 
 def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
@@ -327,12 +342,12 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     compute = (gemm_flops / (rates.peak_flops * max(gemm_eff, 1e-6))
                + core / (rates.bf16_flops * rates.attention)
                + expert_gemm_time(model, layout, counts, rates, b_m, b_m))
-    dense_comm, moe_comm = _layer_comm(model, layout, links, rates, t_rank, b_m)
-    comm = n_dense * dense_comm + n_moe * moe_comm
+    dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m)
+    comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
     overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
         model, layout, rates, t_rank, b_m)
     hop = float(p2p_time(links.pp, t_rank * model.hidden_size * _ACT)) if layout.pp > 1 else 0.0
-    return StepTime(memory, compute, comm, overhead, hop)
+    return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden)
 
 
 def decode_tpot_s(step: StepTime, pp: int) -> float:
@@ -377,12 +392,13 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
                + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage))
     prec = ELEMENT_BYTES[workload.precision]
     memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
-    dense_comm, moe_comm = _layer_comm(model, layout, links, rates, tokens_rank, tokens_stage)
-    comm = n_dense * dense_comm + n_moe * moe_comm
+    dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,
+                                            tokens_stage)
+    comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
     overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
         model, layout, rates, tokens_rank, tokens_stage)
     hop = float(p2p_time(links.pp, tokens_rank * h * _ACT)) if layout.pp > 1 else 0.0
-    return StepTime(memory, compute, comm, overhead, hop)
+    return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden)
 
 
 def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,

@@ -5,10 +5,11 @@ Flag names: vLLM engine arguments (``vllm serve --help``: ``--tensor-parallel-si
 ``--max-num-seqs``, ``--kv-cache-dtype``, ``--max-model-len``); SGLang server arguments
 (docs.sglang.io "Server Arguments": ``--tp-size``, ``--dp-size``, ``--ep-size``,
 ``--enable-dp-attention``, ``--pp-size``, ``--max-running-requests``, ``--kv-cache-dtype``,
-``--context-length``, ``--disaggregation-mode``).  With DP attention SGLang's ``--tp-size``
-is the whole stage width and ``--dp-size`` the attention-DP ranks; vLLM runs
-``--data-parallel-size`` engines of ``--tensor-parallel-size`` each and, with
-``--enable-expert-parallel``, spreads the experts over all of them (EP = TP * DP).
+``--context-length``, ``--disaggregation-mode``, ``--enable-two-batch-overlap``).  With
+DP attention SGLang's ``--tp-size`` is the whole stage width and ``--dp-size`` the
+attention-DP ranks; vLLM runs ``--data-parallel-size`` engines of
+``--tensor-parallel-size`` each and, with ``--enable-expert-parallel``, spreads the
+experts over all of them (EP = TP * DP).
 
 >>> from parsearch.serve.spec import ServingLayout, ServingWorkload
 >>> w = ServingWorkload(isl=1000, osl=1000, precision="fp8", kv_precision="fp8")
@@ -87,6 +88,8 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
     kv = _SGLANG_KV[workload.kv_precision]
     if kv and kv != "auto":
         args += ["--kv-cache-dtype", kv]
+    if workload.ep_overlap and layout.ep > 1:
+        args += ["--enable-two-batch-overlap"]
     if disaggregation:
         args += ["--disaggregation-mode", disaggregation]
     return args

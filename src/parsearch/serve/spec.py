@@ -78,7 +78,8 @@ class ServingWorkload:
     ``--max-running-requests``).  ``max_num_batched_tokens``: tokens per scheduler
     step (chunked prefill), which sizes the activation workspace.
     ``gpu_memory_utilization``: share of HBM the engine may use (vLLM's default 0.9,
-    vLLM engine arguments documentation).
+    vLLM engine arguments documentation).  ``ep_overlap``: MoE all-to-alls overlapped with
+    the computation of a second micro-batch (SGLang ``--enable-two-batch-overlap``).
     """
 
     isl: int
@@ -94,6 +95,7 @@ class ServingWorkload:
     max_num_batched_tokens: int = 8192
     gpu_memory_utilization: float = 0.9
     mix: tuple[LengthClass, ...] = ()
+    ep_overlap: bool = False
 
     @classmethod
     def from_mix(cls, mix: tuple[LengthClass, ...] | list[LengthClass],
@@ -124,6 +126,8 @@ class ServingWorkload:
         require_choice(owner, "precision", self.precision, WEIGHT_PRECISIONS)
         require_choice(owner, "kv_precision", self.kv_precision, KV_PRECISIONS)
         require_choice(owner, "mode", self.mode, SERVING_MODES)
+        if not isinstance(self.ep_overlap, bool):
+            raise SpecError(f"{owner}: ep_overlap must be true or false, got {self.ep_overlap!r}")
         util = self.gpu_memory_utilization
         if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
             raise SpecError(
