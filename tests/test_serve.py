@@ -258,3 +258,22 @@ def test_bad_length_class_is_rejected() -> None:
         LengthClass(100, 10, 0)
     with pytest.raises(SpecError, match="mix is empty"):
         ServingWorkload.from_mix([])
+
+
+@pytest.mark.parametrize("batch", [8, 256, 4096])
+def test_ep_overlap_hides_all_to_alls_but_never_below_them(batch) -> None:
+    model = get_preset("deepseek-v3")
+    cluster = load_cluster("dgx-h100")
+    layout = ServingLayout(tp=1, pp=1, ep=16, attention_dp=16, batch=batch)
+    plain = ServingWorkload(isl=2000, osl=100, precision="fp8", kv_precision="bf16")
+    overlapped = replace(plain, ep_overlap=True)
+    steps = []
+    for w in (plain, overlapped):
+        ctx = _context(model, cluster, w, None, None)
+        steps.append(decode_step(model, w, layout, ctx.counts, ctx.rates, ctx.links(layout),
+                                 None))
+    a, b = steps
+    assert b.total_s <= a.total_s
+    hidden = b.overlapped_comm_s
+    assert hidden > 0 and a.comm_s == pytest.approx(b.comm_s + hidden)
+    assert b.total_s >= max(hidden, a.total_s - hidden) * (1 - 1e-12)
