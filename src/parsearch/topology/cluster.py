@@ -287,6 +287,10 @@ def cluster_from_dict(data: Any, where: str) -> ClusterSpec:
         close = difflib.get_close_matches(unknown[0], _REQUIRED + _OPTIONAL, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise TopologyError(f"{where}: unknown field '{unknown[0]}'{hint}")
+    for key in ("name", "gpu"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise TopologyError(f"{where}: field '{key}' must be a non-empty text, "
+                                f"got {short_repr(data[key])}")
     gpu = str(data["gpu"])
     known = list_gpu_profiles()
     if gpu not in known:
