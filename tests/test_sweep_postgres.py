@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +35,14 @@ TIMEOUT_S = 900  # overall bound of one wait; the work itself takes about a minu
 
 
 @pytest.fixture(scope="module")
-def pg_admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = Path("/tmp") / f"parsearch-pg-{os.getpid()}"  # short: the socket path is limited
-    with postgres_server(root) as url:
-        yield url
+def pg_admin() -> Iterator[str]:
+    # a short path: the server's socket path is limited to about 100 characters
+    root = Path("/tmp") / f"parsearch-pg-{uuid.uuid4().hex[:8]}"
+    try:
+        with postgres_server(root) as url:
+            yield url
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _wait(condition, what: str):  # type: ignore[no-untyped-def]
