@@ -27,6 +27,7 @@ from parsearch.search.launch import launch_settings, nodes_for, pipeline_layout_
 from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
+from parsearch.topology.summary import fabric_from_spec
 from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
 from tests.strategies import small_models, small_trainings
 
@@ -216,15 +217,37 @@ def test_bounded_scan_ranks_like_the_full_scan(case, top: int, diverse: bool) ->
 def test_bounds_prune_a_large_space() -> None:
     """On a real space the bound skips most layouts and still returns the full scan's top 10."""
     setup = TrainingSpec(seq_len=8192, global_batch=512)
-    table = enumerate_layouts(get_preset("llama3-70b"), setup, 128)
+    table = enumerate_layouts(get_preset("llama3-70b"), setup, 256)
     cm = build_cost_model(get_preset("llama3-70b"), setup,
-                          build_fabric(load_cluster(CLUSTER), 128))
+                          build_fabric(load_cluster(CLUSTER), 256))
     full, bounded = scan_table(cm, table), scan_bounded(cm, table, top=10)
     assert bounded.pruned > bounded.valid // 2
     assert (bounded.feasible_rows[rank_feasible(bounded, top=10)].tolist()
             == full.feasible_rows[rank_feasible(full, top=10)].tolist())
-    result = search_layouts(model="llama3-70b", training=setup, cluster=CLUSTER, num_gpus=128,
+    result = search_layouts(model="llama3-70b", training=setup, cluster=CLUSTER, num_gpus=256,
                             top=10)
     doc = result.to_dict()
     assert doc["exact"] is True and doc["examined"] + doc["pruned"] == doc["valid"]
     assert doc["pruned"] == bounded.pruned
+
+
+FABRIC_ARRAYS = ("node_of", "domain_of", "leaf_group_of", "pod_of", "nvlink_Bps",
+                 "nic_share_Bps", "leaf_uplink_share_Bps", "pod_uplink_share_Bps")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["dgx-h100", "dgx-h100-oversub", "gb200-nvl72", "gb300-nvl72",
+                        "dgx-a100", "h100-roce", "hgx-h800", "dgx-b200"]),
+       st.integers(1, 20_000))
+def test_fabric_from_spec_equals_the_graph_walk(name: str, gpus: int) -> None:
+    """The search's fabric (computed from the cluster fields) is the graph's, array for array."""
+    cluster = load_cluster(name)
+    assume(cluster.max_gpus is None or gpus <= cluster.max_gpus)
+    graph, spec = build_fabric(cluster, gpus), fabric_from_spec(cluster, gpus)
+    for attr in FABRIC_ARRAYS:
+        a, b = getattr(graph, attr), getattr(spec, attr)
+        assert a.dtype == b.dtype and np.array_equal(a, b), attr
+    assert graph.tier_latency_s == spec.tier_latency_s
+    for stride, size in ((1, min(gpus, 8)), (1, gpus), (8, gpus // 8)):
+        if size >= 1 and gpus % (stride * size) == 0:
+            assert graph.group_link(stride, size) == spec.group_link(stride, size)

@@ -53,7 +53,8 @@ from parsearch.topology.fabric import Fabric
 from parsearch.workload import ModelSpec, TrainingSpec
 
 __all__ = ["MOE_DISPATCHERS", "TIME_KEYS", "UNITS", "CostModel", "CostOptions", "Estimate",
-           "build_cost_model", "estimate", "layout_columns", "process_groups", "score_columns",
+           "build_cost_model", "estimate", "group_rows", "layout_columns", "process_groups",
+           "score_columns",
            "stage_features"]
 
 GIB = float(2**30)
@@ -208,6 +209,20 @@ def _price_rows(training: TrainingSpec,
     if n < 256:
         return None
     keys = PRICE_KEY + (("vpp",) if training.recompute_num_layers is not None else ())
+    grouped = group_rows(cols, keys)
+    if grouped is None or len(grouped[0]) > n // 2:
+        return None
+    return grouped
+
+
+def group_rows(cols: dict[str, np.ndarray],
+               keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(representatives, position)``: one row per distinct value of the ``keys`` columns
+    (non-negative integers), and each row's position among them; ``None`` if the
+    values are too large to code."""
+    n = len(cols[keys[0]])
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     code = np.zeros(n, dtype=np.int64)
     size = 1
     for name in keys:
@@ -232,8 +247,6 @@ def _price_rows(training: TrainingSpec,
         _, position = np.unique(code, return_inverse=True)
         position = position.reshape(-1)
         count = int(position.max()) + 1
-    if count > n // 2:
-        return None
     representatives = np.empty(count, dtype=np.int64)
     representatives[position] = np.arange(n, dtype=np.int64)
     return representatives, position

@@ -58,7 +58,7 @@ from parsearch.search.pareto import hypervolume, pareto_mask
 from parsearch.soft_rules import soft_rule_flags
 from parsearch.space import enumerate_layouts, require_layouts
 from parsearch.topology.cluster import ClusterSpec, load_cluster
-from parsearch.topology.fabric import build_fabric
+from parsearch.topology.summary import fabric_from_spec
 from parsearch.workload import ModelSpec, TrainingSpec
 
 Method = Literal["exhaustive", "optuna", "auto"]
@@ -341,7 +341,7 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     _positive("top", top)
     _check_size(cluster, num_gpus, "--gpus")
     table = require_layouts(model, training, num_gpus)
-    cm = build_cost_model(model, training, build_fabric(cluster, num_gpus), profile=profile,
+    cm = build_cost_model(model, training, fabric_from_spec(cluster, num_gpus), profile=profile,
                           options=options)
     with _progress_bar(progress, len(table), "layouts", f"search {num_gpus} GPUs") as advance:
         scan = scan_bounded(cm, table, top=top, diverse=diverse,
@@ -628,7 +628,7 @@ def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: Cluster
             considered += considered_count(model, training, n)
             valid += len(table)
             if len(table):
-                cm = build_cost_model(model, training, build_fabric(cluster, n),
+                cm = build_cost_model(model, training, fabric_from_spec(cluster, n),
                                       profile=profile, options=options)
                 scan = scan_bounded(cm, table, top=1)
                 feasible += scan.feasible
@@ -702,7 +702,7 @@ def _polish(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     scored = 0
     for n in sorted(set(best) - exact):
         table = enumerate_layouts(model, training, n)
-        cm = build_cost_model(model, training, build_fabric(cluster, n), profile=profile,
+        cm = build_cost_model(model, training, fabric_from_spec(cluster, n), profile=profile,
                               options=options)
         for _ in range(rounds):
             lay, c = best[n].layout, table.columns
@@ -740,7 +740,7 @@ def _best_of_records(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
             tokens[rec.layout.num_gpus] = rec.tokens_per_s
     best: dict[int, Estimate] = {}
     for n, lay in chosen.items():
-        cm = build_cost_model(model, training, build_fabric(cluster, n), profile=profile,
+        cm = build_cost_model(model, training, fabric_from_spec(cluster, n), profile=profile,
                               options=options)
         best[n] = estimate(cm, lay)
     return best

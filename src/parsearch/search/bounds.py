@@ -29,6 +29,12 @@ The bound follows the cost model's own structure (:mod:`parsearch.cost.analytic`
 
 Everything is computed on one row per ``(shape, mbs, sp)``, a small fraction
 of the table.
+
+:func:`memory_floor` is the memory counterpart: the model state of a stage
+(weights, gradients, optimizer state) and the fixed framework share do not
+depend on ``mbs``, ``sp`` or ``recompute``, and activations only add to them,
+so one layout per ``(shape, vpp)`` gives a floor for all of them; a group
+whose floor exceeds the GPU's memory cannot fit and is never scored.
 """
 
 from __future__ import annotations
@@ -36,9 +42,16 @@ from __future__ import annotations
 import numpy as np
 
 from parsearch.constraints import RECOMPUTE_CODES
-from parsearch.cost.analytic import UNITS, CostModel, process_groups, stage_features
+from parsearch.cost.analytic import (
+    UNITS,
+    CostModel,
+    group_rows,
+    process_groups,
+    stage_features,
+)
 from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit, unit_compute
+from parsearch.cost.memory import memory_arrays
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
 
@@ -55,7 +68,20 @@ def shape_index(columns: dict[str, np.ndarray], rows: np.ndarray | None = None
     row of shape ``k`` and ``inverse[i]`` the shape of row ``i`` (of
     ``rows`` when given).
     """
-    code = _shape_code(columns, rows)
+    cols = columns if rows is None else {a: columns[a][rows] for a in SHAPE_AXES}
+    return _groups(cols, SHAPE_AXES)
+
+
+def _groups(cols: dict[str, np.ndarray], keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One representative row per distinct value of ``keys``, and each row's group."""
+    grouped = group_rows(cols, keys)
+    if grouped is not None:
+        return grouped
+    code = _shape_code(cols, None) if keys == SHAPE_AXES else None
+    if code is None:
+        code = np.zeros(len(cols[keys[0]]), dtype=np.int64)
+        for name in keys:
+            code = code * (int(cols[name].max(initial=1)) + 1) + cols[name].astype(np.int64)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     return first, inverse.reshape(-1)
 
@@ -137,9 +163,7 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     vmax = np.ones(n_shapes)
     np.maximum.at(vmax, shape, c["vpp"].astype(np.float64))
     # one representative row per (shape, mbs, sp)
-    mbs_codes, mbs_index = np.unique(c["mbs"], return_inverse=True)
-    combo = (shape * len(mbs_codes) + mbs_index.reshape(-1)) * 2 + c["sp"].astype(np.int64)
-    _, rep, combo_inv = np.unique(combo, return_index=True, return_inverse=True)
+    rep, _ = _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]}, ("shape", "mbs", "sp"))
     rc = {k: np.asarray(v)[rep] for k, v in c.items()}
     floors = unit_time_floor(cm, rc)
     totals = _unit_totals(cm, rc["pp"].astype(np.int64), c["vpp"][rep].astype(np.int64))
@@ -153,8 +177,27 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     bound_combo = tokens / step * (1.0 + BOUND_SLACK)
     bound = np.zeros(n_shapes)
     np.maximum.at(bound, shape[rep], bound_combo)
-    del combo_inv
     return shape, bound
 
 
-__all__ = ["BOUND_SLACK", "shape_bounds", "shape_index", "unit_time_floor"]
+def memory_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, bytes per GPU no choice of ``mbs``, ``sp`` or ``recompute`` goes below.
+
+    One layout per ``(shape, vpp)`` is priced; the model state and fixed
+    share of its peak stage (the same stage holds the same state in every
+    layout of the group) floor every layout of the group.
+    """
+    n = len(cols["tp"])
+    if n == 0:
+        return np.zeros(0)
+    rep, inverse = _groups(cols, (*SHAPE_AXES, "vpp"))
+    r = {k: np.asarray(v)[rep] for k, v in cols.items()}
+    mem = memory_arrays(cm.model, cm.training, r["tp"], r["cp"], r["pp"], r["ep"], r["etp"],
+                        r["vpp"], r["mbs"], r["dp"], r["edp"], r["recompute"], r["sp"],
+                        cm.options.memory)
+    state = (np.asarray(mem.weights) + np.asarray(mem.gradients) + np.asarray(mem.optimizer)
+             + np.asarray(mem.other))
+    return (state * (1.0 - BOUND_SLACK))[inverse.reshape(-1)]
+
+
+__all__ = ["BOUND_SLACK", "memory_floor", "shape_bounds", "shape_index", "unit_time_floor"]

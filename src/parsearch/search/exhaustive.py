@@ -39,7 +39,7 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
-from parsearch.search.bounds import shape_bounds
+from parsearch.search.bounds import memory_floor, shape_bounds
 from parsearch.space import AXIS_ORDER, LayoutTable, axis_candidates
 from parsearch.workload import ModelSpec, TrainingSpec
 
@@ -181,6 +181,16 @@ def _threshold(tokens: list[np.ndarray], shapes: list[np.ndarray], top: int,
     return float(np.partition(values, len(values) - top)[len(values) - top])
 
 
+def _peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Peak bytes per GPU of each layout (``memory_arrays``' total)."""
+    if not len(cols["tp"]):
+        return np.zeros(0)
+    mem = memory_arrays(cm.model, cm.training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
+                        cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
+                        cols["recompute"], cols["sp"], cm.options.memory)
+    return np.asarray(mem.total, dtype=np.float64).reshape(-1)
+
+
 def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bool = False,
                  considered: int | None = None, first_rows: int = 1 << 12,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -207,14 +217,23 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     empty_f = np.zeros(0, dtype=np.float64)
     if n == 0:
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, 0)
-    shape, bound = shape_bounds(cm, table.columns)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    # (shape, vpp) groups whose model state alone exceeds the memory cannot fit: never scored
+    candidates = np.nonzero(memory_floor(cm, table.columns) <= hbm)[0]
+    if len(candidates) == 0:
+        return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, n)
+    shape, bound = shape_bounds(cm, table.columns, candidates)
     order = np.argsort(-bound, kind="stable")  # shapes, best bound first
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     row_rank = rank[shape]
-    row_order = np.argsort(row_rank, kind="stable")
+    row_order = candidates[np.argsort(row_rank, kind="stable")]
     ends = np.cumsum(np.bincount(row_rank, minlength=len(order)))
-    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    skipped = n - len(candidates)
+    shape_of_row = np.full(n, -1, dtype=np.int64)
+    shape_of_row[candidates] = shape
+    if on_rows is not None and skipped:
+        on_rows(skipped)
     rows_out: list[np.ndarray] = []
     tokens_out: list[np.ndarray] = []
     memory_out: list[np.ndarray] = []
@@ -228,22 +247,19 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         rows = row_order[start:ends[j - 1]]
         chunk = {name: v[rows] for name, v in table.columns.items()}
         # time first, then memory only where the throughput can still enter the answer
-        tokens = np.asarray(score_columns(cm, chunk, with_memory=False)["tokens_per_s"])
+        tokens = (np.asarray(score_columns(cm, chunk, with_memory=False)["tokens_per_s"])
+                  if len(rows) else np.zeros(0))
         keep = np.nonzero(tokens >= threshold)[0]
-        sub = {name: v[keep] for name, v in chunk.items()}
-        mem = memory_arrays(cm.model, cm.training, sub["tp"], sub["cp"], sub["pp"], sub["ep"],
-                            sub["etp"], sub["vpp"], sub["mbs"], sub["dp"], sub["edp"],
-                            sub["recompute"], sub["sp"], cm.options.memory)
-        total = np.asarray(mem.total, dtype=np.float64).reshape(-1)
+        total = _peak_memory(cm, {name: v[keep] for name, v in chunk.items()})
         fits = keep[total <= hbm]
         if len(fits):
             rows_out.append(rows[fits])
             tokens_out.append(tokens[fits])
             memory_out.append(total[total <= hbm])
-            shapes_out.append(shape[rows[fits]])
+            shapes_out.append(shape_of_row[rows[fits]])
             threshold = _threshold(tokens_out, shapes_out, top, diverse)
         if on_rows is not None:
-            on_rows(len(rows))
+            on_rows(int(ends[j - 1]) - start)
         start = int(ends[j - 1])
         k = j
         block = min(2 * block, chunk_rows)
@@ -252,7 +268,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         table=table, feasible_rows=feasible,
         tokens_per_s=np.concatenate(tokens_out) if tokens_out else empty_f,
         memory_bytes=np.concatenate(memory_out) if memory_out else empty_f,
-        considered=considered, examined=start)
+        considered=considered, examined=skipped + start)
 
 
 def _order(scan: ScanResult, subset: np.ndarray) -> np.ndarray:

@@ -72,6 +72,17 @@ class Fabric:
         self._summarize(graph)
         self._cache: dict[tuple[int, int], GroupLink] = {}
 
+    @classmethod
+    def from_summary(cls, cluster: ClusterSpec, num_gpus: int, gpu: GpuProfile,
+                     summary: dict[str, object]) -> Fabric:
+        """A fabric from per-GPU arrays computed elsewhere (:mod:`parsearch.topology.summary`)."""
+        fabric = cls.__new__(cls)
+        fabric.cluster, fabric.num_gpus, fabric.gpu = cluster, num_gpus, gpu
+        for name, value in summary.items():
+            setattr(fabric, name, value)
+        fabric._cache = {}
+        return fabric
+
     # -- summary (one walk over the graph) ---------------------------------------------
     def _summarize(self, graph: nx.Graph) -> None:
         n = self.num_gpus
