@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -347,3 +348,27 @@ def test_a_misspelt_model_fails_before_the_sweep_is_stored(tmp_path: Path) -> No
                      "--storage", f"sqlite:///{db}")
     assert_one_line_error(result, "no-such-model")
     assert not db.exists() or not optuna.get_all_study_names(storage=f"sqlite:///{db}")
+
+
+def test_a_stopped_worker_gives_its_cell_back_at_once(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'sweep.db'}"
+    worker = _sweep_proc(db, "--hold", "600")  # holds its first cell until stopped
+
+    def held() -> list[optuna.trial.FrozenTrial]:
+        try:
+            study = optuna.load_study(study_name=_only_study(db), storage=db)
+        except (KeyError, ValueError, RuntimeError):
+            return []
+        return study.get_trials(states=(TrialState.RUNNING,))
+
+    (trial,) = wait_until(held, "the worker to hold a cell")
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=300)
+    assert worker.returncode == 130 and "went back to the queue" in err
+    study = optuna.load_study(study_name=_only_study(db), storage=db)
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[trial.number] == TrialState.FAIL
+    (back,) = [t for t in study.get_trials() if t.system_attrs.get("failed_trial") == trial.number]
+    assert back.state == TrialState.WAITING and back.params == trial.params
+    finish = run_cli("sweep", "--storage", db, "--format", "json")
+    assert finish.code == 0 and json.loads(finish.out)["done"] == 8

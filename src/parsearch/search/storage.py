@@ -431,10 +431,13 @@ def ask(study: optuna.Study, distributions: dict[str, Any]) -> optuna.Trial:
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Queue ``trial`` again (an interrupted worker gives its unfinished trial back)."""
+    """Queue ``trial`` again (an interrupted worker gives its unfinished trial back).
+
+    Giving back is not a failure: it does not count against ``MAX_RETRY``.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(study, trial)
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=None)(study, trial)
 
 
 def give_back(study: optuna.Study, trials: Sequence[Any]) -> None:
