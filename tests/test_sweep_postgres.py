@@ -133,7 +133,7 @@ STUDY_WORKER = textwrap.dedent("""
     setup = TrainingSpec(seq_len=4096, global_batch=64, micro_batch_sizes=(1, 2),
                          recompute_modes=("none", "full"))
     out = run_study(model=toy, training=setup, cluster=load_cluster("dgx-h100"),
-                    gpu_counts=(8, 16, 24, 32), n_trials=32, seed=3, storage=sys.argv[1],
+                    gpu_counts=(8, 16, 24, 32), n_trials=16, seed=3, storage=sys.argv[1],
                     study_name="shared")
     print(json.dumps({"enqueued": out.enqueued, "run": out.trials_run}))
 """)
