@@ -110,7 +110,8 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     workload = workload_for(row)
     n = int(row["num_gpus"])
     ctx = _context(model, cluster, workload, None, None)
-    layouts = enumerate_serving_layouts(model, workload, n, cluster.job_domain_size)
+    layouts = enumerate_serving_layouts(model, workload, n, cluster.job_domain_size,
+                                        cluster.gpus_per_node)
     estimates = [evaluate_aggregated(ctx, layout, n) for layout in layouts]
     best: dict[tuple[int, int, int, int], ServingEstimate] = {}
     for e in estimates:

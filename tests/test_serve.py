@@ -119,11 +119,14 @@ def test_moe_experts_spread_over_the_stage_width() -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(model=small_models(), num_gpus=st.integers(1, 6), domain=st.sampled_from([2, 4, 8]),
-       max_batch=st.sampled_from([1, 4, 8]), concurrency=st.sampled_from([None, 5]))
-def test_space_matches_brute_force(model, num_gpus, domain, max_batch, concurrency) -> None:
-    workload = ServingWorkload(isl=64, osl=64, max_batch=max_batch, concurrency=concurrency)
+       max_batch=st.sampled_from([1, 4, 8]), concurrency=st.sampled_from([None, 5]),
+       largest=st.integers(1, 8), node=st.sampled_from([1, 2, 4]))
+def test_space_matches_brute_force(model, num_gpus, domain, max_batch, concurrency,
+                                   largest, node) -> None:
+    workload = ServingWorkload(isl=64, osl=64, max_batch=max_batch, concurrency=concurrency,
+                               max_instance_gpus=largest)
     got = {(x.tp, x.attention_dp, x.pp, x.ep, x.batch): x.replicas
-           for x in enumerate_serving_layouts(model, workload, num_gpus, domain)}
+           for x in enumerate_serving_layouts(model, workload, num_gpus, domain, node)}
     want = {}
     r = range(1, num_gpus + 1)
     for tp in r:
@@ -132,7 +135,8 @@ def test_space_matches_brute_force(model, num_gpus, domain, max_batch, concurren
                 for ep in r:
                     for batch in range(1, max(max_batch * num_gpus, concurrency or 0) + 1):
                         layout = ServingLayout(tp, pp, ep, adp, batch, 1)
-                        if not serving_violations(model, workload, layout, num_gpus, domain):
+                        if not serving_violations(model, workload, layout, num_gpus, domain,
+                                                  node):
                             want[(tp, adp, pp, ep, batch)] = num_gpus // (tp * adp * pp)
     assert got == want
 
@@ -162,7 +166,8 @@ def test_decode_time_never_below_hbm_read(name, isl, osl, precision, kv, pick) -
     cluster = load_cluster("dgx-h100")
     gpu = load_gpu_profile(cluster.gpu)
     w = ServingWorkload(isl=isl, osl=osl, precision=precision, kv_precision=kv, max_batch=256)
-    layouts = enumerate_serving_layouts(model, w, 16, cluster.job_domain_size)
+    layouts = enumerate_serving_layouts(model, w, 16, cluster.job_domain_size,
+                                        cluster.gpus_per_node)
     layout = layouts[pick % len(layouts)]
     ctx = _context(model, cluster, w, None, None)
     step = decode_step(model, w, layout, ctx.counts, ctx.rates, ctx.links(layout), ctx.window)

@@ -97,6 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ep-overlap", action="store_true",
                         help="overlap MoE all-to-alls with a second micro-batch's compute "
                         "(SGLang --enable-two-batch-overlap)")
+    parser.add_argument("--max-instance-gpus", type=positive_int, default=128, metavar="G",
+                        help="largest serving instance to consider (default 128)")
     parser.add_argument("--max-batch", type=positive_int, default=1024, metavar="B",
                         help="most requests per instance (vLLM --max-num-seqs; default 1024)")
     parser.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
@@ -125,7 +127,7 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
     fields = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "precision": args.precision,
               "kv_precision": kv, "mode": args.mode, "concurrency": args.concurrency,
               "request_rate": args.request_rate, "max_batch": args.max_batch,
-              "ep_overlap": args.ep_overlap}
+              "ep_overlap": args.ep_overlap, "max_instance_gpus": args.max_instance_gpus}
     if args.mix is not None:
         if args.isl is not None or args.osl is not None:
             raise SpecError("give either --isl/--osl or --mix, not both")

@@ -154,7 +154,8 @@ def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int
     if spec.max_gpus is not None and num_gpus > spec.max_gpus:
         raise SpecError(f"--gpus {num_gpus} exceeds cluster {spec.name}'s max_gpus={spec.max_gpus}")
     ctx = _context(model, spec, workload, window, efficiency)
-    layouts = require_serving_layouts(model, workload, num_gpus, spec.job_domain_size)
+    layouts = require_serving_layouts(model, workload, num_gpus, spec.job_domain_size,
+                                      spec.gpus_per_node)
     estimates = score_layouts(ctx, num_gpus, layouts)
     ranked = rank_estimates(estimates, by_gpus=workload.request_rate is not None)
     if not ranked:

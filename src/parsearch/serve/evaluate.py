@@ -57,9 +57,15 @@ class ServingContext:
                                                                    init=False)
     _prefill: dict[tuple[int, int, int, int, int, float], StepTime] = field(
         default_factory=dict, init=False)
+    _class_workloads: list[tuple[float, ServingWorkload]] = field(default_factory=list,
+                                                                  init=False)
 
     def __post_init__(self) -> None:
         self.counts = parameter_counts(self.model)
+        self._class_workloads = [
+            (c.weight, replace(self.workload, isl=c.isl, osl=c.osl, mix=()))
+            for c in self.workload.classes
+        ]
 
     def links(self, layout: ServingLayout) -> InstanceLinks:
         key = (layout.tp, layout.attention_dp, layout.pp, layout.ep)
@@ -75,14 +81,13 @@ class ServingContext:
         share.  It depends on the batch only through the packed prompt tokens, so batches
         that pack the same share one computation."""
         out = []
-        for c in self.workload.classes:
-            work = replace(self.workload, isl=c.isl, osl=c.osl, mix=())
-            key = (layout.tp, layout.attention_dp, layout.pp, layout.ep, c.isl,
+        for weight, work in self._class_workloads:
+            key = (layout.tp, layout.attention_dp, layout.pp, layout.ep, work.isl,
                    prefill_packed_tokens(work, layout))
             if key not in self._prefill:
                 self._prefill[key] = prefill_step(self.model, work, layout, self.counts,
                                                   self.rates, self.links(layout), self.window)
-            out.append((c.weight, self._prefill[key]))
+            out.append((weight, self._prefill[key]))
         return out
 
 
@@ -209,8 +214,8 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     tpot = cycle / osl
     per_instance = layout.batch * osl / cycle
     replicas = _replicas_for(ctx, layout, layout.batch / cycle, num_gpus)
-    placed = ServingLayout(layout.tp, layout.pp, layout.ep, layout.attention_dp, layout.batch,
-                           replicas)
+    placed = layout if replicas == layout.replicas else ServingLayout(
+        layout.tp, layout.pp, layout.ep, layout.attention_dp, layout.batch, replicas)
     ttft_ms = (t.ttft_s + t.tpot_decode_s) * 1e3  # waits for the running step, then prefills
     carries = placed.gpus <= num_gpus
     return ServingEstimate(

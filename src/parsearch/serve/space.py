@@ -9,7 +9,9 @@ fits in memory is a cost-model output (``fits``), as on the training side.
 Sources of the rules: vLLM ``parallel_state``/``QKVParallelLinear`` (heads split over TP,
 KV heads replicated when TP exceeds them), vLLM/SGLang expert-parallel MoE (experts split
 over the ``tp * dp`` ranks), and the practice of keeping TP inside one NVLink domain
-(vLLM docs "Distributed inference and serving": TP within a node, PP across nodes).
+(vLLM docs "Distributed inference and serving": TP within a node, PP across nodes), and
+an instance either inside one node or on whole nodes (multi-node engines are launched
+one process group per node, vLLM/SGLang ``--nnodes``).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def batch_candidates(workload: ServingWorkload, replicas: int, attention_dp: int
 
 
 def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
-                       num_gpus: int, domain_size: int) -> list[Violation]:
-    """Every broken rule of ``layout`` (empty: valid)."""
+                       num_gpus: int, domain_size: int, node_size: int = 1) -> list[Violation]:
+    """Every broken rule of ``layout`` (empty: valid).  ``node_size``: GPUs per node (1: no
+    node rule)."""
     out: list[Violation] = []
     tp, pp, ep, adp, batch = layout.tp, layout.pp, layout.ep, layout.attention_dp, layout.batch
     heads = model.num_attention_heads
@@ -81,6 +84,14 @@ def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: Serv
     if g > num_gpus:
         out.append(Violation("S7", "budget",
                              f"an instance needs {g} GPUs, more than the budget of {num_gpus}"))
+    if g % node_size and node_size % g:
+        out.append(Violation("S11", "whole-nodes",
+                             f"an instance of {g} GPUs must fit in one node of {node_size} "
+                             "(divide it) or span whole nodes (a multiple of it)"))
+    if g > workload.max_instance_gpus:
+        out.append(Violation("S10", "instance-size",
+                             f"an instance of {g} GPUs exceeds max_instance_gpus="
+                             f"{workload.max_instance_gpus}"))
     replicas = fill_replicas(g, num_gpus) if g <= num_gpus else 0
     if batch not in batch_candidates(workload, replicas, adp):
         what = ("ceil(concurrency / replicas)" if workload.concurrency is not None
@@ -95,35 +106,39 @@ def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: Serv
 
 
 def enumerate_serving_layouts(model: ModelSpec, workload: ServingWorkload, num_gpus: int,
-                              domain_size: int) -> list[ServingLayout]:
+                              domain_size: int, node_size: int = 1) -> list[ServingLayout]:
     """Every valid serving layout on a budget of ``num_gpus`` GPUs, replicas filling it."""
     layouts: list[ServingLayout] = []
-    tps = [t for t in _divisors(model.num_attention_heads) if t <= min(domain_size, num_gpus)]
+    largest = min(num_gpus, workload.max_instance_gpus)
+    tps = [t for t in _divisors(model.num_attention_heads) if t <= min(domain_size, largest)]
     for tp in tps:
-        adps = range(1, num_gpus // tp + 1) if model.moe is not None else (1,)
+        adps = range(1, largest // tp + 1) if model.moe is not None else (1,)
         for adp in adps:
             width = tp * adp
             eps = _divisors(width) if model.moe is not None else [1]
-            for pp in range(1, min(model.num_layers, num_gpus // width) + 1):
-                replicas = fill_replicas(width * pp, num_gpus)
+            for pp in range(1, min(model.num_layers, largest // width) + 1):
+                g = width * pp
+                if g % node_size and node_size % g:
+                    continue  # S11, checked again below with the other rules
+                replicas = fill_replicas(g, num_gpus)
                 for ep in eps:
                     for batch in batch_candidates(workload, replicas, adp):
                         layout = ServingLayout(tp=tp, pp=pp, ep=ep, attention_dp=adp,
                                                batch=batch, replicas=max(replicas, 1))
                         if not serving_violations(model, workload, layout, num_gpus,
-                                                  domain_size):
+                                                  domain_size, node_size):
                             layouts.append(layout)
     return layouts
 
 
 def require_serving_layouts(model: ModelSpec, workload: ServingWorkload, num_gpus: int,
-                            domain_size: int) -> list[ServingLayout]:
+                            domain_size: int, node_size: int = 1) -> list[ServingLayout]:
     """:func:`enumerate_serving_layouts`, or a :class:`NoValidLayoutError` saying why none."""
-    layouts = enumerate_serving_layouts(model, workload, num_gpus, domain_size)
+    layouts = enumerate_serving_layouts(model, workload, num_gpus, domain_size, node_size)
     if not layouts:
         raise NoValidLayoutError(
             f"no serving layout of {model.name} on {num_gpus} GPUs satisfies the rules "
-            f"(S1-S9: tp divides {model.num_attention_heads} heads and fits an NVLink domain "
+            f"(S1-S11: tp divides {model.num_attention_heads} heads and fits an NVLink domain "
             f"of {domain_size}; batch >= pp); try more GPUs or a larger --max-batch"
         )
     return layouts

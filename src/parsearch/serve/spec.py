@@ -7,7 +7,7 @@ naming the field, the value and the rule), like :mod:`parsearch.workload`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from parsearch.errors import SpecError
@@ -21,6 +21,8 @@ KV_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 #: Bytes per stored element.  FP8 (E4M3) is one byte; NVFP4 stores 4-bit values with one
 #: FP8 scale per 16 values, 4.5 bits per value (NVIDIA technical blog "Introducing NVFP4
 #: for efficient and accurate low-precision inference", 2025).
+#: Most request length classes a mix may have (each is priced for every layout).
+MAX_LENGTH_CLASSES = 64
 ELEMENT_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 4.5 / 8.0}
 
 
@@ -80,6 +82,8 @@ class ServingWorkload:
     ``gpu_memory_utilization``: share of HBM the engine may use (vLLM's default 0.9,
     vLLM engine arguments documentation).  ``ep_overlap``: MoE all-to-alls overlapped with
     the computation of a second micro-batch (SGLang ``--enable-two-batch-overlap``).
+    ``max_instance_gpus``: the largest serving instance considered (replicas fill the rest
+    of the budget; DeepSeek's published decode instances span 144 GPUs, SGLang's 72).
     """
 
     isl: int
@@ -96,6 +100,8 @@ class ServingWorkload:
     gpu_memory_utilization: float = 0.9
     mix: tuple[LengthClass, ...] = ()
     ep_overlap: bool = False
+    max_instance_gpus: int = 128
+    _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
     def from_mix(cls, mix: tuple[LengthClass, ...] | list[LengthClass],
@@ -118,6 +124,10 @@ class ServingWorkload:
         require_positive_int(owner, "osl", self.osl)
         require_positive_int(owner, "max_batch", self.max_batch)
         require_positive_int(owner, "max_num_batched_tokens", self.max_num_batched_tokens)
+        require_positive_int(owner, "max_instance_gpus", self.max_instance_gpus)
+        if len(self.mix) > MAX_LENGTH_CLASSES:
+            raise SpecError(f"{owner}: mix has {len(self.mix)} length classes; at most "
+                            f"{MAX_LENGTH_CLASSES} (merge similar lengths)")
         if self.concurrency is not None:
             require_positive_int(owner, "concurrency", self.concurrency)
         _optional_positive(owner, "ttft_ms", self.ttft_ms)
@@ -128,6 +138,7 @@ class ServingWorkload:
         require_choice(owner, "mode", self.mode, SERVING_MODES)
         if not isinstance(self.ep_overlap, bool):
             raise SpecError(f"{owner}: ep_overlap must be true or false, got {self.ep_overlap!r}")
+        object.__setattr__(self, "_classes", self.mix or (LengthClass(self.isl, self.osl, 1.0),))
         util = self.gpu_memory_utilization
         if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
             raise SpecError(
@@ -137,7 +148,7 @@ class ServingWorkload:
     @property
     def classes(self) -> tuple[LengthClass, ...]:
         """The request length classes (one class of isl/osl without a mix)."""
-        return self.mix or (LengthClass(self.isl, self.osl, 1.0),)
+        return self._classes
 
     def _slot_mean(self, per_class: list[float]) -> float:
         # A class holds batch slots in proportion to its requests times their decode steps
