@@ -78,7 +78,7 @@ _PREPRUNE_GRID = 1 << 16
 
 
 def pruned_candidates(ctx: RuleContext, candidates: dict[str, np.ndarray],
-                      rules: tuple[Rule, ...] = RULES) -> dict[str, np.ndarray]:
+                      rules: tuple[Rule, ...] = RULES) -> tuple[dict[str, np.ndarray], bool]:
     """Drop candidate values that no combination passes, rule by rule.
 
     A rule that reads a few axes (``tp`` alone, ``ep`` with ``etp``, ``tp``
@@ -89,8 +89,13 @@ def pruned_candidates(ctx: RuleContext, candidates: dict[str, np.ndarray],
     Without it a dense model's ``ep`` and ``etp`` (each every divisor of the
     GPU count, pruned to 1 only when both are assigned) multiply the
     intermediate rows by the divisor count squared.
+
+    Returns the candidates and whether some rule passes no combination at
+    all (then the space is empty; the candidates are left for the enumerator
+    to find and name that rule).
     """
     out = dict(candidates)
+    empty = False
     # rules of fewer axes first: they shrink the grids of the wider ones
     for rule in sorted(rules, key=lambda r: len(_base_axes(r.axes))):
         axes = sorted(_base_axes(rule.axes))
@@ -106,10 +111,13 @@ def pruned_candidates(ctx: RuleContext, candidates: dict[str, np.ndarray],
             probe.update(derive_columns(ctx, probe))
         ok = np.broadcast_to(np.asarray(rule.holds(ctx, probe), dtype=bool), (size,))
         if not ok.any():  # leave an empty space to the enumerator, which names the rule
+            empty = True
             continue
-        for axis in axes:
-            out[axis] = out[axis][np.isin(out[axis], probe[axis][ok])]
-    return out
+        grid_ok = ok.reshape([len(out[a]) for a in axes])
+        for i, axis in enumerate(axes):  # values that pass with some combination of the rest
+            others = tuple(j for j in range(len(axes)) if j != i)
+            out[axis] = out[axis][grid_ok.any(axis=others) if others else grid_ok]
+    return out, empty
 
 
 def _base_axes(names: frozenset[str]) -> set[str]:
@@ -223,8 +231,12 @@ def _expand_axis(
     return out, removed
 
 
-def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> LayoutTable:
+def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *,
+                      explain: bool = True) -> LayoutTable:
     """Every layout of ``num_gpus`` GPUs that satisfies rules R1--R11.
+
+    ``explain=False``: a space that a rule empties on its own is returned at
+    once, without the per-axis record (``steps``) that names the rule.
 
     >>> from parsearch.workload import ModelSpec, TrainingSpec
     >>> m = ModelSpec("toy", 4, 256, 1024, 4, 4, 64, 1000)
@@ -236,8 +248,12 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int) -
     """
     require_positive_int("query", "gpus", num_gpus)
     ctx = rule_context(model, training, num_gpus)
-    candidates = pruned_candidates(
+    candidates, empty = pruned_candidates(
         ctx, {axis: axis_candidates(ctx, axis) for axis in AXIS_ORDER})
+    if empty and not explain:
+        cols = {axis: np.zeros(0, dtype=COLUMN_DTYPE) for axis in (*AXIS_ORDER, *_DERIVED_FROM)}
+        cols["sp"] = cols["sp"].astype(bool)
+        return LayoutTable(num_gpus, cols)
     index_cols: dict[str, np.ndarray] = {}
     pending = list(RULES)
     assigned: set[str] = set()

@@ -590,7 +590,7 @@ def _auto_method(model: ModelSpec, training: TrainingSpec,
     for counts in counts_by.values():
         for n in counts:
             if n not in sizes:
-                sizes[n] = len(enumerate_layouts(model, training, n))
+                sizes[n] = len(enumerate_layouts(model, training, n, explain=False))
             total += sizes[n]
             if total > limit:
                 return "optuna", (
@@ -622,13 +622,14 @@ def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: Cluster
     """The exact best layout at each GPU count (bounded scans: :func:`scan_bounded`)."""
     best: dict[int, Estimate] = {}
     considered = valid = feasible = examined = 0
+    gpu = load_gpu_profile(cluster.gpu)
     with _progress_bar(progress, len(counts), "counts", desc) as advance:
         for n in counts:
-            table = enumerate_layouts(model, training, n)
+            table = enumerate_layouts(model, training, n, explain=False)
             considered += considered_count(model, training, n)
             valid += len(table)
             if len(table):
-                cm = build_cost_model(model, training, fabric_from_spec(cluster, n),
+                cm = build_cost_model(model, training, fabric_from_spec(cluster, n, gpu=gpu),
                                       profile=profile, options=options)
                 scan = scan_bounded(cm, table, top=1)
                 feasible += scan.feasible
@@ -680,7 +681,7 @@ def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
                                sum(r.valid and r.fits for r in records), evaluations)
         for n in counts_by[c.name]:
             if n not in sizes:
-                sizes[n] = len(enumerate_layouts(model, training, n))
+                sizes[n] = len(enumerate_layouts(model, training, n, explain=False))
             total += sizes[n]
         scored += evaluations
     coverage = min(1.0, scored / total) if total else 1.0
@@ -701,7 +702,7 @@ def _polish(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
     """
     scored = 0
     for n in sorted(set(best) - exact):
-        table = enumerate_layouts(model, training, n)
+        table = enumerate_layouts(model, training, n, explain=False)
         cm = build_cost_model(model, training, fabric_from_spec(cluster, n), profile=profile,
                               options=options)
         for _ in range(rounds):

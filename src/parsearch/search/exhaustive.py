@@ -49,6 +49,10 @@ RANK_TIE_BREAK: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs", 
 #: The axes that make a layout's "shape" for the diverse shortlist.
 SHAPE_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp")
 DEFAULT_CHUNK_ROWS = 1 << 18
+#: Tables from this many rows get the memory floor pass (:func:`memory_floor`) first.
+FLOOR_MIN_ROWS = 1 << 17
+#: Layouts priced for memory at once, fastest first (doubling), in a bounded scan.
+MEMORY_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,9 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, 0)
     hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
     # (shape, vpp) groups whose model state alone exceeds the memory cannot fit: never scored
-    candidates = np.nonzero(memory_floor(cm, table.columns) <= hbm)[0]
+    # (worth its one pass over every pipeline split on large tables only)
+    candidates = (np.nonzero(memory_floor(cm, table.columns) <= hbm)[0]
+                  if n >= FLOOR_MIN_ROWS else np.arange(n))
     if len(candidates) == 0:
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, n)
     shape, bound = shape_bounds(cm, table.columns, candidates)
@@ -249,15 +255,25 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         # time first, then memory only where the throughput can still enter the answer
         tokens = (np.asarray(score_columns(cm, chunk, with_memory=False)["tokens_per_s"])
                   if len(rows) else np.zeros(0))
+        # fastest first, in small batches, so the answer's bar rises before most memory is priced
         keep = np.nonzero(tokens >= threshold)[0]
-        total = _peak_memory(cm, {name: v[keep] for name, v in chunk.items()})
-        fits = keep[total <= hbm]
-        if len(fits):
-            rows_out.append(rows[fits])
-            tokens_out.append(tokens[fits])
-            memory_out.append(total[total <= hbm])
-            shapes_out.append(shape_of_row[rows[fits]])
-            threshold = _threshold(tokens_out, shapes_out, top, diverse)
+        keep = keep[np.argsort(-tokens[keep], kind="stable")]
+        done, batch = 0, MEMORY_BATCH * top
+        while done < len(keep):
+            part = keep[done:done + batch]
+            part = part[tokens[part] >= threshold]
+            done += batch
+            batch *= 2
+            if not len(part):
+                break  # sorted: the rest are slower still
+            total = _peak_memory(cm, {name: v[part] for name, v in chunk.items()})
+            fits = part[total <= hbm]
+            if len(fits):
+                rows_out.append(rows[fits])
+                tokens_out.append(tokens[fits])
+                memory_out.append(total[total <= hbm])
+                shapes_out.append(shape_of_row[rows[fits]])
+                threshold = _threshold(tokens_out, shapes_out, top, diverse)
         if on_rows is not None:
             on_rows(int(ends[j - 1]) - start)
         start = int(ends[j - 1])

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from parsearch.hardware import load_gpu_profile
+from parsearch.hardware import GpuProfile, load_gpu_profile
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
 
@@ -62,8 +62,12 @@ def _regular(cluster: ClusterSpec, num_gpus: int) -> bool:
             and _ok_rate(leaf_uplink / cluster.spine_oversubscription))
 
 
-def fabric_from_spec(cluster: ClusterSpec, num_gpus: int) -> Fabric:
-    """The :class:`Fabric` of ``num_gpus`` GPUs of ``cluster``, without the graph walk."""
+def fabric_from_spec(cluster: ClusterSpec, num_gpus: int, *,
+                     gpu: GpuProfile | None = None) -> Fabric:
+    """The :class:`Fabric` of ``num_gpus`` GPUs of ``cluster``, without the graph walk.
+
+    ``gpu``: the cluster's GPU profile, when already loaded (a sweep loads it once).
+    """
     if not _regular(cluster, num_gpus):
         return build_fabric(cluster, num_gpus)
     n = num_gpus
@@ -116,7 +120,7 @@ def fabric_from_spec(cluster: ClusterSpec, num_gpus: int) -> Fabric:
         "spine": 2 * (network_up + spine_up),
         "core": 2 * (network_up + spine_up + core_up),
     }
-    return Fabric.from_summary(cluster, n, load_gpu_profile(cluster.gpu), summary)
+    return Fabric.from_summary(cluster, n, gpu or load_gpu_profile(cluster.gpu), summary)
 
 
 __all__ = ["fabric_from_spec"]
