@@ -62,8 +62,10 @@ INT_BOUNDS: dict[str, tuple[int, str]] = {
     "stop_after": (MAX_TRIALS, "trials"),
     "top": (MAX_LISTED, "layouts"),
     "limit": (MAX_LISTED, "layouts"),
-    "seed": (MAX_SEED, "the samplers' largest seed"),
+    "seed": (MAX_SEED, "the samplers' seed range"),
 }
+#: Lower bound of integer options whose type allows any integer.
+INT_MINIMA: dict[str, int] = {"seed": 0}
 #: Upper bound of float options, by ``dest`` (all float options must be finite).
 FLOAT_BOUNDS: dict[str, float] = {
     "weight_bytes": MAX_BYTES_PER_PARAMETER,
@@ -101,7 +103,8 @@ def _checked_type(action: argparse.Action) -> Callable[[str], Any] | None:
         return _chain(base, check_output_file)
     if dest in INT_BOUNDS and base is not None:
         bound, unit = INT_BOUNDS[dest]
-        return _chain(base, lambda value: _within(value, bound, unit))
+        low = INT_MINIMA.get(dest)
+        return _chain(base, lambda value: _within(value, low, bound, unit))
     if dest in FLOAT_BOUNDS:
         bound_f = FLOAT_BOUNDS[dest]
         return _chain(base or float, lambda value: _finite_within(value, bound_f))
@@ -133,15 +136,15 @@ def _chain(base: Callable[[str], Any] | None,
     return parse
 
 
-def _within(value: Any, bound: int, unit: str) -> Any:
+def _within(value: Any, low: int | None, bound: int, unit: str) -> Any:
     values = value if isinstance(value, tuple) else (value,)
     for item in values:
         if isinstance(item, int) and item > bound:
-            what = f" ({unit})" if unit else ""
             raise argparse.ArgumentTypeError(
-                f"{short_repr(item)} exceeds the largest supported value, {bound:,}{what}")
-        if isinstance(item, int) and item < 0 and bound == MAX_SEED:
-            raise argparse.ArgumentTypeError(f"{item} must be between 0 and {MAX_SEED:,}")
+                f"{short_repr(item)} exceeds the largest supported value, {bound:,} ({unit})")
+        if isinstance(item, int) and low is not None and item < low:
+            raise argparse.ArgumentTypeError(
+                f"{short_repr(item)} must be between {low:,} and {bound:,} ({unit})")
     return value
 
 
