@@ -209,3 +209,19 @@ def test_bad_export_and_recipe_fail_before_the_search(tmp_path: Path,
     assert main([*base, "--recipe", "llama3_8b_pretrain"]) == 2
     err = capsys.readouterr().err
     assert "did you mean" in err and err.count("\n") == 1
+
+
+def test_show_model_prints_what_was_parsed(capsys: pytest.CaptureFixture[str]) -> None:
+    path = Path(__file__).parent / "fixtures" / "hf_configs" / "deepseek-v3.json"
+    assert main(["show-model", str(path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    config = json.loads(path.read_text())
+    assert doc["num_layers"] == config["num_hidden_layers"]
+    assert doc["moe.num_experts"] == config["n_routed_experts"]
+    assert doc["moe.first_k_dense"] == config["first_k_dense_replace"]
+    assert doc["mla.kv_lora_rank"] == config["kv_lora_rank"]
+    assert doc["moe.layers_with_experts"] == config["num_hidden_layers"] - config[
+        "first_k_dense_replace"]
+    assert 600 < doc["params.total_b"] < 700 and 30 < doc["params.active_b"] < 45
+    assert main(["show-model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
