@@ -20,6 +20,7 @@ from parsearch.errors import ParsearchError
 # One module per command (group), each with ``register(subparsers)``.
 COMMAND_MODULES: tuple[str, ...] = (
     "models_cmd",
+    "show_model_cmd",
     "layouts_cmd",
     "check_cmd",
     "topology_cmds",
