@@ -272,8 +272,10 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         overlap_grad_reduce=opt.overlap_grad_reduce and (lay.dp > 1 or training.fsdp),
         overlap_param_gather=(opt.overlap_param_gather and lay.dp > 1
                               and (training.distributed_optimizer or training.fsdp)),
-        # TE userbuffers overlap needs SP (parsearch.cost.communication prices it only then)
-        tp_comm_overlap=opt.tp_comm_overlap and lay.tp > 1 and lay.sp,
+        # TE userbuffers overlap needs SP and an NVLink-local TP group; the time model
+        # prices it only then (parsearch.cost.communication)
+        tp_comm_overlap=(opt.tp_comm_overlap and lay.tp > 1 and lay.sp
+                         and lay.tp <= nvlink_domain_size),
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=flex_backend,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
