@@ -6,7 +6,7 @@ iteration lines of ``megatron/training/training.py`` ``training_log``; NVIDIA/
 Megatron-LM d98e8a64ddf3, NVIDIA-NeMo/Megatron-Bridge 067f987df03b): a complete
 run, one that died mid-run (NCCL timeout, truncated last line), one that died
 in warm-up (OOM), a batch-size ramp-up, a Megatron-Bridge log with its config
-dumped as YAML, two runs in one file with ``srun
+dumped as YAML, an MoE FP8 run logged every fifth iteration, two runs in one file with ``srun
 --label`` prefixes and microsecond timestamps, a log of garbage lines without
 an arguments block, and a file that is no log at all.
 """
@@ -17,7 +17,7 @@ import re
 import statistics
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsearch.validation.measurements import Defaults, load_measurements
@@ -120,6 +120,19 @@ def test_garbage_lines_are_ignored_and_missing_facts_asked_for_in_one_line() -> 
     assert any("2 truncated or malformed" in n for n in loaded.notes)
 
 
+def test_moe_fp8_run_logged_every_fifth_iteration() -> None:
+    """Expert parallelism with Megatron's default expert TP (= TP), FP8, --log-interval 5."""
+    path = LOGS / "mixtral_8x22b_ep8_fp8_interval5.out"
+    loaded = _load(path.name, Defaults(model="mixtral-8x22b", cluster="dgx-h100"))
+    (m,) = loaded.measurements
+    lay = m.layout
+    assert (lay.tp, lay.pp, lay.vpp, lay.ep, lay.etp, lay.num_gpus) == (2, 4, 7, 8, 2, 128)
+    assert (m.precision, lay.recompute) == ("fp8", "selective")
+    assert m.options["moe_dispatcher"] == "alltoall" and m.options["cuda_graphs"] is False
+    # Lines 5 and 10 cover iterations 1-10 (warm-up); 15..50 are used.
+    assert abs(m.step_time_s - statistics.median(_times(path, 15, 50))) < 1e-9
+
+
 def test_megatron_bridge_log_with_its_config_dump() -> None:
     """Bridge prints no arguments block; its ConfigContainer YAML dump gives the layout."""
     name = "bridge_llama3_8b_config_dump.out"
@@ -168,3 +181,14 @@ def test_steady_state_is_the_median_after_warm_up(times: list[float], batch: int
 def test_any_text_parses_without_error(text: str) -> None:
     for run in parse_megatron_log(text):
         steady_states(run)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=300), st.sampled_from([".csv", ".yaml", ".out"]))
+def test_any_file_content_loads_without_error(tmp_path, text: str, suffix: str) -> None:
+    """Whatever a file holds, the loader answers with measurements or one-line problems."""
+    path = tmp_path / f"input{suffix}"
+    path.write_text(text, encoding="utf-8", errors="replace")
+    loaded = load_measurements([path], DEFAULTS)
+    assert all("\n" not in p for p in loaded.problems)

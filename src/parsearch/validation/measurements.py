@@ -210,17 +210,23 @@ def _table_rows(path: Path) -> list[tuple[str, Mapping[str, Any]]]:
     if path.suffix.lower() == ".csv":
         lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         reader = csv.DictReader(lines)
-        unknown = sorted(c.strip() for c in reader.fieldnames or ()
-                         if c.strip() not in KNOWN_COLUMNS)
+        try:
+            header = reader.fieldnames
+        except csv.Error as error:
+            raise SpecError(f"{path}: not a readable CSV: {error}") from None
+        unknown = sorted(repr(c.strip()) for c in header or () if c.strip() not in KNOWN_COLUMNS)
         if unknown:
             raise SpecError(f"{path}: unknown column(s) {', '.join(unknown)}; known: "
                             f"{', '.join(sorted(KNOWN_COLUMNS))}")
         rows = []
-        for number, row in enumerate(reader, start=2):
-            if None in row:
-                raise SpecError(f"{path} row {number}: more cells than header columns")
-            rows.append((f"{path} row {number}", {k.strip(): v for k, v in row.items()
-                                                  if k is not None}))
+        try:
+            for number, row in enumerate(reader, start=2):
+                if None in row:
+                    raise SpecError(f"{path} row {number}: more cells than header columns")
+                rows.append((f"{path} row {number}", {k.strip(): v for k, v in row.items()
+                                                      if k is not None}))
+        except csv.Error as error:
+            raise SpecError(f"{path}: not a readable CSV: {error}") from None
         return rows
     try:
         data = yaml.safe_load(text)
@@ -397,6 +403,11 @@ def measurements_from_log(path: Path, defaults: Defaults) -> Loaded:
     return Loaded(tuple(found), tuple(problems), tuple(notes))
 
 
+def one_line(text: str) -> str:
+    """``text`` with line breaks (from a file's own content) turned into spaces."""
+    return " ".join(text.splitlines())
+
+
 def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = None) -> Loaded:
     """Every measurement in ``paths``: ``.csv``/``.yaml`` tables, anything else a log."""
     defaults = defaults or Defaults()
@@ -427,5 +438,6 @@ def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = N
                 found.append(measurement_from_row(row, where, defaults))
             except ParsearchError as error:
                 problems.append(str(error))
-    return Loaded(tuple(found), tuple(problems), tuple(notes))
+    return Loaded(tuple(found), tuple(one_line(p) for p in problems),
+                  tuple(one_line(n) for n in notes))
 

@@ -47,7 +47,7 @@ from parsearch.validation.calibration import (
     predict,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
-from parsearch.validation.measurements import Measurement
+from parsearch.validation.measurements import Measurement, one_line
 from parsearch.workload import ModelSpec, TrainingSpec
 
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
@@ -71,7 +71,8 @@ def prepare_measurements(measurements: Sequence[Measurement],
         try:
             rows.append(_prepare(m, profile, models, fabrics))
         except ParsearchError as error:
-            problems.append(f"{m.source}: {error}" if m.source not in str(error) else str(error))
+            text = str(error) if m.source in str(error) else f"{m.source}: {error}"
+            problems.append(one_line(text))
     return rows, problems
 
 
