@@ -165,7 +165,7 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
     keys = {table.layout(int(r)).key(): i for i, r in enumerate(region)}
     for k in KS:
         t0 = time.perf_counter()
-        plan = plan_profiling(nominal, k=k, gpus_per_node=8, candidates=POOL_SHAPES)
+        plan = plan_profiling(nominal, k=k, candidates=POOL_SHAPES)
         planned = [keys[p.layout.key()] for p in plan.picks]
         results = []
         for seed in range(seeds):

@@ -200,6 +200,10 @@ def test_plan_profiling_picks_distinct_layouts_with_launch_files(tmp_path) -> No
         text = Path(path).read_text()
         assert f"--tensor-model-parallel-size {pick['layout']['tp']} " in text
         assert f"--train-iters {pick['iterations']}" in text
+        # One run per script: Megatron-LM runs (with the script's data arguments),
+        # the Megatron-Bridge alternative is commented out.
+        assert '--log-throughput "$@"' in text
+        assert all(line.startswith("#") for line in text.splitlines() if "run_recipe" in line)
 
 
 def test_measurements_already_taken_tighten_the_plan(measurements) -> None:
@@ -207,7 +211,7 @@ def test_measurements_already_taken_tighten_the_plan(measurements) -> None:
     training = TrainingSpec(seq_len=SEQ, global_batch=BATCH)
     cm = build_cost_model(resolve_model(MODEL), training,
                           build_fabric(load_cluster(CLUSTER), GPUS))
-    fresh = plan_profiling(cm, k=1, gpus_per_node=8)
-    informed = plan_profiling(cm, k=1, gpus_per_node=8, measured=rows)
+    fresh = plan_profiling(cm, k=1)
+    informed = plan_profiling(cm, k=1, measured=rows)
     gemm = "gemm_efficiency.bf16"
     assert informed.factor_sd_before[gemm] < fresh.factor_sd_before[gemm]

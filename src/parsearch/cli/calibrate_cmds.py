@@ -178,7 +178,6 @@ def _pct(x: float, sign: bool = False) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from parsearch.topology.cluster import load_cluster
     from parsearch.validation.plan_profiling import (
         CANDIDATES,
         TOP_PAIRS,
@@ -194,7 +193,6 @@ def run_plan(args: argparse.Namespace) -> int:
         rows, _ = _load_rows(args, cm.profile)
         measured = [r for r in rows if r.generation == cm.profile.name]
     plan = plan_profiling(cm, k=args.k, measured=measured,
-                          gpus_per_node=load_cluster(args.cluster).gpus_per_node,
                           candidates=args.candidates or CANDIDATES)
     written = []
     if args.launch_dir:

@@ -43,9 +43,9 @@ from scipy.stats import norm
 from parsearch.cost.analytic import CostModel, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
+from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
 from parsearch.search.exhaustive import rank_feasible, scan_table
-from parsearch.search.launch import LaunchSettings, launch_settings
 from parsearch.space import require_layouts
 from parsearch.validation.calibration import FIT_ORDER, PreparedRow, predict
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
@@ -203,9 +203,8 @@ def _candidate_rows(scan: Any, count: int) -> np.ndarray:
     return rank_feasible(scan, top=count, diverse=True)
 
 
-def plan_profiling(cm: CostModel, *, k: int, gpus_per_node: int,
-                   measured: Sequence[PreparedRow] = (), candidates: int = CANDIDATES,
-                   ) -> ProfilingPlan:
+def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (),
+                   candidates: int = CANDIDATES) -> ProfilingPlan:
     """The ``k`` layouts (on ``cm``'s fabric) worth measuring next, in the order to run them."""
     if k < 1:
         raise SpecError(f"k must be >= 1 layouts to measure, got {k}")
@@ -262,7 +261,7 @@ def plan_profiling(cm: CostModel, *, k: int, gpus_per_node: int,
             order=order, layout=layout, predicted_rank=int(rank[best_i]),
             tokens_per_s_per_gpu=float(tokens[best_i]),
             step_time_s=float(scores["step_time_s"][best_i]), reasons=tuple(reasons),
-            launch=launch_settings(model, training, layout, gpus_per_node=gpus_per_node)))
+            launch=_launch(cm, layout)))
     sd_after = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
     return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current)
 
@@ -299,24 +298,50 @@ def _reasons(i: int, mu: np.ndarray, cov: np.ndarray, rank: np.ndarray, names: S
     return out
 
 
+def _launch(cm: CostModel, layout: Layout) -> LaunchSettings:
+    """Launch settings of ``layout`` with the features it was priced with, for a short run.
+
+    Megatron-LM ``--train-iters/--log-interval/--log-throughput`` and the Megatron-Bridge
+    fields they mirror (``train.train_iters``, ``logger.log_interval``,
+    ``logger.log_throughput``: ``megatron/training/config/training_config.py``), so every
+    iteration is logged with its throughput.
+    """
+    settings = launch_for_cluster(cm.model, cm.training, layout, cm.fabric.cluster,
+                                  options=cm.options)
+    iterations = WARMUP_ITERATIONS + MEASURED_ITERATIONS
+    return replace(
+        settings,
+        megatron_lm_args=(*settings.megatron_lm_args, "--train-iters", str(iterations),
+                          "--log-interval", "1", "--log-throughput"),
+        bridge_overrides=(*settings.bridge_overrides, f"train.train_iters={iterations}",
+                          "logger.log_interval=1", "logger.log_throughput=true"))
+
+
 def launch_script(run: PlannedRun, model_name: str) -> str:
-    """A shell script that runs one planned measurement with Megatron-LM."""
-    s = run.launch
-    bridge = " ".join(s.bridge_overrides)
-    args = " \\\n    ".join([s.command_line(), f"--train-iters {run.iterations}",
-                             "--log-interval 1", "--log-throughput"])
+    """A shell script that runs one planned measurement with Megatron-LM (Bridge: commented)."""
     return (
         "#!/usr/bin/env bash\n"
         f"# parsearch plan-profiling, measurement {run.order}: {model_name}, layout "
-        f"{run.layout.key()} on {s.num_gpus} GPUs ({s.nodes} node(s)).\n"
+        f"{run.layout.key()} on {run.launch.num_gpus} GPUs ({run.launch.nodes} node(s)).\n"
         f"# {run.iterations} iterations ({WARMUP_ITERATIONS} warm-up); predicted "
         f"{run.step_time_s:.2f} s per step, about {run.minutes:.1f} min after start-up.\n"
-        "# Add the model, data and tokenizer arguments of your setup (and the rendezvous\n"
-        "# arguments of torchrun on several nodes) after the script name; feed the log to\n"
-        "# `parsearch calibrate --measurements LOG --model ... --cluster ...`.\n"
-        f"# Megatron-Bridge overrides instead: {bridge}\n"
+        "# Pass the data and tokenizer arguments of your setup to this script; set\n"
+        "# MASTER_ADDR/MASTER_PORT (torchrun rendezvous) and run it on every node;\n"
+        "# then feed the log to "
+        "`parsearch calibrate --measurements LOG --model ... --cluster ...`.\n"
         "set -euo pipefail\n"
-        f"torchrun {' '.join(s.torchrun_args)} \"${{MEGATRON_LM:-.}}/pretrain_gpt.py\" \\\n"
-        f"    {args} \\\n"
-        "    \"$@\"\n"
+        + "\n".join(_megatron_lm_only(run.launch.shell_snippet().splitlines())) + "\n"
     )
+
+
+def _megatron_lm_only(lines: list[str]) -> list[str]:
+    """The launch snippet with its Megatron-Bridge alternative commented out (one run),
+    and the script's own arguments (data, tokenizer) passed on to Megatron-LM."""
+    out: list[str] = []
+    bridge = False
+    for line in lines:
+        if line.startswith("# Megatron-Bridge") and not bridge:
+            bridge = True
+            out[-1] += ' "$@"'
+        out.append(line if not bridge or line.startswith("#") else "# " + line)
+    return out
