@@ -2,7 +2,8 @@
 
 Each property feeds malformed input of one kind (numeric options, layout
 strings, model files, cluster files, storage URLs, plot paths, validation
-CSVs) into a small, cheap command and checks what a user sees: exit code 0
+CSVs, serve/sweep options, calibrate's measurement tables) into a small,
+cheap command and checks what a user sees: exit code 0
 or 2 (1 also for ``check``, whose answer is "invalid"), no exception
 escaping ``main``, exactly one line on stderr for an error, and no NaN or
 Infinity in the output (JSON parsed strictly).  Examples are bounded and
@@ -275,6 +276,49 @@ def test_validation_csvs(tmp_path: Path, data: st.DataObject, fmt: str) -> None:
     path.write_text(out.getvalue())
     check_outcome(run_cli("validate", "--data", str(path), "--format", fmt),
                   inputs=path.read_text())
+
+
+SERVE_OPTIONS = ["--gpus", "--isl", "--osl", "--ttft-ms", "--tpot-ms", "--concurrency",
+                 "--request-rate", "--max-batch", "--top"]
+
+
+@settings(FUZZ, max_examples=15)
+@given(option=st.sampled_from(SERVE_OPTIONS), value=NUMBER_TEXT)
+def test_serve_options(tiny_model: str, option: str, value: str) -> None:
+    argv = ["serve", "--model", tiny_model, "--cluster", "dgx-h100", "--gpus", "8", "--isl",
+            "128", "--osl", "64", "--top", "2", "--format", "json"]
+    check_outcome(run_cli(*_with(argv, option, value)))
+
+
+@settings(FUZZ, max_examples=8)
+@given(option=st.sampled_from(["--gpus", "--global-batch", "--seq-len", "--top"]),
+       value=st.one_of(NUMBER_TEXT, st.lists(NUMBER_TEXT, min_size=2, max_size=3)
+                       .map(",".join)))
+def test_sweep_lists(tmp_path: Path, tiny_model: str, option: str, value: str) -> None:
+    argv = ["sweep", "--models", tiny_model, "--clusters", "dgx-h100", "--gpus", "8",
+            "--global-batch", "16", "--seq-len", "512", "--top", "2", "--format", "json",
+            "--storage", f"sqlite:///{tmp_path}/sweep.db"]
+    check_outcome(run_cli(*_with(argv, option, value)))
+
+
+@settings(FUZZ, max_examples=8)
+@given(cells=st.lists(st.tuples(st.integers(0, 7), NUMBER_TEXT), min_size=1, max_size=3))
+def test_calibrate_measurement_tables(tmp_path: Path, cells: list[tuple[int, str]]) -> None:
+    rows = [["llama3-8b", "dgx-h100", "16", "128", "8192", "bf16", layout, tokens]
+            for layout, tokens in (("tp=2", "9000"), ("tp=4", "8000"), ("tp=1", "9500"))]
+    for column, value in cells:
+        rows[column % 3][column] = value.replace('"', "")
+    header = "model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu"
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *(",".join(f'"{c}"' for c in r) for r in rows)]) + "\n")
+    result = run_cli("calibrate", "--measurements", str(path), "--out",
+                     str(tmp_path / "mine.yaml"), "--format", "json")
+    assert result.code in (0, 2), result
+    assert "Traceback" not in result.err
+    if result.code == 2:  # one line per skipped input, then the error, last
+        assert ": error:" in result.err.strip().splitlines()[-1]
+    if result.out.strip():
+        json.loads(result.out, parse_constant=_reject)
 
 
 # --------------------------------------------------------------------------- named cases
