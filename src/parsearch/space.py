@@ -44,6 +44,9 @@ _DERIVED_FROM: dict[str, tuple[str, ...]] = {
 }
 
 COLUMN_DTYPE = np.int64
+#: Integer columns of a finished table are stored in 32 bits when their values fit (a
+#: million-layout table then takes half the memory); the scorer widens what it reads.
+TABLE_DTYPE = np.int32
 
 
 def divisors(n: int) -> list[int]:
@@ -265,7 +268,11 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *
         rows_in = (len(index_cols["pp"]) if index_cols else 1) * len(candidates[axis])
         index_cols, removed = _expand_axis(ctx, index_cols, candidates, axis, ready)
         steps.append(PruneStep(axis, rows_in, len(index_cols[axis]), removed))
-    cols = {axis: candidates[axis][index_cols[axis]] for axis in AXIS_ORDER}
+    # valid rows: every degree divides N, so products stay below N * max(mbs) * batch
+    largest = max(num_gpus, training.global_batch, *(int(v.max(initial=0))
+                                                      for v in candidates.values()))
+    dtype = TABLE_DTYPE if largest ** 2 < np.iinfo(TABLE_DTYPE).max else COLUMN_DTYPE
+    cols = {axis: candidates[axis].astype(dtype)[index_cols[axis]] for axis in AXIS_ORDER}
     cols.update(derive_columns(ctx, cols))
     cols["sp"] = cols["sp"].astype(bool)
     return LayoutTable(num_gpus, cols, tuple(steps))

@@ -52,10 +52,22 @@ from parsearch.placement import group_strides
 from parsearch.topology.fabric import Fabric
 from parsearch.workload import ModelSpec, TrainingSpec
 
-__all__ = ["MOE_DISPATCHERS", "TIME_KEYS", "UNITS", "CostModel", "CostOptions", "Estimate",
-           "build_cost_model", "estimate", "group_rows", "layout_columns", "process_groups",
-           "score_columns",
-           "stage_features"]
+__all__ = [
+    "MOE_DISPATCHERS",
+    "TIME_KEYS",
+    "UNITS",
+    "CostModel",
+    "CostOptions",
+    "Estimate",
+    "build_cost_model",
+    "estimate",
+    "group_rows",
+    "layout_columns",
+    "process_groups",
+    "score_columns",
+    "stage_features",
+    "wide_columns",
+]
 
 GIB = float(2**30)
 TIME_KEYS: tuple[str, ...] = (
@@ -193,6 +205,15 @@ def stage_features(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarra
 
 # --- scoring -------------------------------------------------------------------------------
 
+def wide_columns(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The columns as arrays, integers widened to 64 bits (tables may store 32)."""
+    out = {}
+    for k, v in cols.items():
+        a = np.asarray(v)
+        out[k] = a.astype(np.int64) if a.dtype.kind in "iu" and a.dtype != np.int64 else a
+    return out
+
+
 #: The columns unit prices, process groups and per-unit parameters depend on.
 PRICE_KEY: tuple[str, ...] = ("tp", "cp", "pp", "ep", "etp", "mbs", "sp", "recompute")
 
@@ -265,7 +286,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     """
     model, training, fabric = cm.model, cm.training, cm.fabric
     n = len(cols["tp"])
-    cols = {k: np.asarray(v) for k, v in cols.items()}
+    cols = wide_columns(cols)
     if "m" not in cols:
         cols["m"] = training.global_batch // (cols["mbs"] * cols["dp"])
     # Unit prices, groups and parameters depend on the price key only (not on vpp unless

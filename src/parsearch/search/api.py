@@ -41,6 +41,7 @@ from parsearch.cost.analytic import (
     Estimate,
     build_cost_model,
     estimate,
+    wide_columns,
 )
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
@@ -387,7 +388,7 @@ def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
 def _smallest_memory_gib(cm: Any, table: Any) -> float:
     from parsearch.cost.memory import memory_arrays
 
-    c = table.columns
+    c = wide_columns(table.columns)
     mem = memory_arrays(cm.model, cm.training, c["tp"], c["cp"], c["pp"], c["ep"], c["etp"],
                         c["vpp"], c["mbs"], c["dp"], c["edp"], c["recompute"], c["sp"],
                         cm.options.memory)

@@ -48,6 +48,7 @@ from parsearch.cost.analytic import (
     group_rows,
     process_groups,
     stage_features,
+    wide_columns,
 )
 from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit, unit_compute
@@ -164,7 +165,7 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     np.maximum.at(vmax, shape, c["vpp"].astype(np.float64))
     # one representative row per (shape, mbs, sp)
     rep, _ = _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]}, ("shape", "mbs", "sp"))
-    rc = {k: np.asarray(v)[rep] for k, v in c.items()}
+    rc = wide_columns({k: np.asarray(v)[rep] for k, v in c.items()})
     floors = unit_time_floor(cm, rc)
     totals = _unit_totals(cm, rc["pp"].astype(np.int64), c["vpp"][rep].astype(np.int64))
     stage_sum = sum(totals[:, i] * floors[u] for i, u in enumerate(UNITS))
@@ -191,7 +192,7 @@ def memory_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     if n == 0:
         return np.zeros(0)
     rep, inverse = _groups(cols, (*SHAPE_AXES, "vpp"))
-    r = {k: np.asarray(v)[rep] for k, v in cols.items()}
+    r = wide_columns({k: np.asarray(v)[rep] for k, v in cols.items()})
     mem = memory_arrays(cm.model, cm.training, r["tp"], r["cp"], r["pp"], r["ep"], r["etp"],
                         r["vpp"], r["mbs"], r["dp"], r["edp"], r["recompute"], r["sp"],
                         cm.options.memory)

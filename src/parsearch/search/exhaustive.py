@@ -36,6 +36,7 @@ from parsearch.cost.analytic import (
     estimate_from_row,
     score_columns,
     usable_memory_bytes,
+    wide_columns,
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
@@ -109,7 +110,7 @@ def fitting_mask(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions
     ``score_columns(...)["fits"]``, without needing a fabric: a GPU count
     where nothing fits costs no topology build.
     """
-    c = columns
+    c = wide_columns(columns)
     mem = memory_arrays(model, training, c["tp"], c["cp"], c["pp"], c["ep"], c["etp"],
                         c["vpp"], c["mbs"], c["dp"], c["edp"], c["recompute"], c["sp"], memory)
     return np.asarray(mem.total) <= hbm_bytes
@@ -189,6 +190,7 @@ def _peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     """Peak bytes per GPU of each layout (``memory_arrays``' total)."""
     if not len(cols["tp"]):
         return np.zeros(0)
+    cols = wide_columns(cols)
     mem = memory_arrays(cm.model, cm.training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
                         cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
                         cols["recompute"], cols["sp"], cm.options.memory)
