@@ -164,6 +164,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
             else ""
         print(f"  {name}: {result.base.get(name):.4g} -> {result.profile.get(name):.4g} "
               f"(range {prior.low:.4g}..{prior.high:.4g}){mark}")
+    if result.on_bound:
+        print("a factor on its bound means the runs differ from the model in something no "
+              "profile factor represents; check the cluster file (NIC and NVLink bandwidth, "
+              "efficiency: nccl-tests on your nodes) and the features the runs used")
     print(f"leave-one-run-out MAPE: shipped {result.mape_before:.1%} -> calibrated "
           f"{_pct(result.mape_after)} (in sample {result.mape_in_sample:.1%}); "
           f"{len(problems)} input(s) left out")
