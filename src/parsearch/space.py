@@ -25,6 +25,7 @@ import numpy as np
 from parsearch.constraints import (
     RECOMPUTE_CODES,
     RULES,
+    RULES_BY_ID,
     Rule,
     RuleContext,
     derive_columns,
@@ -203,7 +204,7 @@ def _expand_axis(
     for name, size in zip(read, radices, strict=True):
         code = code * size + index_cols[name]
     n_codes = int(np.prod(radices, dtype=np.int64))
-    if n_codes <= 4 * n_rows:  # evaluate on the whole (small) grid of read values
+    if n_codes <= n_rows:  # evaluate on the whole (small) grid of read values
         present = np.arange(n_codes, dtype=np.int64)
         row_key = code
     else:  # evaluate only on the combinations that occur
@@ -259,6 +260,10 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *
         return LayoutTable(num_gpus, cols)
     index_cols: dict[str, np.ndarray] = {}
     pending = list(RULES)
+    if all(int(candidates[a].min(initial=1)) >= 1 for a in RULES_BY_ID["R1"].axes):
+        # R1 (sizes >= 1) constrains each axis alone and every candidate passes it: checking
+        # it on the joint values of its seven axes would cost the largest probe of all
+        pending.remove(RULES_BY_ID["R1"])
     assigned: set[str] = set()
     steps: list[PruneStep] = []
     for axis in AXIS_ORDER:
@@ -272,7 +277,9 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *
     largest = max(num_gpus, training.global_batch, *(int(v.max(initial=0))
                                                       for v in candidates.values()))
     dtype = TABLE_DTYPE if largest ** 2 < np.iinfo(TABLE_DTYPE).max else COLUMN_DTYPE
-    cols = {axis: candidates[axis].astype(dtype)[index_cols[axis]] for axis in AXIS_ORDER}
+    cols = {}
+    for axis in AXIS_ORDER:  # free each index column as soon as its values are gathered
+        cols[axis] = candidates[axis].astype(dtype)[index_cols.pop(axis)]
     cols.update(derive_columns(ctx, cols))
     cols["sp"] = cols["sp"].astype(bool)
     return LayoutTable(num_gpus, cols, tuple(steps))
@@ -293,7 +300,6 @@ def explain_empty_space(
     model: ModelSpec, training: TrainingSpec, num_gpus: int, steps: tuple[PruneStep, ...]
 ) -> str:
     """A one-line reason why no layout survives, naming the binding rule."""
-    from parsearch.constraints import RULES_BY_ID
 
     step = next(s for s in steps if s.rows_out == 0)
     binding = [rule_id for rule_id, count in step.removed_by.items() if count]

@@ -247,7 +247,9 @@ def group_rows(cols: dict[str, np.ndarray],
     code = np.zeros(n, dtype=np.int64)
     size = 1
     for name in keys:
-        values = np.asarray(cols[name]).astype(np.int64, copy=False)
+        values = np.asarray(cols[name])
+        if values.dtype == bool:
+            values = values.view(np.uint8)
         top = int(values.max())
         if int(values.min()) < 0 or top > (1 << 22):
             return None
@@ -257,12 +259,13 @@ def group_rows(cols: dict[str, np.ndarray],
         radix = int(rank[-1]) + 1
         if size * radix > (1 << 40):
             return None
-        code = code * radix + rank[values]
+        code *= radix
+        code += rank[values]
         size *= radix
-    if size <= 8 * n:  # dense table of codes
+    if size <= 4 * n:  # dense table of codes
         present = np.zeros(size, dtype=bool)
         present[code] = True
-        position = (np.cumsum(present) - 1)[code]
+        position = (np.cumsum(present, dtype=np.int32 if size < 2**31 else np.int64) - 1)[code]
         count = int(position.max()) + 1
     else:
         _, position = np.unique(code, return_inverse=True)

@@ -155,7 +155,9 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     with them).  ``bound[k]`` is at least the predicted tokens/s of every
     layout of shape ``k`` among the rows, whatever its memory.
     """
-    c = columns if rows is None else {k: v[rows] for k, v in columns.items()}
+    keys = (*SHAPE_AXES, "vpp", "mbs", "sp")
+    c = ({k: columns[k] for k in keys} if rows is None
+         else {k: columns[k][rows] for k in keys})
     n = len(c["tp"])
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
@@ -165,9 +167,10 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     np.maximum.at(vmax, shape, c["vpp"].astype(np.float64))
     # one representative row per (shape, mbs, sp)
     rep, _ = _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]}, ("shape", "mbs", "sp"))
-    rc = wide_columns({k: np.asarray(v)[rep] for k, v in c.items()})
+    picked = rep if rows is None else rows[rep]
+    rc = wide_columns({k: np.asarray(v)[picked] for k, v in columns.items()})
     floors = unit_time_floor(cm, rc)
-    totals = _unit_totals(cm, rc["pp"].astype(np.int64), c["vpp"][rep].astype(np.int64))
+    totals = _unit_totals(cm, rc["pp"].astype(np.int64), rc["vpp"].astype(np.int64))
     stage_sum = sum(totals[:, i] * floors[u] for i, u in enumerate(UNITS))
     pp = rc["pp"].astype(np.float64)
     m = rc["m"].astype(np.float64) if "m" in rc else (

@@ -237,9 +237,11 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     row_rank = rank[shape]
     row_order = candidates[np.argsort(row_rank, kind="stable")]
     ends = np.cumsum(np.bincount(row_rank, minlength=len(order)))
+    del row_rank
     skipped = n - len(candidates)
-    shape_of_row = np.full(n, -1, dtype=np.int64)
+    shape_of_row = np.full(n, -1, dtype=np.int32 if len(bound) < 2**31 else np.int64)
     shape_of_row[candidates] = shape
+    del candidates, shape
     if on_rows is not None and skipped:
         on_rows(skipped)
     rows_out: list[np.ndarray] = []
