@@ -68,6 +68,7 @@ class Outcome:
     timed_out: bool = False
     signal: int | None = None
     inputs: str = ""
+    index: int = -1
 
     def problems(self) -> list[str]:
         found = []
@@ -178,7 +179,8 @@ def _read(path: Path) -> str:
 
 
 def run_cases(cases: list[Case], *, jobs: int, timeout: float, memory_gib: float,
-              mode: str, workdir: Path, progress: bool) -> list[Outcome]:
+              mode: str, workdir: Path, progress: bool,
+              keep: Path | None = None) -> list[Outcome]:
     pending = list(enumerate(cases))
     running: dict[int, tuple[int, Case, list[str], Path, float, subprocess.Popen | None]] = {}
     outcomes: list[Outcome | None] = [None] * len(cases)
@@ -221,8 +223,10 @@ def run_cases(cases: list[Case], *, jobs: int, timeout: float, memory_gib: float
                 data.decode("utf-8", "replace") for data in case.files.values())
             outcomes[index] = Outcome(case.kind, argv, None if code < 0 else code, elapsed,
                                       _read(folder / "stdout"), _read(folder / "stderr"),
-                                      timed_out, killed, inputs)
+                                      timed_out, killed, inputs, index)
             del running[pid]
+            if keep is not None and outcomes[index].problems():  # type: ignore[union-attr]
+                shutil.copytree(folder, keep / folder.name, dirs_exist_ok=True)
             shutil.rmtree(folder, ignore_errors=True)
             done += 1
             if progress and done % 100 == 0:
@@ -241,7 +245,8 @@ def summarize(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
             counts[problem] += 1
             kinds[problem] += 1
         if o.problems():
-            failures.append({"problems": o.problems(), "kind": o.kind, "argv": o.argv,
+            failures.append({"problems": o.problems(), "kind": o.kind, "case": o.index,
+                             "argv": o.argv,
                              "code": o.code, "seconds": round(o.seconds, 1),
                              "stderr_tail": o.err.strip().splitlines()[-3:],
                              "stdout_head": o.out[:300]})
@@ -273,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=sorted(KINDS), default=None, help="one input kind")
     parser.add_argument("--summary", default="fuzz_campaign_summary.json")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--keep-failures", default=None, metavar="DIR",
+                        help="copy each failing case's folder (its files, stdout, stderr) here")
     args = parser.parse_args(argv)
     if args.mode == "fork":  # import once, so every forked case starts warm
         import optuna  # noqa: F401
@@ -287,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parsearch-fuzz-") as tmp:
         outcomes = run_cases(cases, jobs=args.jobs, timeout=args.timeout,
                              memory_gib=args.memory_gib, mode=args.mode, workdir=Path(tmp),
-                             progress=not args.quiet)
+                             progress=not args.quiet,
+                             keep=Path(args.keep_failures) if args.keep_failures else None)
     summary = summarize(outcomes, time.monotonic() - start)
     Path(args.summary).write_text(json.dumps(summary, indent=2) + "\n")
     print(f"{summary['cases']} cases in {summary['seconds']} s: "

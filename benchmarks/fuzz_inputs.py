@@ -30,13 +30,13 @@ BAD_NUMBERS: tuple[str, ...] = (
     "-1e309", "1e-320", "0.5", "1.5", "2.0", "abc", "", " ", "0x10", "1_000", "١", "1e3",
     "9223372036854775807", "9223372036854775808", "18446744073709551616", "4294967296",
     "1048576", "1000000000", "1000000000000", "9" * 40, "-9" + "9" * 40, "1" * 5000,
-    "131073", "65537", "100001", "4194305", "16777217", "4294967295", "4294967296",
+    "4294967296",
 )
 #: JSON/YAML values for numeric fields of model and cluster files.
 BAD_FIELD_VALUES: tuple[Any, ...] = (
     0, -1, 1, 2, 3, 7, 10**12, 2**63, 2**64, 10**30, 10**400, 1.5, 0.0, -0.0, 1e308,
     float("nan"), float("inf"), float("-inf"), "abc", "", None, True, False, [], {}, [1, 2],
-    {"a": 1}, "1e3", 512, 513, 65537, 262145, 16777217,
+    {"a": 1}, "1e3", 257, 262145, 1048577, 16385, 16777217, 65537,  # just over a bound
 )
 LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute", "gpus",
                "num_gpus", "xx", "TP", "")
@@ -163,12 +163,28 @@ NUMERIC_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+def just_over_bound(option: str) -> str | None:
+    """One more than the largest value ``option`` accepts (``None``: no named bound).
+
+    Values at a bound are valid and may be expensive (a pareto to 131,072
+    GPUs takes minutes): the campaign probes malformed input, so it sends
+    the first refused value, not the last accepted one.
+    """
+    from parsearch.cli.input_checks import INT_BOUNDS
+
+    bound = INT_BOUNDS.get(option.removeprefix("--").replace("-", "_"))
+    return None if bound is None else str(bound[0] + 1)
+
+
 def numeric_case(rng: random.Random) -> Case:
     command, argv = base_command(rng)
     while command not in NUMERIC_OPTIONS:
         command, argv = base_command(rng)
     option = rng.choice(NUMERIC_OPTIONS[command])
     value = rng.choice(BAD_NUMBERS)
+    bound = just_over_bound(option)
+    if bound is not None and rng.random() < 0.15:
+        value = bound
     if option == "--micro-batch-sizes" and rng.random() < 0.5:
         value = ",".join(rng.choice(BAD_NUMBERS) for _ in range(rng.randint(1, 3)))
     if option in ("--seed", "--n-trials", "--min-gpus", "--gpu-step") and "--method" in argv:

@@ -338,7 +338,7 @@ def test_sizes_name_their_bound(tiny_model: str, tmp_path: Path) -> None:
     config = json.loads(HF_CONFIG.read_text()) | {"num_hidden_layers": 10**12}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    assert_one_line_error(run_cli(*_command("check", str(path))), "num_hidden_layers", "512")
+    assert_one_line_error(run_cli(*_command("check", str(path))), "num_hidden_layers", "256")
 
 
 def test_seed_must_be_in_the_samplers_range(tiny_model: str) -> None:

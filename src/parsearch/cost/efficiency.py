@@ -180,6 +180,9 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
     if not isinstance(gemm, dict) or not gemm:
         raise SpecError(f"efficiency profile {where}: gemm_efficiency must map precision "
                         "to a fraction, e.g. {bf16: 0.75, fp8: 0.65}")
+    if not isinstance(data["gpus"] or [], list):
+        raise SpecError(f"efficiency profile {where}: gpus must be a list of GPU names, "
+                        f"got {str(data['gpus'])[:40]}")
     values: dict[str, Any] = {
         "name": str(data["name"]),
         "source": str(data["source"]),
