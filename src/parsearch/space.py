@@ -99,7 +99,6 @@ def pruned_candidates(ctx: RuleContext, candidates: dict[str, np.ndarray],
     to find and name that rule).
     """
     out = dict(candidates)
-    empty = False
     # rules of fewer axes first: they shrink the grids of the wider ones
     for rule in sorted(rules, key=lambda r: len(_base_axes(r.axes))):
         axes = sorted(_base_axes(rule.axes))
@@ -114,14 +113,13 @@ def pruned_candidates(ctx: RuleContext, candidates: dict[str, np.ndarray],
         if rule.axes - set(axes):  # reads derived columns (dp, edp, m)
             probe.update(derive_columns(ctx, probe))
         ok = np.broadcast_to(np.asarray(rule.holds(ctx, probe), dtype=bool), (size,))
-        if not ok.any():  # leave an empty space to the enumerator, which names the rule
-            empty = True
-            continue
+        if not ok.any():  # the space is empty: the enumerator finds and names the rule
+            return out, True
         grid_ok = ok.reshape([len(out[a]) for a in axes])
         for i, axis in enumerate(axes):  # values that pass with some combination of the rest
             others = tuple(j for j in range(len(axes)) if j != i)
             out[axis] = out[axis][grid_ok.any(axis=others) if others else grid_ok]
-    return out, empty
+    return out, False
 
 
 def _base_axes(names: frozenset[str]) -> set[str]:
