@@ -22,6 +22,7 @@ the overlap assumptions §6.3.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,7 +237,7 @@ def _price_rows(training: TrainingSpec,
     return grouped
 
 
-def group_rows(cols: dict[str, np.ndarray],
+def group_rows(cols: Mapping[str, np.ndarray],
                keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(representatives, position)``: one row per distinct value of the ``keys`` columns
     (non-negative integers), and each row's position among them; ``None`` if the

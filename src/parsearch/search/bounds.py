@@ -39,6 +39,8 @@ whose floor exceeds the GPU's memory cannot fit and is never scored.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import numpy as np
 
 from parsearch.constraints import RECOMPUTE_CODES
@@ -61,7 +63,7 @@ BOUND_SLACK = 1e-9
 SHAPE_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp")
 
 
-def shape_index(columns: dict[str, np.ndarray], rows: np.ndarray | None = None
+def shape_index(columns: Mapping[str, np.ndarray], rows: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(first_row, inverse)``: one representative row per shape and each row's shape.
 
@@ -73,7 +75,8 @@ def shape_index(columns: dict[str, np.ndarray], rows: np.ndarray | None = None
     return _groups(cols, SHAPE_AXES)
 
 
-def _groups(cols: dict[str, np.ndarray], keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+def _groups(cols: Mapping[str, np.ndarray],
+            keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """One representative row per distinct value of ``keys``, and each row's group."""
     grouped = group_rows(cols, keys)
     if grouped is not None:
@@ -87,7 +90,23 @@ def _groups(cols: dict[str, np.ndarray], keys: tuple[str, ...]) -> tuple[np.ndar
     return first, inverse.reshape(-1)
 
 
-def _shape_code(columns: dict[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray:
+class _Rows(Mapping[str, np.ndarray]):
+    """Some rows of a table's columns, each column gathered when read (not all at once)."""
+
+    def __init__(self, columns: Mapping[str, np.ndarray], rows: np.ndarray) -> None:
+        self._columns, self._rows = columns, rows
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._columns[name][self._rows]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+
+def _shape_code(columns: Mapping[str, np.ndarray], rows: np.ndarray | None) -> np.ndarray:
     code = np.zeros(len(columns["tp"]) if rows is None else len(rows), dtype=np.int64)
     for name in SHAPE_AXES:
         values = columns[name] if rows is None else columns[name][rows]
@@ -155,9 +174,7 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     with them).  ``bound[k]`` is at least the predicted tokens/s of every
     layout of shape ``k`` among the rows, whatever its memory.
     """
-    keys = (*SHAPE_AXES, "vpp", "mbs", "sp")
-    c = ({k: columns[k] for k in keys} if rows is None
-         else {k: columns[k][rows] for k in keys})
+    c: Mapping[str, np.ndarray] = columns if rows is None else _Rows(columns, rows)
     n = len(c["tp"])
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0)
