@@ -225,3 +225,16 @@ def test_show_model_prints_what_was_parsed(capsys: pytest.CaptureFixture[str]) -
     assert 600 < doc["params.total_b"] < 700 and 30 < doc["params.active_b"] < 45
     assert main(["show-model", "no-such-model"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_pareto_launch_settings_carry_the_priced_options() -> None:
+    from parsearch.search.api import pareto_front
+
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    options = CostOptions(moe_dispatcher="flex", cuda_graphs=True)
+    result = pareto_front(model="qwen3-30b-a3b", training=training, cluster="dgx-h100",
+                          max_gpus=32, min_gpus=16, gpu_step=16, options=options)
+    for point in result.points:
+        args = point.launch.megatron_lm_args
+        assert args[args.index("--moe-token-dispatcher-type") + 1] == "flex"
+        assert "--cuda-graph-impl" in args

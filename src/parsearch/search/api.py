@@ -54,7 +54,7 @@ from parsearch.search.exhaustive import (
     rank_feasible,
     scan_bounded,
 )
-from parsearch.search.launch import LaunchSettings, launch_settings
+from parsearch.search.launch import LaunchSettings, launch_for_cluster
 from parsearch.search.pareto import hypervolume, pareto_mask
 from parsearch.soft_rules import soft_rule_flags
 from parsearch.space import enumerate_layouts, require_layouts
@@ -352,8 +352,8 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     estimates = order_ties(cm, estimates_for_rows(cm, table, scan.feasible_rows[picks]))
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
-                    launch=launch_settings(model, training, e.layout,
-                                           gpus_per_node=cluster.gpus_per_node),
+                    launch=launch_for_cluster(model, training, e.layout, cluster,
+                                              options=cm.options),
                     flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)))
         for i, e in enumerate(estimates))
     smallest = None
@@ -555,12 +555,14 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
                                                    sampler, stop_after))
     if note is not None:
         found = found._replace(note=note)
+    # the options each cluster's estimates were priced with: its launch settings use them
+    priced = {c.name: (options or CostOptions()).resolved(profiles[c.name]) for c in clusters}
     if len(clusters) == 1:
         return _cluster_result(model, training, clusters[0], counts_by[clusters[0].name],
                                found, method=method, max_gpus=max_gpus, gpu_step=gpu_step,
-                               start=start, label=False)
+                               start=start, label=False, priced=priced)
     return _multi_result(model, training, clusters, counts_by, found, method=method,
-                         max_gpus=max_gpus, gpu_step=gpu_step, start=start)
+                         max_gpus=max_gpus, gpu_step=gpu_step, start=start, priced=priced)
 
 
 def _default_profile(cluster: ClusterSpec) -> EfficiencyProfile:
@@ -756,12 +758,14 @@ def _reference_gpus(counts: tuple[int, ...]) -> float:
 
 def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
                     counts: tuple[int, ...], found: _Found, *, method: str, max_gpus: int,
-                    gpu_step: int | None, start: float, label: bool) -> ParetoResult:
+                    gpu_step: int | None, start: float, label: bool,
+                    priced: dict[str, CostOptions]) -> ParetoResult:
     """The front of one cluster (the whole result when there is one cluster)."""
     best = found.best[cluster.name]
     stats = found.stats[cluster.name]
     items = [(cluster, n, best[n]) for n in sorted(best)]
-    points, hv, ref = _points(model, training, items, _reference_gpus(counts), label=label)
+    points, hv, ref = _points(model, training, items, _reference_gpus(counts), label=label,
+                              priced=priced)
     top = max_gpus if cluster.max_gpus is None or not label else min(max_gpus, cluster.max_gpus)
     query = _query(model, training, cluster, min_gpus=counts[0], max_gpus=top,
                    gpu_step=counts[1] - counts[0] if len(counts) > 1 else (gpu_step or 0))
@@ -778,15 +782,17 @@ def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
 
 def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
                   counts_by: dict[str, tuple[int, ...]], found: _Found, *, method: str,
-                  max_gpus: int, gpu_step: int | None, start: float) -> ParetoResult:
+                  max_gpus: int, gpu_step: int | None, start: float,
+                  priced: dict[str, CostOptions]) -> ParetoResult:
     """Per-cluster fronts and the overall front (which cluster, and how many GPUs)."""
     per_cluster = tuple(
         _cluster_result(model, training, c, counts_by[c.name], found, method=method,
-                        max_gpus=max_gpus, gpu_step=gpu_step, start=start, label=True)
+                        max_gpus=max_gpus, gpu_step=gpu_step, start=start, label=True,
+                        priced=priced)
         for c in clusters)
     items = [(c, n, e) for c in clusters for n, e in sorted(found.best[c.name].items())]
     reference = max(_reference_gpus(counts) for counts in counts_by.values())
-    points, hv, ref = _points(model, training, items, reference, label=True)
+    points, hv, ref = _points(model, training, items, reference, label=True, priced=priced)
     names = tuple(c.name for c in clusters)
     query = _query(model, training, ",".join(names), clusters=list(names),
                    min_gpus=min(counts[0] for counts in counts_by.values()),
@@ -807,7 +813,8 @@ def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
 
 def _points(model: ModelSpec, training: TrainingSpec,
             items: Sequence[tuple[ClusterSpec, int, Estimate]], reference_gpus: float, *,
-            label: bool) -> tuple[tuple[ParetoPoint, ...], float, tuple[float, float]]:
+            label: bool, priced: dict[str, CostOptions]
+            ) -> tuple[tuple[ParetoPoint, ...], float, tuple[float, float]]:
     """Points sorted by GPU count (ties in the given cluster order), front and hypervolume."""
     ref = (reference_gpus, 0.0)
     items = sorted(items, key=lambda item: item[1])
@@ -824,7 +831,7 @@ def _points(model: ModelSpec, training: TrainingSpec,
         points.append(ParetoPoint(
             num_gpus=n, estimate=e, on_front=bool(front), speedup=speedup,
             scaling_efficiency=speedup * base_n / n if n else math.nan,
-            launch=launch_settings(model, training, e.layout, gpus_per_node=c.gpus_per_node),
+            launch=launch_for_cluster(model, training, e.layout, c, options=priced[c.name]),
             cluster=c.name if label else None))
     return tuple(points), hv, ref
 
