@@ -36,6 +36,7 @@ from parsearch.cli.search_output import (
 )
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.search.api import METHODS, ParetoResult, SearchResult
+from parsearch.search.storage import redact
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -270,7 +271,7 @@ def run_pareto(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if args.storage:
             print(f"parsearch pareto: interrupted; completed trials are kept in "
-                  f"{args.storage}; rerun the same command to resume", file=sys.stderr)
+                  f"{redact(args.storage)}; rerun the same command to resume", file=sys.stderr)
         raise
     if args.plot is not None:
         write_plot(result, args.plot)
