@@ -36,7 +36,6 @@ from parsearch.cli.search_output import (
 )
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.search.api import METHODS, ParetoResult, SearchResult
-from parsearch.search.storage import redact
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -270,6 +269,8 @@ def run_pareto(args: argparse.Namespace) -> int:
                 options=options, progress=_progress(args), stop_after=args.stop_after)
     except KeyboardInterrupt:
         if args.storage:
+            from parsearch.search.storage import redact  # imports optuna: only here
+
             print(f"parsearch pareto: interrupted; completed trials are kept in "
                   f"{redact(args.storage)}; rerun the same command to resume", file=sys.stderr)
         raise
