@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ from parsearch.cli.search_output import (
     write_csv,
     write_jsonl,
 )
+from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.search.api import METHODS, ParetoResult, SearchResult
 
@@ -187,23 +185,6 @@ def _search_table(result: SearchResult, *, show_launch: bool) -> None:
 # --- pareto -------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt, so a study stops cleanly between trials."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def cluster_names(text: str) -> list[str]:
     """``--cluster``: one preset or file, or several separated by commas."""
     if "," not in text or Path(text).is_file():
@@ -260,7 +241,7 @@ def run_pareto(args: argparse.Namespace) -> int:
                                      gpu_step=args.gpu_step))
         cluster, profile, options = _cost_inputs(args, model, training, counts[0])
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             result = pareto_front(
                 model=model, training=training, cluster=cluster, max_gpus=args.max_gpus,
                 min_gpus=args.min_gpus, gpu_step=args.gpu_step, method=args.method,

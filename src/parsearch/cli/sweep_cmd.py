@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from parsearch.cli.common import choice_list, int_list, positive_int, print_json, print_table
+from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.errors import SpecError
 from parsearch.workload import PRECISIONS, RECOMPUTE_MODES
 
@@ -100,23 +98,6 @@ def _grid(args: argparse.Namespace) -> Any:
                      else "sweep grid")
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt, so a worker gives its cell back before leaving."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_sweep(args: argparse.Namespace) -> int:
     from parsearch.search.storage import DEFAULT_HEARTBEAT_S, redact
     from parsearch.sweep.cells import CellSolver
@@ -152,7 +133,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                       "running", end="", file=sys.stderr, flush=True)
 
         try:
-            with _sigterm_as_interrupt():
+            with sigterm_as_interrupt():
                 stats = run_worker(queue, solver, name=name, hold_s=args.hold,
                                    max_cells=args.max_cells, on_progress=progress)
         except KeyboardInterrupt:
