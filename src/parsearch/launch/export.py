@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from parsearch.errors import SpecError
+from parsearch.files import write_atomically
 from parsearch.launch.bridge import bridge_fields, nested
 from parsearch.launch.names import bridge_groups, provenance
 from parsearch.launch.settings import LaunchSettings
@@ -58,11 +59,7 @@ def finite(value: Any) -> Any:
 
 
 def _write(path: Path, text: str, *, executable: bool = False) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    if executable:
-        tmp.chmod(0o755)
-    os.replace(tmp, path)
+    write_atomically(path, text.encode("utf-8"), mode=0o777 if executable else 0o666)
 
 
 def _header(title: str) -> str:

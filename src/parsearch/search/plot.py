@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import html
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parsearch.errors import SpecError
+from parsearch.files import write_atomically
 
 if TYPE_CHECKING:  # pragma: no cover
     from parsearch.search.api import ParetoPoint, ParetoResult
@@ -46,7 +46,7 @@ def write_plot(result: ParetoResult, path: str | os.PathLike[str], *,
     else:
         data = html_page(result, title).encode("utf-8")
     try:
-        _write_atomically(target, data)
+        write_atomically(target, data)
     except (OSError, ValueError) as error:  # read-only folder, a folder of that name, NUL...
         reason = getattr(error, "strerror", None) or str(error)
         raise SpecError(f"--plot {str(path)!r}: cannot write the file: {reason}") from None
@@ -58,22 +58,6 @@ def _title(result: ParetoResult) -> str:
     where = ", ".join(result.clusters) if result.multi_cluster else q["cluster"]
     return (f"{q['model']} on {where}: throughput vs GPUs "
             f"(batch {q['global_batch']} x {q['seq_len']} tokens, {result.method})")
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                               dir=str(target.parent or Path(".")))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        # mkstemp creates the file 0600; give it the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _series_color(index: int) -> str:

@@ -11,13 +11,13 @@ import csv
 import io
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from parsearch.errors import SpecError
+from parsearch.files import write_atomically
 from parsearch.sweep.grid import Cell
 from parsearch.sweep.queue import CellQueue, Progress
 
@@ -156,23 +156,8 @@ def write_plot(report: SweepReport, path: str) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=target.suffix.lower().lstrip("."), dpi=110)
     plt.close(fig)
-    _write_atomically(target, buffer.getvalue())
+    write_atomically(target, buffer.getvalue())
     return target
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                               dir=str(target.parent if str(target.parent) else Path(".")))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def summary_line(report: SweepReport, seconds: float | None = None,
