@@ -227,7 +227,7 @@ def _bands(where: str, raw: Any) -> dict[str, ErrorBand]:
         try:
             band = ErrorBand(float(spec["low"]), float(spec["high"]), int(spec["n"]),
                              str(spec.get("method", "")))
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: n = .inf
             raise SpecError(f"efficiency profile {where}: uncertainty.{kind} needs numbers "
                             "low, high and n") from None
         if not (math.isfinite(band.low) and math.isfinite(band.high) and band.low <= band.high):
