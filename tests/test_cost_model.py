@@ -175,3 +175,49 @@ def test_partial_recompute_prices_between_none_and_full() -> None:
     partial = [step("full", n) for n in (4, 16, 32)]
     assert none < partial[0] < partial[1] < full
     assert partial[2] == pytest.approx(full)  # every layer of the single chunk
+
+
+@SETTINGS
+@given(
+    moe=st.booleans(),
+    precision=st.sampled_from(["bf16", "fp8"]),
+    fsdp=st.booleans(),
+    distributed_optimizer=st.booleans(),
+    recompute_num_layers=st.sampled_from([None, 1, 2]),
+    offload=st.sampled_from([0, 1]),
+    overlap=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_many_layouts_at_once_score_as_each_alone(moe, precision, fsdp, distributed_optimizer,
+                                                  recompute_num_layers, offload, overlap,
+                                                  seed) -> None:
+    """The vectorised scorer (which prices each distinct degree set once and folds unit
+    prices into per-stage coefficients) gives every layout the numbers the one-layout
+    path gives it, under the training options that change the arithmetic."""
+    from parsearch.cost.analytic import CostOptions
+
+    training = replace(TRAINING, precision=precision, fsdp=fsdp,
+                       distributed_optimizer=distributed_optimizer,
+                       recompute_num_layers=recompute_num_layers,
+                       activation_offload_layers=offload)
+    options = CostOptions(overlap_grad_reduce=overlap, overlap_param_gather=not overlap)
+    model = MOE if moe else DENSE
+    cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-h100"), 32),
+                          options=options)
+    table = enumerate_layouts(model, training, 32)
+    assert len(table) >= 256  # large enough for the scorer to share prices between rows
+    scores = score_columns(cm, table.columns)
+    rng = np.random.default_rng(seed)
+    for i in rng.choice(len(table), size=4, replace=False):
+        layout = table.layout(int(i))
+        one = estimate(cm, layout)
+        step = one.step_time_s
+        assert float(scores["step_time_s"][i]) == pytest.approx(step, rel=1e-12)
+        for key in TIME_KEYS:  # parts that cancel (max - mean) compare against the step
+            assert float(scores[f"time_{key}"][i]) == pytest.approx(one.time_s[key],
+                                                                     abs=1e-12 * step)
+        for key, value in one.memory_bytes.items():
+            assert float(scores[f"mem_{key}"][i]) == pytest.approx(value, rel=1e-12)
+        assert bool(scores["fits"][i]) == one.fits
+        assert int(scores["slowest_stage"][i]) == one.slowest_stage
+        assert int(scores["peak_memory_stage"][i]) == one.peak_memory_stage

@@ -265,7 +265,8 @@ def in_flight_chunk_microbatches(rank: int, pp: int, vpp: int,
     window = np.minimum(m * vpp, 2 * (pp - rank - 1) + (vpp - 1) * pp + 1)
     cycle = pp * vpp
     full_cycles, rest = window // cycle, window % cycle
-    return tuple(full_cycles * pp + np.clip(rest - c * pp, 0, pp) for c in range(vpp))
+    chunks = np.arange(vpp, dtype=np.float64).reshape((vpp,) + (1,) * np.ndim(rest)) * pp
+    return tuple(full_cycles * pp + np.clip(rest - chunks, 0, pp))
 
 
 def in_flight_microbatches(rank: int, pp: int, vpp: int, num_microbatches: Num) -> Num:
@@ -301,6 +302,16 @@ def _position_counts(model: ModelSpec, indices: tuple[int, ...], recompute_first
     return counts
 
 
+def resolve_recompute(kinds: dict[bool, LayerBytes],
+                      code: Num) -> tuple[dict[bool, Num], dict[bool, Num]]:
+    """Per layer kind: bytes of a layer under the layouts' recompute code, and of a layer
+    past the first ``recompute_num_layers`` of its chunk (Megatron block method: with
+    ``full`` such a layer keeps all its activations)."""
+    recomputed = {k: b.of(code) for k, b in kinds.items()}
+    kept_whole = {k: np.where(code == FULL, b.none, recomputed[k]) for k, b in kinds.items()}
+    return recomputed, kept_whole
+
+
 def stage_activations(
     model: ModelSpec,
     training: TrainingSpec,
@@ -310,6 +321,8 @@ def stage_activations(
     num_microbatches: Num,
     options: MemoryOptions,
     layers: dict[bool, LayerBytes] | None = None,
+    resolved: tuple[dict[bool, Num], dict[bool, Num]] | None = None,
+    m_index: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> StageActivations:
     """All activations of one GPU of ``content``'s stage at its peak (bytes).
 
@@ -321,44 +334,59 @@ def stage_activations(
     One offloaded layer is in flight in HBM.  The output layer's inputs and
     logits are held by the micro-batch in backward only (formulas.md §5.4).
     ``layers``: :func:`stage_layer_bytes` for these degrees, when the caller
-    evaluates several stages of the same layouts.
+    evaluates several stages of the same layouts (``resolved``: their
+    :func:`resolve_recompute`, likewise; ``m_index``: the distinct micro-batch
+    counts and each layout's position among them).
     """
     code = np.asarray(code)
     kinds = layers if layers is not None else stage_layer_bytes(model, training, deg, options)
-    recomputed = {k: b.of(code) for k, b in kinds.items()}
-    # Block method: layers past the first N of a chunk keep all their activations.
-    kept_whole = {k: np.where(code == FULL, b.none, recomputed[k]) for k, b in kinds.items()}
+    recomputed, kept_whole = resolved if resolved is not None else resolve_recompute(kinds,
+                                                                                    code)
     first_n = training.recompute_num_layers
     offload_k = training.activation_offload_layers
     s, h = training.seq_len, model.hidden_size
     tokens = deg.mbs * s / deg.cp
+    # The kept bytes of a chunk times its in-flight micro-batches, summed over chunks, is
+    # regrouped as: each per-layer byte array times its in-flight-weighted layer count.
+    # The counts depend on m only, so with ``m_index`` they are computed once per value.
+    m_values, m_inverse = m_index if m_index is not None else (num_microbatches, None)
     in_flight = in_flight_chunk_microbatches(content.rank, content.pp, content.vpp,
-                                             num_microbatches)
-    hbm: Num = 0.0
+                                             m_values)
+    weights: dict[object, Num] = {}
+    arrays: dict[object, Num] = {}
+
+    def hold(key: object, values: Num, count: Num) -> None:
+        arrays[key] = values
+        weights[key] = weights.get(key, 0.0) + count
+
     offloaded: Num = 0.0
     largest_offloaded: Num = 0.0
     for chunk, indices in enumerate(content.chunk_layer_indices):
         n_rec = len(indices) if first_n is None else first_n
-        kept: Num = 0.0
         for (is_moe, rec, off), n in _position_counts(model, indices, n_rec, offload_k).items():
             per_layer = recomputed[is_moe] if rec else kept_whole[is_moe]
             if off:
                 offloaded = offloaded + n * per_layer
                 largest_offloaded = np.maximum(largest_offloaded, per_layer)
             else:
-                kept = kept + n * per_layer
+                hold((is_moe, rec), per_layer, in_flight[chunk] * n)
         last_chunk = chunk == content.vpp - 1
         if content.num_mtp_layers and last_chunk:
             # MTP after the final layer, in the last chunk (MCORE); never offloaded.
-            mtp_layer = kinds[content.mtp_is_moe and model.moe is not None].of(code)
+            mtp_layer = recomputed[content.mtp_is_moe and model.moe is not None]
             # MTP extra: two norm inputs (2h) + eh-proj input (2h), SP-sharded [derived].
             gemm_b = gemm_input_bytes(training.precision)
             mtp_extra = tokens * 2.0 * h / deg.sp_div * (ACTIVATION_BYTES + gemm_b)
-            kept = kept + content.num_mtp_layers * (mtp_layer + mtp_extra)
+            hold("mtp", mtp_layer + mtp_extra, in_flight[chunk] * content.num_mtp_layers)
         if content.has_embedding and chunk == 0 and options.activation_model == "korthikanti":
             # KOR22 §4.3 as coded in MCORE: token ids 8·s·b + embedding dropout mask s·b·h.
-            kept = kept + (8.0 * s * deg.mbs + s * deg.mbs * h) / deg.cp / deg.sp_div
-        hbm = hbm + in_flight[chunk] * kept
+            hold("embedding", (8.0 * s * deg.mbs + s * deg.mbs * h) / deg.cp / deg.sp_div,
+                 in_flight[chunk])
+    hbm: Num = 0.0
+    for key, count in weights.items():
+        if m_inverse is not None:
+            count = np.asarray(count)[m_inverse]
+        hbm = hbm + count * arrays[key]
     hbm = hbm + largest_offloaded  # one offloaded layer in flight (being copied)
     if content.has_output:
         # Only the micro-batch in backward holds these (formulas.md §5.4): final-norm

@@ -29,13 +29,7 @@ from typing import Any
 import numpy as np
 
 from parsearch.constraints import RECOMPUTE_CODES
-from parsearch.cost.collectives import (
-    LinkArrays,
-    all_gather_time,
-    all_reduce_time,
-    p2p_time,
-    reduce_scatter_time,
-)
+from parsearch.cost.collectives import LinkArrays, p2p_time
 from parsearch.cost.communication import Groups, unit_comm
 from parsearch.cost.compute import ACT_BYTES, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
@@ -43,7 +37,11 @@ from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
-from parsearch.cost.schedule import pipeline_time
+from parsearch.cost.stage_time import (
+    StageSettings,
+    score_split,
+    stage_coefficients,
+)
 from parsearch.cost.stages import effective_split, rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.hardware import GpuProfile
@@ -75,17 +73,10 @@ TIME_KEYS: tuple[str, ...] = (
     "compute", "memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm", "pp_p2p",
     "pp_bubble", "stage_imbalance", "dp_comm", "optimizer",
 )
-# Components of a stage's per-micro-batch time (summed over its units).
-STAGE_PARTS: tuple[str, ...] = ("compute", "memory_bound", "overhead", "tp_comm", "cp_comm",
-                                "ep_comm")
 MEMORY_KEYS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations", "other",
                                 "total")
 # Units a stage holds, in this order (the columns of a stage's feature row).
 UNITS: tuple[str, ...] = ("dense", "moe", "mtp", "embedding", "output")
-# Bytes the optimizer step reads and writes per (sharded) parameter: fp32 grad (4),
-# master weight, Adam m and v read and written (3 x 4 x 2), bf16 weight written (2).
-# Formulas.md §5.1 state sizes; the read/write count is ours.
-OPTIMIZER_STEP_BYTES = 30.0
 
 
 @dataclass(frozen=True)
@@ -217,6 +208,9 @@ def wide_columns(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 #: The columns unit prices, process groups and per-unit parameters depend on.
 PRICE_KEY: tuple[str, ...] = ("tp", "cp", "pp", "ep", "etp", "mbs", "sp", "recompute")
+#: Also constant per price row (DP shards and micro-batches follow from the degrees and
+#: the GPU count), part of the key so that a price row stands for its rows exactly.
+_ALSO_KEYED: tuple[str, ...] = ("dp", "edp", "m")
 
 
 def _price_rows(training: TrainingSpec,
@@ -231,6 +225,7 @@ def _price_rows(training: TrainingSpec,
     if n < 256:
         return None
     keys = PRICE_KEY + (("vpp",) if training.recompute_num_layers is not None else ())
+    keys += tuple(k for k in _ALSO_KEYED if k in cols)
     grouped = group_rows(cols, keys)
     if grouped is None or len(grouped[0]) > n // 2:
         return None
@@ -312,14 +307,27 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     pp_send = np.where(pcols["pp"] > 1, p2p_time(groups.pp, pp_bytes)
                        + cm.profile.collective_latency_s, 0.0)
     pshape = pcols["tp"].shape
-
+    opt = cm.options
+    coef = stage_coefficients(
+        prices, params, UNITS, pshape, pp_send, groups.dp, groups.edp,
+        ((pcols["dp"] * pcols["cp"]).astype(np.float64), pcols["edp"].astype(np.float64)),
+        grad_bytes=opt.grad_reduce_bytes, gather_bytes=opt.param_gather_bytes,
+        distributed_optimizer=training.distributed_optimizer, fsdp=training.fsdp,
+        hbm_Bps=fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency)
+    settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
+                             cm.profile.step_overhead_s)
+    del prices, params, groups
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)
+    m_all = cols["m"]
     for pp, vpp, idx in rows_by_split(cols["pp"], cols["vpp"]):
         feats = stage_features(model, pp, vpp, effective_split(training, pp, vpp))
         pidx = idx if price_of is None else price_of[1][idx]
-        _score_group(cm, cols, idx, (pidx, pshape), feats, prices, params, pp_send, groups,
-                     out, slowest_stage)
+        part = score_split(coef, pidx, feats, vpp, m_all[idx].astype(np.float64), settings)
+        slowest_stage[idx] = part.pop("slowest_stage")
+        for key, values in part.items():
+            out[key][idx] = values
+    del coef
     step = sum(out[f"time_{k}"] for k in TIME_KEYS)
     tokens = float(training.global_batch * training.seq_len)
     tokens_per_s = tokens / step
@@ -348,121 +356,6 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
         peak_memory_stage=peak_stage,
     )
     return out
-
-
-def _score_group(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
-                 priced: tuple[np.ndarray, tuple[int, ...]], feats: np.ndarray,
-                 prices: dict[str, dict[str, np.ndarray]],
-                 params: dict[str, tuple[Any, Any]], pp_send: np.ndarray, groups: Groups,
-                 out: dict[str, np.ndarray], slowest_stage: np.ndarray) -> None:
-    """Fill the time breakdown of the rows ``idx`` that share one (pp, vpp) split.
-
-    Step = m x (slowest stage's micro-batch time) + fill/drain bubble + exposed DP
-    traffic + optimizer.  The per-part times are reported at the mean stage, and
-    ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
-    so the parts add up to the step and the bottleneck is named truthfully.
-    ``priced``: the rows' positions in the price arrays, and those arrays' shape.
-    """
-    pidx, pshape = priced
-
-    def per_stage(component: str) -> np.ndarray:  # (rows, pp)
-        coef = np.stack([np.broadcast_to(prices[u][component], pshape)[pidx]
-                         for u in UNITS], axis=1)
-        return coef @ feats.T
-
-    parts = {k: per_stage(k) for k in STAGE_PARTS}
-    work = parts["compute"] + parts["memory_bound"] + parts["overhead"]
-    # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
-    # for them; with interleaving Megatron overlaps them with the next chunk's compute
-    # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
-    vpp = cols["vpp"][idx].astype(np.float64)[:, None]
-    p2p_total = 2.0 * vpp * pp_send[pidx][:, None] * np.ones((1, feats.shape[0]))
-    p2p = np.where(vpp > 1, np.maximum(0.0, p2p_total - work), p2p_total)
-    parts["pp_p2p"] = p2p
-    stage_time = sum(parts.values())
-    m = cols["m"][idx].astype(np.float64)
-    _busy, bubble = pipeline_time(stage_time, m, cols["vpp"][idx])
-    worst = np.argmax(stage_time, axis=1)
-    rows = np.arange(len(idx))
-    mean_stage = stage_time.mean(axis=1)
-    for key, values in parts.items():
-        out[f"time_{key}"][idx] = m * values.mean(axis=1)
-    out["time_stage_imbalance"][idx] = m * (stage_time[rows, worst] - mean_stage)
-    out["time_pp_bubble"][idx] = bubble
-    slowest_stage[idx] = worst
-    dp_exposed, optimizer = _data_parallel(cm, cols, idx, priced, feats, params, work, groups)
-    out["time_dp_comm"][idx] = dp_exposed
-    out["time_optimizer"][idx] = optimizer
-
-
-def _data_parallel(cm: CostModel, cols: dict[str, np.ndarray], idx: np.ndarray,
-                   priced: tuple[np.ndarray, tuple[int, ...]], feats: np.ndarray,
-                   params: dict[str, tuple[Any, Any]],
-                   work: np.ndarray, groups: Groups) -> tuple[np.ndarray, np.ndarray]:
-    """Exposed DP traffic and optimizer time of the stage where they are largest.
-
-    Distributed optimizer (formulas.md §7.6): reduce-scatter of gradients and
-    all-gather of parameters over DP*CP (dense) and EDP (experts); without it an
-    all-reduce of gradients.  Overlap is a bound (Megatron DDP): with
-    ``--overlap-grad-reduce`` the reduction runs beside the last micro-batch's
-    backward (2/3 of its compute), with ``--overlap-param-gather`` the gather
-    beside the first forward (1/3); a switched-off overlap leaves it exposed.
-    """
-    opt, training = cm.options, cm.training
-    pidx, pshape = priced
-
-    def stage_params(cls: int) -> np.ndarray:
-        coef = np.stack([np.broadcast_to(np.asarray(params[u][cls], dtype=np.float64),
-                                         pshape)[pidx] for u in UNITS], axis=1)
-        return coef @ feats.T  # (rows, pp)
-
-    dense, expert = stage_params(0), stage_params(1)
-
-    def sub(link: LinkArrays) -> LinkArrays:
-        return LinkArrays(*(np.asarray(getattr(link, f))[pidx][:, None]
-                            if np.ndim(getattr(link, f)) else getattr(link, f)
-                            for f in ("size", "members_per_domain", "nvlink_bandwidth_Bps",
-                                      "network_bandwidth_Bps", "nvlink_latency_s",
-                                      "network_latency_s")))
-
-    dp_link, edp_link = sub(groups.dp), sub(groups.edp)
-    grad = opt.grad_reduce_bytes
-    backward_window = work * (2.0 / 3.0) if opt.overlap_grad_reduce else 0.0 * work
-    forward_window = work / 3.0 if opt.overlap_param_gather else 0.0 * work
-    if training.fsdp:
-        # ZeRO-3 / Megatron-FSDP (formulas.md §7.6; ZeRO §7: 3 Psi): every micro-batch
-        # all-gathers the parameters for forward and again for backward and
-        # reduce-scatters its gradients; prefetching hides them behind that
-        # micro-batch's compute.
-        gather = (all_gather_time(dp_link, dense * opt.param_gather_bytes)
-                  + all_gather_time(edp_link, expert * opt.param_gather_bytes))
-        reduce = (reduce_scatter_time(dp_link, dense * grad)
-                  + reduce_scatter_time(edp_link, expert * grad))
-        m = cols["m"][idx][:, None].astype(np.float64)
-        exposed = m * (np.maximum(0.0, 2.0 * gather - forward_window - backward_window / 2.0)
-                       + np.maximum(0.0, reduce - backward_window / 2.0))
-    else:
-        if training.distributed_optimizer:
-            reduce = (reduce_scatter_time(dp_link, dense * grad)
-                      + reduce_scatter_time(edp_link, expert * grad))
-            gather = (all_gather_time(dp_link, dense * opt.param_gather_bytes)
-                      + all_gather_time(edp_link, expert * opt.param_gather_bytes))
-        else:
-            reduce = (all_reduce_time(dp_link, dense * grad)
-                      + all_reduce_time(edp_link, expert * grad))
-            gather = np.zeros_like(reduce)
-        exposed = (np.maximum(0.0, reduce - backward_window)
-                   + np.maximum(0.0, gather - forward_window))
-    shards_dense = (cols["dp"] * cols["cp"])[idx][:, None].astype(np.float64)
-    shards_expert = cols["edp"][idx][:, None].astype(np.float64)
-    if not (training.distributed_optimizer or training.fsdp):
-        shards_dense = shards_expert = np.ones_like(shards_dense)
-    hbm = cm.fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency
-    optimizer = (dense / shards_dense + expert / shards_expert) * OPTIMIZER_STEP_BYTES / hbm
-    total = exposed + optimizer
-    worst = np.argmax(total, axis=1)
-    rows = np.arange(len(idx))
-    return exposed[rows, worst], optimizer[rows, worst] + cm.profile.step_overhead_s
 
 
 # --- one layout ----------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from parsearch.cost.activations import (
     in_flight_chunk_microbatches,
     in_flight_microbatches,
     layer_activation_bytes,
+    resolve_recompute,
     stage_activations,
     stage_layer_bytes,
 )
@@ -154,6 +155,85 @@ def num_microbatches(global_batch: int, mbs: Num, dp: Num) -> Num:
     return np.maximum(global_batch // denom, 1)
 
 
+@dataclass(frozen=True)
+class _Degrees:
+    """A set of layouts' degrees made ready for evaluating any of their stages."""
+
+    tp: Num
+    cp: Num
+    ep: Num
+    etp: Num
+    dp: Num
+    edp: Num
+    code: Num
+    act: ActDegrees
+    m: Num
+    layers: dict[bool, LayerBytes] | None
+    resolved: tuple[dict[bool, Num], dict[bool, Num]] | None
+    m_index: tuple[np.ndarray, np.ndarray] | None
+
+
+def _prepare(model: ModelSpec, training: TrainingSpec, *, tp: Num, cp: Num, ep: Num,
+             etp: Num, mbs: Num, dp: Num, edp: Num, recompute_code: Num, sp: Num,
+             layers: dict[bool, LayerBytes] | None = None) -> _Degrees:
+    tp, cp, ep, etp, mbs, dp, edp = (_as_f64(x) for x in (tp, cp, ep, etp, mbs, dp, edp))
+    sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
+    code = np.asarray(recompute_code)
+    m = num_microbatches(training.global_batch, mbs, dp)
+    return _Degrees(
+        tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, code=code,
+        act=ActDegrees(tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, sp_div=sp_div),
+        m=m,
+        layers=layers,
+        resolved=resolve_recompute(layers, code) if layers is not None else None,
+        m_index=_value_index(m) if layers is not None else None,
+    )
+
+
+def _value_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(distinct values, each entry's position among them)`` of non-negative integers."""
+    values = np.asarray(values)
+    if values.ndim != 1 or values.size < 64:
+        return None
+    ints = values.astype(np.int64)
+    top = int(ints.max())
+    if int(ints.min()) < 0 or not np.array_equal(ints, values):
+        return None
+    if top > 4 * values.size + 4096:
+        distinct, inverse = np.unique(values, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    present = np.zeros(top + 1, dtype=bool)
+    present[ints] = True
+    distinct = np.flatnonzero(present)
+    rank = np.cumsum(present) - 1
+    return distinct.astype(values.dtype), rank[ints]
+
+
+def _like(value: Num, ref: np.ndarray) -> Num:
+    """``value`` with ``ref``'s shape (``value + 0·ref`` when it is not already)."""
+    if np.shape(value) == np.shape(ref):
+        return value
+    return value + 0.0 * ref
+
+
+def _stage_core(model: ModelSpec, training: TrainingSpec, content: StageContent,
+                d: _Degrees, options: MemoryOptions) -> MemoryBreakdown:
+    params = stage_params(model, content, tp=d.tp, ep=d.ep, etp=d.etp)
+    state = stage_model_state(training, params, options, dp=d.dp, cp=d.cp, edp=d.edp)
+    acts = stage_activations(model, training, content, d.act, d.code, d.m, options,
+                             d.layers, d.resolved, d.m_index)
+    tp = np.asarray(d.tp)
+    other = np.full_like(tp, options.framework_overhead_bytes)
+    return MemoryBreakdown.of(
+        weights=_like(state.weights, tp),
+        gradients=_like(state.gradients, tp),
+        optimizer=_like(state.optimizer, tp),
+        activations=_like(acts.hbm, tp),
+        other=other,
+        offloaded_bytes=_like(acts.offloaded, tp),
+    )
+
+
 def stage_memory_core(
     model: ModelSpec,
     training: TrainingSpec,
@@ -176,23 +256,9 @@ def stage_memory_core(
     ``layers``: the per-layer activation bytes of these degrees
     (:func:`~parsearch.cost.activations.stage_layer_bytes`), when known.
     """
-    tp, cp, ep, etp, mbs, dp, edp = (_as_f64(x) for x in (tp, cp, ep, etp, mbs, dp, edp))
-    sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
-    params = stage_params(model, content, tp=tp, ep=ep, etp=etp)
-    state = stage_model_state(training, params, options, dp=dp, cp=cp, edp=edp)
-    deg = ActDegrees(tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, sp_div=sp_div)
-    m = num_microbatches(training.global_batch, mbs, dp)
-    acts = stage_activations(model, training, content, deg, np.asarray(recompute_code), m,
-                             options, layers)
-    other = np.full_like(tp, options.framework_overhead_bytes)
-    return MemoryBreakdown.of(
-        weights=state.weights + 0.0 * tp,
-        gradients=state.gradients + 0.0 * tp,
-        optimizer=state.optimizer + 0.0 * tp,
-        activations=acts.hbm + 0.0 * tp,
-        other=other,
-        offloaded_bytes=acts.offloaded + 0.0 * tp,
-    )
+    d = _prepare(model, training, tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, dp=dp, edp=edp,
+                 recompute_code=recompute_code, sp=sp, layers=layers)
+    return _stage_core(model, training, content, d, options)
 
 
 def _scalar_breakdown(b: MemoryBreakdown) -> MemoryBreakdown:
@@ -281,22 +347,23 @@ def memory_arrays(
         tp=tp_f, cp=_as_f64(cp_a), ep=_as_f64(ep_a), etp=_as_f64(etp_a), mbs=_as_f64(mbs_a),
         sp_div=np.where(sp_a.astype(bool), tp_f, 1.0)), options)
     for pp_g, vpp_g, idx in rows_by_split(pp_a, vpp_a):
-        best_total = np.full(idx.size, -np.inf)
-        layers = {kind: _take(lb, idx, n) for kind, lb in all_layers.items()}
+        d = _prepare(model, training, tp=tp_f[idx], cp=cp_a[idx], ep=ep_a[idx],
+                     etp=etp_a[idx], mbs=mbs_a[idx], dp=dp_a[idx], edp=edp_a[idx],
+                     recompute_code=code_a[idx], sp=sp_a[idx],
+                     layers={kind: _take(lb, idx, n) for kind, lb in all_layers.items()})
+        best = {name: np.zeros(idx.size) for name in out}
+        best["total"][:] = -np.inf
+        best_stage = np.zeros(idx.size, dtype=np.int64)
         split = effective_split(training, int(pp_g), int(vpp_g))
         for content in stage_contents(model, int(pp_g), int(vpp_g), split):
-            b = stage_memory_core(
-                model, training, content,
-                tp=tp_a[idx], cp=cp_a[idx], ep=ep_a[idx], etp=etp_a[idx], mbs=mbs_a[idx],
-                dp=dp_a[idx], edp=edp_a[idx], recompute_code=code_a[idx], sp=sp_a[idx],
-                options=options, layers=layers,
-            )
-            better = b.total > best_total
-            sel = idx[better]
-            for name in out:
-                out[name][sel] = np.asarray(getattr(b, name))[better]
-            peak_stage[sel] = content.rank
-            best_total = np.where(better, b.total, best_total)
+            b = _stage_core(model, training, content, d, options)
+            better = b.total > best["total"]
+            for name, value in best.items():
+                np.copyto(value, getattr(b, name), where=better)
+            best_stage[better] = content.rank
+        for name, value in best.items():
+            out[name][idx] = value
+        peak_stage[idx] = best_stage
     shape = arrays[0].shape
     return MemoryArrays(
         **{name: value.reshape(shape) for name, value in out.items()},

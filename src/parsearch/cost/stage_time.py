@@ -1,0 +1,205 @@
+"""Step time of many layouts from their unit prices: stages, schedule, DP traffic, optimizer.
+
+The arithmetic of :func:`parsearch.cost.analytic.score_columns` after the unit
+prices: a pipeline stage's per-micro-batch time is the dot product of its unit
+counts with the units' prices (:mod:`parsearch.cost.stages`), the schedule
+(:mod:`parsearch.cost.schedule`) turns stage times into a step, and data
+parallel traffic and the optimizer step are added at the stage where they are
+largest.
+
+For speed everything that is linear in a stage's unit counts is folded into one
+coefficient per (price row, unit) before it meets the stages: a stage's DP
+reduce-scatter time is ``bytes x (seconds per byte) + latency``
+(:func:`linear_collective`, the same terms as
+:func:`parsearch.cost.collectives.reduce_scatter_time`), so the per-stage work is
+a handful of ``(rows x units) @ (units x stages)`` products.  The numbers equal
+the term-by-term evaluation up to floating-point rounding (~1e-16 relative).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from parsearch.cost.collectives import LinkArrays, split_group
+
+# Components of a stage's per-micro-batch time (summed over its units).
+STAGE_PARTS: tuple[str, ...] = ("compute", "memory_bound", "overhead", "tp_comm", "cp_comm",
+                                "ep_comm")
+# Bytes the optimizer step reads and writes per (sharded) parameter: fp32 grad (4),
+# master weight, Adam m and v read and written (3 x 4 x 2), bf16 weight written (2).
+# Formulas.md §5.1 state sizes; the read/write count is ours.
+OPTIMIZER_STEP_BYTES = 30.0
+
+
+def linear_collective(link: LinkArrays) -> tuple[np.ndarray, np.ndarray]:
+    """``(seconds per byte, fixed seconds)`` of a reduce-scatter / all-gather over ``link``.
+
+    The terms of :func:`parsearch.cost.collectives.reduce_scatter_time`
+    (nccl-tests PERFORMANCE.md busbw factor, hierarchical across domains,
+    formulas.md §7.1): ``(k-1)/k · S / B_nvlink + (M-1)/M · S/k / B_network``
+    plus ``(k-1)`` NVLink and ``ceil(log2 M)`` network latency steps; zero for a
+    group of one.  A zero bandwidth prices its term at zero, as ``safe_div`` does.
+    """
+    k, m, n = split_group(link)
+    nv = np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64)
+    net = np.asarray(link.network_bandwidth_Bps, dtype=np.float64)
+    intra = np.where(nv > 0, (k - 1.0) / k / np.where(nv > 0, nv, 1.0), 0.0)
+    inter = np.where(net > 0, (m - 1.0) / m / k / np.where(net > 0, net, 1.0), 0.0)
+    latency = ((k - 1.0) * link.nvlink_latency_s
+               + np.ceil(np.log2(np.maximum(m, 1.0))) * link.network_latency_s)
+    alone = n <= 1
+    return np.where(alone, 0.0, intra + inter), np.where(alone, 0.0, latency)
+
+
+@dataclass(frozen=True)
+class StageCoefficients:
+    """Per price row, what each unit a stage holds adds to its times (columns in blocks of
+    ``len(UNITS)``): the six stage parts, work (compute + memory-bound + overhead),
+    exposed-able communication (TP + CP + EP), DP gradient reduction, DP parameter
+    gather, optimizer step; then the PP send, reduction and gather latencies."""
+
+    table: np.ndarray  # (11 * units + 3, price rows)
+    units: int
+
+
+# Block indices into StageCoefficients.table
+_PARTS, _WORK, _COMM, _REDUCE, _GATHER, _OPT = 0, 6, 7, 8, 9, 10
+
+
+def stage_coefficients(
+    prices: dict[str, dict[str, np.ndarray]],
+    params: dict[str, tuple[object, object]],
+    units: tuple[str, ...],
+    pshape: tuple[int, ...],
+    pp_send: np.ndarray,
+    dp_link: LinkArrays,
+    edp_link: LinkArrays,
+    shards: tuple[np.ndarray, np.ndarray],
+    *,
+    grad_bytes: float,
+    gather_bytes: float,
+    distributed_optimizer: bool,
+    fsdp: bool,
+    hbm_Bps: float,
+) -> StageCoefficients:
+    """Fold the unit prices and parameters of every price row into stage coefficients.
+
+    DP traffic (formulas.md §7.6): the distributed optimizer reduce-scatters
+    gradients and all-gathers parameters over DP*CP (dense) and EDP (experts);
+    without it an all-reduce (twice a reduce-scatter, nccl-tests busbw) and no
+    gather; FSDP prices per micro-batch the same reduce-scatter and gather.
+    Optimizer: :data:`OPTIMIZER_STEP_BYTES` per sharded parameter at the HBM
+    bandwidth.  ``shards``: (dense, expert) optimizer shard counts per price row.
+    """
+
+    def unit_block(values: list[object]) -> np.ndarray:
+        return np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), pshape)
+                         for v in values], axis=1)
+
+    parts = [unit_block([prices[u][k] for u in units]) for k in STAGE_PARTS]
+    work = parts[0] + parts[1] + parts[2]
+    comm = parts[3] + parts[4] + parts[5]
+    dense = unit_block([params[u][0] for u in units])
+    expert = unit_block([params[u][1] for u in units])
+    a_dp, l_dp = linear_collective(dp_link)
+    a_edp, l_edp = linear_collective(edp_link)
+    a_dp, a_edp = (np.broadcast_to(a, pshape)[:, None] for a in (a_dp, a_edp))
+    fixed = np.broadcast_to(l_dp + l_edp, pshape)
+    reduce_per_byte = dense * a_dp + expert * a_edp
+    if fsdp or distributed_optimizer:
+        reduce, reduce_fixed = reduce_per_byte * grad_bytes, fixed
+        gather, gather_fixed = reduce_per_byte * gather_bytes, fixed
+    else:  # all-reduce = reduce-scatter + all-gather
+        reduce, reduce_fixed = 2.0 * (reduce_per_byte * grad_bytes), 2.0 * fixed
+        gather, gather_fixed = 0.0 * reduce, 0.0 * fixed
+    shards_dense, shards_expert = shards
+    if not (distributed_optimizer or fsdp):
+        shards_dense = shards_expert = np.ones(pshape)
+    optimizer = ((dense / shards_dense[:, None] + expert / shards_expert[:, None])
+                 * OPTIMIZER_STEP_BYTES / hbm_Bps)
+    table = np.concatenate(
+        [*parts, work, comm, reduce, gather, optimizer,
+         np.broadcast_to(pp_send, pshape)[:, None], reduce_fixed[:, None],
+         gather_fixed[:, None]], axis=1)
+    return StageCoefficients(np.ascontiguousarray(table.T), len(units))
+
+
+@dataclass(frozen=True)
+class StageSettings:
+    """The scalar settings of the stage arithmetic."""
+
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    fsdp: bool
+    step_overhead_s: float
+
+
+def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vpp: int,
+                m: np.ndarray, settings: StageSettings) -> dict[str, np.ndarray]:
+    """Time breakdown of rows sharing one (pp, vpp) split (``feats``: unit counts per stage).
+
+    Step = m x (slowest stage's micro-batch time) + fill/drain bubble + exposed DP
+    traffic + optimizer.  The per-part times are reported at the mean stage, and
+    ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
+    so the parts add up to the step and the bottleneck is named truthfully.
+    ``pidx``: the rows' price rows; ``m``: their micro-batch counts (float).
+    Per-stage arrays are (stages, rows); a stage's times are the dot product of its
+    unit counts with the rows' coefficients.
+    """
+    stages = feats.shape[0]
+    u = coef.units
+    rows = np.take(coef.table, pidx, axis=1)  # (coefficients, rows)
+    mean_feats = feats.mean(axis=0)
+    part_means = [mean_feats @ rows[i * u:(i + 1) * u] for i in range(6)]
+    work, comm, reduce, gather, optimizer = (feats @ rows[b * u:(b + 1) * u]
+                                             for b in (_WORK, _COMM, _REDUCE, _GATHER, _OPT))
+    pp_send, reduce_fixed, gather_fixed = rows[11 * u], rows[11 * u + 1], rows[11 * u + 2]
+    # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
+    # for them; with interleaving Megatron overlaps them with the next chunk's compute
+    # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
+    p2p_total = 2.0 * float(vpp) * pp_send
+    if vpp > 1:
+        p2p = np.maximum(0.0, p2p_total - work)
+        p2p_mean = p2p.sum(axis=0) / stages
+        stage_time = work + comm + p2p
+    else:
+        p2p_mean = p2p_total
+        stage_time = work + comm + p2p_total
+    out = {f"time_{k}": m * part_means[i] for i, k in enumerate(STAGE_PARTS)}
+    out["time_pp_p2p"] = m * p2p_mean
+    worst = np.argmax(stage_time, axis=0)
+    n = np.arange(len(pidx))
+    slowest = stage_time[worst, n]
+    total_stage = stage_time.sum(axis=0)
+    # Pipeline bubble (parsearch.cost.schedule.pipeline_time; NAR21 §2.2.1/§2.2.2):
+    # (sum_r t_r - max_r t_r) / v.
+    out["time_pp_bubble"] = (total_stage - slowest) / float(vpp)
+    out["time_stage_imbalance"] = m * (slowest - total_stage / stages)
+    out["slowest_stage"] = worst
+    # DP traffic overlap is a bound (Megatron DDP): with --overlap-grad-reduce the
+    # reduction runs beside the last micro-batch's backward (2/3 of its compute), with
+    # --overlap-param-gather the gather beside the first forward (1/3); a switched-off
+    # overlap leaves it exposed (formulas.md §6.3).
+    reduce = reduce + reduce_fixed
+    gather = gather + gather_fixed
+    backward = work * (2.0 / 3.0) if settings.overlap_grad_reduce else None
+    forward = work / 3.0 if settings.overlap_param_gather else None
+    if settings.fsdp:
+        # ZeRO-3 / Megatron-FSDP (formulas.md §7.6; ZeRO §7: 3 Psi): every micro-batch
+        # all-gathers the parameters for forward and again for backward and
+        # reduce-scatters its gradients; prefetching hides them behind that
+        # micro-batch's compute.
+        half = backward / 2.0 if backward is not None else 0.0
+        hidden = (forward if forward is not None else 0.0) + half
+        exposed = m * (np.maximum(0.0, 2.0 * gather - hidden)
+                       + np.maximum(0.0, reduce - half))
+    else:
+        exposed = np.maximum(0.0, reduce - backward) if backward is not None else reduce
+        exposed = exposed + (np.maximum(0.0, gather - forward) if forward is not None
+                             else gather)
+    worst_dp = np.argmax(exposed + optimizer, axis=0)
+    out["time_dp_comm"] = exposed[worst_dp, n]
+    out["time_optimizer"] = optimizer[worst_dp, n] + settings.step_overhead_s
+    return out
