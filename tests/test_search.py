@@ -251,3 +251,46 @@ def test_fabric_from_spec_equals_the_graph_walk(name: str, gpus: int) -> None:
     for stride, size in ((1, min(gpus, 8)), (1, gpus), (8, gpus // 8)):
         if size >= 1 and gpus % (stride * size) == 0:
             assert graph.group_link(stride, size) == spec.group_link(stride, size)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), block=st.integers(1, 50))
+def test_blockwise_helpers_equal_their_whole_table_forms(data, block: int) -> None:
+    """The memory-saving forms (derived columns a block of rows at a time, row numbers
+    from a mask a block at a time, the memory floor compared per group, shape bounds with
+    unit time floors in blocks) give exactly what the whole-table forms give."""
+    from parsearch.constraints import derive_columns, rule_context
+    from parsearch.cost.analytic import wide_columns
+    from parsearch.search.bounds import (
+        _in_blocks,
+        memory_floor,
+        nonzero_narrow,
+        under_memory_floor,
+        unit_time_floor,
+    )
+    from parsearch.space import _derive_in_chunks
+
+    mask = np.asarray(data.draw(st.lists(st.booleans(), max_size=200)), dtype=bool)
+    np.testing.assert_array_equal(nonzero_narrow(mask, block=block), np.flatnonzero(mask))
+    moe = ModelSpec("toy-moe", 8, 1024, 4096, 16, 4, 64, 32000,
+                    moe=MoeSpec(num_experts=16, top_k=2, expert_ffn_hidden_size=1024,
+                                first_k_dense=1))
+    model = data.draw(st.sampled_from([TOY, moe]))
+    training = TrainingSpec(seq_len=2048, global_batch=64, micro_batch_sizes=(1, 2))
+    table = enumerate_layouts(model, training, 32)
+    ctx = rule_context(model, training, 32)
+    base = {k: v for k, v in table.columns.items() if k not in ("dp", "edp", "m")}
+    whole, blocks = derive_columns(ctx, base), _derive_in_chunks(ctx, base, chunk=block)
+    assert set(whole) == set(blocks)
+    for name, values in whole.items():
+        np.testing.assert_array_equal(blocks[name], values)
+    cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-h100"), 32))
+    hbm = data.draw(st.sampled_from([20e9, 40e9, 72e9]))
+    np.testing.assert_array_equal(under_memory_floor(cm, table.columns, hbm),
+                                  np.flatnonzero(memory_floor(cm, table.columns) <= hbm))
+    rows = wide_columns({k: v[:300] for k, v in table.columns.items()})
+    one = unit_time_floor(cm, rows)
+    split = _in_blocks(lambda part: unit_time_floor(cm, part), rows, block=block)
+    assert set(one) == set(split)
+    for unit, values in one.items():
+        np.testing.assert_array_equal(split[unit], np.broadcast_to(values, (len(rows["tp"]),)))

@@ -278,9 +278,26 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *
     cols = {}
     for axis in AXIS_ORDER:  # free each index column as soon as its values are gathered
         cols[axis] = candidates[axis].astype(dtype)[index_cols.pop(axis)]
-    cols.update(derive_columns(ctx, cols))
+    cols.update(_derive_in_chunks(ctx, cols))
     cols["sp"] = cols["sp"].astype(bool)
     return LayoutTable(num_gpus, cols, tuple(steps))
+
+
+def _derive_in_chunks(ctx: RuleContext, cols: dict[str, np.ndarray],
+                      chunk: int = 1 << 18) -> dict[str, np.ndarray]:
+    """:func:`derive_columns` of a large table, a block of rows at a time (its temporaries
+    stay the size of a block, not of the table)."""
+    n = len(cols["tp"])
+    if n <= chunk:
+        return derive_columns(ctx, cols)
+    out: dict[str, np.ndarray] = {}
+    for start in range(0, n, chunk):
+        part = derive_columns(ctx, {k: v[start:start + chunk] for k, v in cols.items()})
+        for name, values in part.items():
+            if name not in out:
+                out[name] = np.empty(n, dtype=values.dtype)
+            out[name][start:start + len(values)] = values
+    return out
 
 
 def require_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> LayoutTable:

@@ -240,12 +240,14 @@ def group_rows(cols: Mapping[str, np.ndarray],
     n = len(cols[keys[0]])
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    code = np.zeros(n, dtype=np.int64)
-    size = 1
-    for name in keys:
+    def column(name: str) -> np.ndarray:
         values = np.asarray(cols[name])
-        if values.dtype == bool:
-            values = values.view(np.uint8)
+        return values.view(np.uint8) if values.dtype == bool else values
+
+    ranks = []
+    size = 1
+    for name in keys:  # first the radices (small tables), then the codes in one narrow array
+        values = column(name)
         top = int(values.max())
         if int(values.min()) < 0 or top > (1 << 22):
             return None
@@ -255,9 +257,14 @@ def group_rows(cols: Mapping[str, np.ndarray],
         radix = int(rank[-1]) + 1
         if size * radix > (1 << 40):
             return None
-        code *= radix
-        code += rank[values]
+        ranks.append((rank, radix))
         size *= radix
+    del values
+    code_type = np.int32 if size < 2**31 else np.int64
+    code = np.zeros(n, dtype=code_type)
+    for name, (rank, radix) in zip(keys, ranks, strict=True):
+        code *= radix
+        code += rank.astype(code_type)[column(name)]
     if size <= 4 * n:  # dense table of codes
         present = np.zeros(size, dtype=bool)
         present[code] = True
@@ -268,7 +275,10 @@ def group_rows(cols: Mapping[str, np.ndarray],
         position = position.reshape(-1)
         count = int(position.max()) + 1
     representatives = np.empty(count, dtype=np.int64)
-    representatives[position] = np.arange(n, dtype=np.int64)
+    block = 1 << 20  # in order, so the last row of each group is its representative
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        representatives[position[start:stop]] = np.arange(start, stop, dtype=np.int64)
     return representatives, position
 
 

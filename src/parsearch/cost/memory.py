@@ -355,7 +355,12 @@ def memory_arrays(
         best["total"][:] = -np.inf
         best_stage = np.zeros(idx.size, dtype=np.int64)
         split = effective_split(training, int(pp_g), int(vpp_g))
+        seen: set[tuple[object, ...]] = set()
         for content in stage_contents(model, int(pp_g), int(vpp_g), split):
+            key = _dominance_key(model, content)
+            if key in seen:  # an earlier rank with the same content holds at least as much
+                continue
+            seen.add(key)
             b = _stage_core(model, training, content, d, options)
             better = b.total > best["total"]
             for name, value in best.items():
@@ -369,6 +374,22 @@ def memory_arrays(
         **{name: value.reshape(shape) for name, value in out.items()},
         peak_stage=peak_stage.reshape(shape),
     )
+
+
+def _dominance_key(model: ModelSpec, content: StageContent) -> tuple[object, ...]:
+    """What a stage's memory depends on besides its rank.
+
+    Two ranks with the same key hold the same model state and the same bytes per
+    micro-batch in each chunk; the micro-batches in flight per chunk never grow with
+    the rank (:func:`~parsearch.cost.activations.in_flight_chunk_microbatches`:
+    ``min(m, p - r)``, and the interleaved warm-up window shrinks with ``r``), so
+    the lower rank's total is at least the higher one's and wins the tie: the higher
+    rank can never be the peak and need not be evaluated.
+    """
+    return (tuple(tuple(model.is_moe_layer(i) for i in chunk)
+                  for chunk in content.chunk_layer_indices),
+            content.num_dense_layers, content.num_moe_layers, content.has_embedding,
+            content.has_output, content.num_mtp_layers, content.mtp_is_moe)
 
 
 def _take(layer: LayerBytes, idx: np.ndarray, n: int) -> LayerBytes:

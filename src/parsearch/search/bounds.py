@@ -39,7 +39,7 @@ whose floor exceeds the GPU's memory cannot fit and is never scored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -180,13 +180,16 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
         return np.zeros(0, dtype=np.int64), np.zeros(0)
     _, shape = shape_index(c)
     n_shapes = int(shape.max()) + 1
-    vmax = np.ones(n_shapes)
-    np.maximum.at(vmax, shape, c["vpp"].astype(np.float64))
+    vpp = c["vpp"]
+    vmax_int = np.ones(n_shapes, dtype=vpp.dtype)
+    np.maximum.at(vmax_int, shape, vpp)
+    del vpp
+    vmax = vmax_int.astype(np.float64)
     # one representative row per (shape, mbs, sp)
     rep, _ = _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]}, ("shape", "mbs", "sp"))
     picked = rep if rows is None else rows[rep]
     rc = wide_columns({k: np.asarray(v)[picked] for k, v in columns.items()})
-    floors = unit_time_floor(cm, rc)
+    floors = _in_blocks(lambda part: unit_time_floor(cm, part), rc)
     totals = _unit_totals(cm, rc["pp"].astype(np.int64), rc["vpp"].astype(np.int64))
     stage_sum = sum(totals[:, i] * floors[u] for i, u in enumerate(UNITS))
     pp = rc["pp"].astype(np.float64)
@@ -201,6 +204,21 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     return shape, bound
 
 
+def _in_blocks(fn: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+               cols: dict[str, np.ndarray], block: int = 1 << 14) -> dict[str, np.ndarray]:
+    """``fn`` (elementwise over rows) applied a block of rows at a time, the results joined:
+    the same numbers, with temporaries the size of a block."""
+    n = len(cols["tp"])
+    if n <= block:
+        return fn(cols)
+    parts = []
+    for start in range(0, n, block):
+        rows = min(block, n - start)
+        out = fn({k: v[start:start + rows] for k, v in cols.items()})
+        parts.append({k: np.broadcast_to(v, (rows,)) for k, v in out.items()})
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
 def memory_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     """Per row, bytes per GPU no choice of ``mbs``, ``sp`` or ``recompute`` goes below.
 
@@ -208,9 +226,38 @@ def memory_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     share of its peak stage (the same stage holds the same state in every
     layout of the group) floor every layout of the group.
     """
+    if len(cols["tp"]) == 0:
+        return np.zeros(0)
+    floor, inverse = _group_memory_floor(cm, cols)
+    return floor[inverse]
+
+
+def under_memory_floor(cm: CostModel, cols: dict[str, np.ndarray],
+                       hbm_bytes: float) -> np.ndarray:
+    """Row numbers (narrow integers) whose :func:`memory_floor` is at most ``hbm_bytes``:
+    the rows that may fit.  Compared per group, so no per-row float array is built."""
     n = len(cols["tp"])
     if n == 0:
-        return np.zeros(0)
+        return np.zeros(0, dtype=np.int64)
+    floor, inverse = _group_memory_floor(cm, cols)
+    return nonzero_narrow((floor <= hbm_bytes)[inverse])
+
+
+def nonzero_narrow(mask: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+    """``np.flatnonzero(mask)`` as 32-bit integers where they fit, built a block at a time."""
+    index_type = np.int32 if mask.size < 2**31 else np.int64
+    out = np.empty(int(np.count_nonzero(mask)), dtype=index_type)
+    done = 0
+    for start in range(0, mask.size, block):
+        found = np.flatnonzero(mask[start:start + block])
+        out[done:done + len(found)] = found + start
+        done += len(found)
+    return out
+
+
+def _group_memory_floor(cm: CostModel,
+                        cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`memory_floor` per ``(shape, vpp)`` group, and each row's group."""
     rep, inverse = _groups(cols, (*SHAPE_AXES, "vpp"))
     r = wide_columns({k: np.asarray(v)[rep] for k, v in cols.items()})
     mem = memory_arrays(cm.model, cm.training, r["tp"], r["cp"], r["pp"], r["ep"], r["etp"],
@@ -218,7 +265,8 @@ def memory_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
                         cm.options.memory)
     state = (np.asarray(mem.weights) + np.asarray(mem.gradients) + np.asarray(mem.optimizer)
              + np.asarray(mem.other))
-    return (state * (1.0 - BOUND_SLACK))[inverse.reshape(-1)]
+    return state * (1.0 - BOUND_SLACK), inverse.reshape(-1)
 
 
-__all__ = ["BOUND_SLACK", "memory_floor", "shape_bounds", "shape_index", "unit_time_floor"]
+__all__ = ["BOUND_SLACK", "memory_floor", "nonzero_narrow", "shape_bounds", "shape_index",
+           "under_memory_floor", "unit_time_floor"]

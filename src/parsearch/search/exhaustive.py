@@ -40,7 +40,7 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
-from parsearch.search.bounds import memory_floor, shape_bounds
+from parsearch.search.bounds import shape_bounds, under_memory_floor
 from parsearch.space import AXIS_ORDER, LayoutTable, axis_candidates
 from parsearch.workload import ModelSpec, TrainingSpec
 
@@ -50,7 +50,7 @@ RANK_TIE_BREAK: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs", 
 #: The axes that make a layout's "shape" for the diverse shortlist.
 SHAPE_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp")
 DEFAULT_CHUNK_ROWS = 1 << 18
-#: Tables from this many rows get the memory floor pass (:func:`memory_floor`) first.
+#: Tables from this many rows get the memory floor pass (:func:`under_memory_floor`) first.
 FLOOR_MIN_ROWS = 1 << 17
 #: Layouts priced for memory at once, fastest first (doubling), in a bounded scan.
 MEMORY_BATCH = 64
@@ -226,14 +226,15 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
     # (shape, vpp) groups whose model state alone exceeds the memory cannot fit: never scored
     # (worth its one pass over every pipeline split on large tables only)
-    candidates = (np.nonzero(memory_floor(cm, table.columns) <= hbm)[0]
-                  if n >= FLOOR_MIN_ROWS else np.arange(n))
+    index_type = np.int32 if n < 2**31 else np.int64  # row numbers, kept narrow
+    candidates = (under_memory_floor(cm, table.columns, hbm)
+                  if n >= FLOOR_MIN_ROWS else np.arange(n, dtype=index_type))
     if len(candidates) == 0:
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, n)
     shape, bound = shape_bounds(cm, table.columns, candidates)
     order = np.argsort(-bound, kind="stable")  # shapes, best bound first
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
+    rank = np.empty(len(order), dtype=index_type)
+    rank[order] = np.arange(len(order), dtype=index_type)
     row_rank = rank[shape]
     row_order = candidates[np.argsort(row_rank, kind="stable")]
     ends = np.cumsum(np.bincount(row_rank, minlength=len(order)))
@@ -283,7 +284,8 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         start = int(ends[j - 1])
         k = j
         block = min(2 * block, chunk_rows)
-    feasible = np.concatenate(rows_out) if rows_out else np.zeros(0, dtype=np.int64)
+    feasible = (np.concatenate(rows_out).astype(np.int64) if rows_out
+                else np.zeros(0, dtype=np.int64))
     return ScanResult(
         table=table, feasible_rows=feasible,
         tokens_per_s=np.concatenate(tokens_out) if tokens_out else empty_f,
