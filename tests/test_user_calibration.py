@@ -12,16 +12,25 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from parsearch.cost.analytic import build_cost_model, estimate
 from parsearch.cost.efficiency import efficiency_for_gpu, load_efficiency_profile
 from parsearch.layout import parse_layout_string
 from parsearch.model_files import resolve_model
+from parsearch.search.exhaustive import rank_feasible, scan_table
+from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.measurements import Defaults, Measurement, load_measurements
-from parsearch.validation.plan_profiling import plan_profiling
+from parsearch.validation.plan_profiling import (
+    TARGET_SHAPES,
+    fit_error,
+    gradients,
+    network_gradient,
+    plan_profiling,
+)
 from parsearch.validation.user_calibration import (
     calibrate_user,
     factor_limit,
@@ -215,3 +224,29 @@ def test_measurements_already_taken_tighten_the_plan(measurements) -> None:
     informed = plan_profiling(cm, k=1, measured=rows)
     gemm = "gemm_efficiency.bf16"
     assert informed.factor_sd_before[gemm] < fresh.factor_sd_before[gemm]
+
+
+def test_planned_set_leaves_less_fit_error_than_random_sets_of_the_same_candidates() -> None:
+    # The planner's design criterion, computed from the calibration's normal matrix
+    # J'J + lam^2 I of the factors the fit will take: the planned set must beat most
+    # sets of the same size drawn from the same candidates (a poor or random planner
+    # sits near the middle of that distribution).
+    k, candidates = 5, 12
+    training = TrainingSpec(seq_len=SEQ, global_batch=BATCH)
+    cm = build_cost_model(resolve_model(MODEL), training,
+                          build_fabric(load_cluster(CLUSTER), GPUS))
+    plan = plan_profiling(cm, k=k, candidates=candidates)
+    table = require_layouts(cm.model, cm.training, GPUS)
+    scan = scan_table(cm, table)
+    rows = scan.feasible_rows[rank_feasible(scan, top=TARGET_SHAPES, diverse=True)]
+    cols = {name: v[rows] for name, v in table.columns.items()}
+    keys = [table.layout(int(r)).key() for r in rows[:candidates]]
+    g, n = gradients(cm, cols, plan.factors), network_gradient(cm, cols)
+
+    def error(chosen: list[int]) -> float:
+        return fit_error(g[chosen], n[chosen], g, n, factor_limit(k), own=chosen)
+
+    planned = error([keys.index(p.layout.key()) for p in plan.picks])
+    rng = np.random.default_rng(0)
+    drawn = [error(rng.choice(candidates, size=k, replace=False).tolist()) for _ in range(60)]
+    assert planned < float(np.quantile(drawn, 0.25))

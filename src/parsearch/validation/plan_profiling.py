@@ -1,39 +1,51 @@
 """Which layouts to measure next: the ones whose measurement settles the ranking most.
 
-The prediction error of a layout is modelled, in log throughput, as
+The plan models what ``parsearch calibrate`` will do with the measurements,
+linearised.  A layout's log-throughput error is
 
-    error = g . du + e
+    error = g . du + n * dN + e
 
 * ``du``: how far each residual factor of the profile really is from its
   current value, in units of its cited range (``g``: the change in log
-  throughput from the low to the high end of the range, computed by the
-  cost model for that layout); before any measurement each ``du`` is taken
-  uniform over the range (standard deviation ``1/sqrt(12)``);
-* ``e``: what no factor explains for that layout (:data:`STRUCTURE_SD`),
-  independent between layouts.
+  throughput from the low to the high end of the range, computed by the cost
+  model for that layout), each taken uniform over the range (standard
+  deviation :data:`FACTOR_SD`);
+* ``dN``: how far the achieved inter-node bandwidth is from the cluster file's,
+  between :data:`NETWORK_LOW` of it and all of it (``n``: the change in log
+  throughput over that span), which no profile factor represents;
+* ``e``: what neither explains for that layout (:data:`STRUCTURE_SD`),
+  independent between layouts; a measurement adds :data:`NOISE_SD`.
 
-A measured layout is known up to the run-to-run spread (:data:`NOISE_SD`),
-which also informs ``du`` and through it every layout that shares the
-factor.  Among the candidates near the top of the predicted ranking, layouts
-are picked greedily to minimise
+The calibration fits only the ``factor_limit(n)`` factors the measured layouts
+are most sensitive to, by penalised least squares (penalty ``PRIOR_WEIGHT *
+LOSS_SCALE`` per range unit, :mod:`parsearch.validation.calibration`), and
+leaves the others at the shipped values.  Linearised, that is a ridge
+estimate, and the covariance of the calibrated predictions' errors
+(:func:`fit_error_cov`) has four parts: the variance of the fitted factors,
+the bias of the factors left out, the share of the network error the fitted
+factors absorb (or fail to), and each layout's own error.  Among the
+candidates near the top, the set of K layouts is chosen to minimise
 
     sum over pairs among the TOP_PAIRS best of Phi(-|mu_i - mu_j| / sd_ij)
-    + mean over all candidates of var_i / STRUCTURE_SD^2
+    + FIT_WEIGHT * mean error variance over the targets / STRUCTURE_SD^2
 
-the expected number of misordered pairs in the top of the ranking (a layout
-the profile cannot tell from its neighbours is picked because measuring it
-removes its own error) plus how uncertain the predictions are on average, in
-units of the error no factor explains (a layout that exercises a factor the
-data leave loose is picked because it removes the shared error of many; a
-shift common to all layouts does not change their order, but does change how
-far each prediction is off).  Measurements already taken (``--measurements``)
-condition the model first.
+the expected number of misordered pairs in the top of the ranking after the
+calibration, plus the calibrated predictions' mean squared error over the
+best layout of each of the :data:`TARGET_SHAPES` best shapes (the layouts the
+user may end up choosing from, wider than the candidates).  The second term is
+the Bayesian I-optimal (V-optimal) criterion of the procedure actually run
+(Chaloner and Verdinelli, "Bayesian Experimental Design: A Review", Statist.
+Sci. 10(3), 1995, sec. 2.2): it favours sets that span the directions the
+target layouts depend on and make the fit take the factors that matter for
+them.  The set is built greedily, then improved by exchanging members
+(:func:`_exchange`), because which factors the fit takes depends on the whole
+set.  Measurements already taken (``--measurements``) count toward the fit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,8 +59,16 @@ from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.space import require_layouts
-from parsearch.validation.calibration import FIT_ORDER, PreparedRow, predict
+from parsearch.topology.fabric import build_fabric
+from parsearch.validation.calibration import (
+    FIT_ORDER,
+    LOSS_SCALE,
+    PRIOR_WEIGHT,
+    PreparedRow,
+    predict,
+)
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
+from parsearch.validation.user_calibration import MIN_SENSITIVITY, factor_limit
 
 #: Prior spread of a factor's true value: uniform over its cited range, in range units.
 FACTOR_SD = 1.0 / math.sqrt(12.0)
@@ -60,6 +80,17 @@ NOISE_SD = 0.02
 TOP_PAIRS = 10
 #: Candidates considered: the best layout of each of this many best shapes.
 CANDIDATES = 30
+#: Fit quality is judged on the best layout of each of this many best shapes.
+TARGET_SHAPES = 90
+#: Achieved inter-node bandwidth is taken uniform between this share of the cluster file's
+#: ``network_efficiency`` and all of it: an assumption of the plan (a cluster file's network
+#: figures are nominal until measured).
+NETWORK_LOW = 0.5
+#: Weight of the mean squared error term, in units of STRUCTURE_SD^2, against the expected
+#: misordered pairs: one pair is worth the error no factor explains on every target.
+FIT_WEIGHT = 1.0
+#: Passes of the exchange step over the chosen set (it stops early once nothing improves).
+EXCHANGE_PASSES = 5
 #: Iterations measured after warm-up: the median of 20 per-iteration times is within about
 #: 1 % of the mean for the 2-3 % iteration-to-iteration spread of steady training.
 MEASURED_ITERATIONS = max(20, MIN_STEADY_LINES)
@@ -149,6 +180,65 @@ def row_gradients(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     return out
 
 
+def network_gradient(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Log-throughput change from :data:`NETWORK_LOW` of the cluster file's network to all of it."""
+    cluster = cm.fabric.cluster
+    slow = build_fabric(replace(cluster, network_efficiency=cluster.network_efficiency
+                                * NETWORK_LOW), cm.fabric.num_gpus)
+    low = score_columns(replace(cm, fabric=slow), cols, with_memory=False)
+    high = score_columns(cm, cols, with_memory=False)
+    return np.log(np.asarray(high["tokens_per_s_per_gpu"])
+                  / np.asarray(low["tokens_per_s_per_gpu"]))
+
+
+def row_network_gradient(rows: Sequence[PreparedRow]) -> np.ndarray:
+    """:func:`network_gradient` of measured rows (each on its own cluster)."""
+    return np.array([network_gradient(r.cost_model, r.columns)[0] for r in rows])
+
+
+def fit_error_cov(g_measured: np.ndarray, n_measured: np.ndarray, own: Sequence[int | None],
+                  g_target: np.ndarray, n_target: np.ndarray, n_factors: int) -> np.ndarray:
+    """Covariance of the targets' log prediction errors after the calibration, linearised.
+
+    ``g_*``: factor gradients (:func:`gradients`), ``n_*``: network gradients
+    (:func:`network_gradient`) of the measured layouts and of the targets; ``own``:
+    the target each measured layout is (None: not a target).  The fit takes the
+    ``n_factors`` factors the measured layouts are most sensitive to (as
+    :func:`~parsearch.validation.user_calibration.choose_factors` does) and solves
+    ``min |J d - y|^2 + lam^2 |d|^2`` (``lam = PRIOR_WEIGHT * LOSS_SCALE``), so a
+    target's error is ``b . y - g_F . d_F - g_U . d_U - n . d_N - e_t`` with
+    ``b = g_F (J'J + lam^2)^-1 J'`` and ``y = J_F d_F + J_U d_U + n_m d_N + e_m``:
+    every offset ``d`` has standard deviation :data:`FACTOR_SD` in range units, a
+    layout's own error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
+    """
+    sens = np.abs(g_measured).mean(axis=0)
+    ordered = [int(j) for j in np.argsort(-sens, kind="stable")
+               if sens[j] >= MIN_SENSITIVITY][:n_factors]
+    rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
+    jf = g_measured[:, ordered]
+    lam = PRIOR_WEIGHT * LOSS_SCALE
+    b = g_target[:, ordered] @ np.linalg.solve(jf.T @ jf + lam**2 * np.eye(len(ordered)), jf.T)
+    shared = np.hstack([b @ jf - g_target[:, ordered], b @ g_measured[:, rest] - g_target[:, rest],
+                        (b @ n_measured - n_target)[:, None]])
+    # Own errors: b e_m - e_t, where a measured target's e_t is inside its e_m.
+    own_part = -np.eye(len(b))
+    for m, t in enumerate(own):
+        if t is not None:
+            own_part[:, t] += b[:, m]
+    free = np.array([t is None for t in own], dtype=bool)
+    return (FACTOR_SD**2 * shared @ shared.T + STRUCTURE_SD**2 * own_part @ own_part.T
+            + NOISE_SD**2 * b @ b.T + STRUCTURE_SD**2 * b[:, free] @ b[:, free].T)
+
+
+def fit_error(g_measured: np.ndarray, n_measured: np.ndarray, g_target: np.ndarray,
+              n_target: np.ndarray, n_factors: int,
+              own: Sequence[int | None] | None = None) -> float:
+    """Mean squared log error the calibration leaves on the targets (:func:`fit_error_cov`)."""
+    own = own if own is not None else [None] * len(g_measured)
+    return float(np.mean(np.diag(fit_error_cov(g_measured, n_measured, own, g_target,
+                                                n_target, n_factors))))
+
+
 @dataclass
 class _Belief:
     """Joint Gaussian of the factor offsets and the candidates' prediction errors."""
@@ -188,12 +278,6 @@ def expected_misordered(mu: np.ndarray, cov: np.ndarray, top: int) -> float:
     return total
 
 
-def plan_objective(mu: np.ndarray, cov: np.ndarray) -> float:
-    """Expected misordered top pairs plus the mean error variance in structural units."""
-    return (expected_misordered(mu, cov, TOP_PAIRS)
-            + float(np.mean(np.diag(cov))) / STRUCTURE_SD**2)
-
-
 def _candidate_rows(scan: Any, count: int) -> np.ndarray:
     """The best layout of each of the ``count`` best shapes (tp, pp, cp, ep, etp).
 
@@ -204,7 +288,8 @@ def _candidate_rows(scan: Any, count: int) -> np.ndarray:
 
 
 def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (),
-                   candidates: int = CANDIDATES) -> ProfilingPlan:
+                   candidates: int = CANDIDATES, fit_weight: float = FIT_WEIGHT,
+                   ) -> ProfilingPlan:
     """The ``k`` layouts (on ``cm``'s fabric) worth measuring next, in the order to run them."""
     if k < 1:
         raise SpecError(f"k must be >= 1 layouts to measure, got {k}")
@@ -214,9 +299,11 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     if not scan.feasible:
         raise SpecError(f"no layout fits in memory on {cm.fabric.num_gpus} GPUs; nothing to "
                         "measure (`parsearch search` says how much the leanest one needs)")
-    positions = _candidate_rows(scan, candidates)
-    rows = scan.feasible_rows[positions]
+    positions = _candidate_rows(scan, max(candidates, TARGET_SHAPES))
+    targets = scan.feasible_rows[positions]
+    rows = targets[:candidates]
     cols = {name: v[rows] for name, v in table.columns.items()}
+    target_cols = {name: v[targets] for name, v in table.columns.items()}
     scores = score_columns(cm, cols, with_memory=False)
     tokens = np.asarray(scores["tokens_per_s_per_gpu"])
     mu = np.log(tokens)
@@ -225,37 +312,47 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     keep = np.abs(g).max(axis=0) > 1e-6 if len(g) else np.zeros(len(names), bool)
     if measured:
         keep |= np.abs(row_gradients(measured, cm.profile, names)).max(axis=0) > 1e-6
+    g_target = gradients(cm, target_cols, names)[:, keep]
     names = tuple(n for n, kept in zip(names, keep, strict=True) if kept)
     g = g[:, keep]
+    n_target = network_gradient(cm, target_cols)
+    n_cand = n_target[:len(rows)]
+    g_done = (row_gradients(measured, cm.profile, names) if measured
+              else np.zeros((0, len(names))))
+    n_done = row_network_gradient(measured) if measured else np.zeros(0)
+    n_factors = factor_limit(len(measured) + min(k, len(rows)))
     belief = _Belief(FACTOR_SD**2 * np.eye(len(names)), g)
     cov = belief.error_cov()
-    if measured:
-        for row_g in row_gradients(measured, cm.profile, names):
-            cov = belief.observe(row_g, None, cov)
+    for row_g in g_done:
+        cov = belief.observe(row_g, None, cov)
     sd_before = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
     before = expected_misordered(mu, cov, TOP_PAIRS)
     rank = np.empty(len(mu), dtype=int)
     rank[np.argsort(-mu)] = np.arange(1, len(mu) + 1)
+
+    def objective(picked: Sequence[int]) -> float:
+        errors = fit_error_cov(np.vstack([g_done, g[list(picked)]]),
+                               np.concatenate([n_done, n_cand[list(picked)]]),
+                               [*[None] * len(g_done), *picked], g_target, n_target, n_factors)
+        return (expected_misordered(mu, errors[:len(mu), :len(mu)], TOP_PAIRS)
+                + fit_weight * float(np.mean(np.diag(errors))) / STRUCTURE_SD**2)
+
+    final = _exchange(objective, _greedy(objective, range(len(mu)), k), len(mu))
     picks: list[PlannedRun] = []
-    chosen: set[int] = set()
+    chosen: list[int] = []
     current = before
-    for order in range(1, min(k, len(mu)) + 1):
-        best_i, best_value, best_state = -1, math.inf, None
-        for i in range(len(mu)):
-            if i in chosen:
-                continue
-            trial = _Belief(belief.factor_cov.copy(), g)
-            new_cov = trial.observe(g[i], i, cov)
-            value = plan_objective(mu, new_cov)
-            if value < best_value - 1e-12:
-                best_i, best_value, best_state = i, value, (trial, new_cov)
-        assert best_state is not None
-        after = expected_misordered(mu, best_state[1], TOP_PAIRS)
+    # The chosen set in the order that settles the most first (the order to run them).
+    for order in range(1, len(final) + 1):
+        best_i = min((i for i in final if i not in chosen),
+                     key=lambda i: objective([*chosen, i]))
+        trial = _Belief(belief.factor_cov.copy(), g)
+        new_cov = trial.observe(g[best_i], best_i, cov)
+        after = expected_misordered(mu, new_cov, TOP_PAIRS)
         reasons = _reasons(best_i, mu, cov, rank, names, belief.factor_cov,
-                           best_state[0].factor_cov, current, after)
-        belief, cov = best_state
+                           trial.factor_cov, current, after)
+        belief, cov = trial, new_cov
         current = after
-        chosen.add(best_i)
+        chosen.append(best_i)
         layout = table.layout(int(rows[best_i]))
         picks.append(PlannedRun(
             order=order, layout=layout, predicted_rank=int(rank[best_i]),
@@ -264,6 +361,42 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
             launch=_launch(cm, layout)))
     sd_after = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
     return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current)
+
+
+def _greedy(objective: Callable[[Sequence[int]], float], pool: Iterable[int],
+            k: int) -> list[int]:
+    """Add, one at a time, the member of ``pool`` that lowers ``objective`` most."""
+    pool = list(pool)
+    chosen: list[int] = []
+    for _ in range(min(k, len(pool))):
+        chosen.append(min((i for i in pool if i not in chosen),
+                          key=lambda i: objective([*chosen, i])))
+    return chosen
+
+
+def _exchange(objective: Callable[[Sequence[int]], float], chosen: list[int],
+              n: int) -> list[int]:
+    """Swap members of ``chosen`` for other candidates while that lowers ``objective``.
+
+    The exchange step of Fedorov's algorithm (Fedorov, "Theory of Optimal
+    Experiments", 1972, ch. 3; Cook and Nachtsheim, Technometrics 22(3), 1980):
+    greedy choice alone stops where one more layout cannot help although a
+    different set would (which factors the fit takes depends on the whole set).
+    """
+    best = objective(chosen)
+    for _ in range(EXCHANGE_PASSES):
+        improved = False
+        for position in range(len(chosen)):
+            for j in range(n):
+                if j in chosen:
+                    continue
+                trial = [*chosen[:position], j, *chosen[position + 1:]]
+                value = objective(trial)
+                if value < best - 1e-12:
+                    chosen, best, improved = trial, value, True
+        if not improved:
+            break
+    return chosen
 
 
 def _reasons(i: int, mu: np.ndarray, cov: np.ndarray, rank: np.ndarray, names: Sequence[str],
