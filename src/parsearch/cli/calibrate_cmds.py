@@ -72,10 +72,10 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan-profiling", help="the layouts worth measuring next, with launch files",
         description="Among the best predicted layouts (one per shape), pick K whose "
-        "measurement most reduces the expected number of misordered pairs in the top of the "
-        "ranking: layouts the profile cannot tell apart, and layouts exercising factors the "
-        "data leave loose.  Gives the iterations each needs and, with --launch-dir, a "
-        "launch script per layout.")
+        "measurement, once `parsearch calibrate` fits the factors they move, leaves the "
+        "fewest expected misordered pairs in the top of the ranking plus the least "
+        "prediction error over the candidates (greedy choice, then exchange).  Gives the "
+        "iterations each needs and, with --launch-dir, a launch script per layout.")
     add_model_option(parser)
     add_cluster_option(parser)
     parser.add_argument("--gpus", type=positive_int, required=True, metavar="N")
