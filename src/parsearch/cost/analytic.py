@@ -330,7 +330,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)
     m_all = cols["m"]
-    for pp, vpp, idx in rows_by_split(cols["pp"], cols["vpp"]):
+    splits = list(rows_by_split(cols["pp"], cols["vpp"]))
+    for pp, vpp, idx in splits:
         feats = stage_features(model, pp, vpp, effective_split(training, pp, vpp))
         pidx = idx if price_of is None else price_of[1][idx]
         part = score_split(coef, pidx, feats, vpp, m_all[idx].astype(np.float64), settings)
@@ -346,7 +347,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     if with_memory:
         mem = memory_arrays(model, training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
                             cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
-                            cols["recompute"], cols["sp"], cm.options.memory)
+                            cols["recompute"], cols["sp"], cm.options.memory, splits=splits)
         out.update({f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64)
                     for k in MEMORY_KEYS})
         peak_stage = np.asarray(mem.peak_stage)

@@ -20,6 +20,7 @@ identical numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 import numpy as np
 
@@ -320,6 +321,8 @@ def memory_arrays(
     recompute_code: Num,
     sp: Num,
     options: MemoryOptions = DEFAULT_MEMORY_OPTIONS,
+    *,
+    splits: list[tuple[int, int, np.ndarray]] | None = None,
 ) -> MemoryArrays:
     """Peak memory per GPU for many layouts at once (elementwise over the arrays).
 
@@ -328,6 +331,7 @@ def memory_arrays(
     stage is evaluated with :func:`stage_memory_core` and the largest total
     wins (the first such stage on ties, as in :func:`estimate_memory`).
     ``offloaded_bytes`` is that of the peak stage.
+    ``splits``: ``list(rows_by_split(pp, vpp))`` when the caller has it.
     Degrees must describe valid layouts (``dp, edp >= 1``; in ``even`` split
     mode ``L % (pp*vpp) == 0``, else :class:`SpecError`): filter first.
     """
@@ -346,7 +350,7 @@ def memory_arrays(
     all_layers = stage_layer_bytes(model, training, ActDegrees(
         tp=tp_f, cp=_as_f64(cp_a), ep=_as_f64(ep_a), etp=_as_f64(etp_a), mbs=_as_f64(mbs_a),
         sp_div=np.where(sp_a.astype(bool), tp_f, 1.0)), options)
-    for pp_g, vpp_g, idx in rows_by_split(pp_a, vpp_a):
+    for pp_g, vpp_g, idx in (splits if splits is not None else rows_by_split(pp_a, vpp_a)):
         d = _prepare(model, training, tp=tp_f[idx], cp=cp_a[idx], ep=ep_a[idx],
                      etp=etp_a[idx], mbs=mbs_a[idx], dp=dp_a[idx], edp=edp_a[idx],
                      recompute_code=code_a[idx], sp=sp_a[idx],
@@ -355,12 +359,7 @@ def memory_arrays(
         best["total"][:] = -np.inf
         best_stage = np.zeros(idx.size, dtype=np.int64)
         split = effective_split(training, int(pp_g), int(vpp_g))
-        seen: set[tuple[object, ...]] = set()
-        for content in stage_contents(model, int(pp_g), int(vpp_g), split):
-            key = _dominance_key(model, content)
-            if key in seen:  # an earlier rank with the same content holds at least as much
-                continue
-            seen.add(key)
+        for content in _peak_candidates(model, int(pp_g), int(vpp_g), split):
             b = _stage_core(model, training, content, d, options)
             better = b.total > best["total"]
             for name, value in best.items():
@@ -374,6 +373,21 @@ def memory_arrays(
         **{name: value.reshape(shape) for name, value in out.items()},
         peak_stage=peak_stage.reshape(shape),
     )
+
+
+@lru_cache(maxsize=4096)
+def _peak_candidates(model: ModelSpec, pp: int, vpp: int,
+                     split: str) -> tuple[StageContent, ...]:
+    """The stages that can hold the peak: each content's first rank (see
+    :func:`_dominance_key`: a later rank with the same content holds at most as much)."""
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for content in stage_contents(model, pp, vpp, split):
+        key = _dominance_key(model, content)
+        if key not in seen:
+            seen.add(key)
+            out.append(content)
+    return tuple(out)
 
 
 def _dominance_key(model: ModelSpec, content: StageContent) -> tuple[object, ...]:

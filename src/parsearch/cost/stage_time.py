@@ -94,36 +94,44 @@ def stage_coefficients(
     bandwidth.  ``shards``: (dense, expert) optimizer shard counts per price row.
     """
 
-    def unit_block(values: list[object]) -> np.ndarray:
-        return np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), pshape)
-                         for v in values], axis=1)
+    n = pshape[0] if pshape else 1
+    u = len(units)
+    table = np.empty((11 * u + 3, n))
 
-    parts = [unit_block([prices[u][k] for u in units]) for k in STAGE_PARTS]
-    work = parts[0] + parts[1] + parts[2]
-    comm = parts[3] + parts[4] + parts[5]
-    dense = unit_block([params[u][0] for u in units])
-    expert = unit_block([params[u][1] for u in units])
+    def block(index: int) -> np.ndarray:  # the (units, price rows) rows of one block
+        return table[index * u:(index + 1) * u]
+
+    for i, key in enumerate(STAGE_PARTS):
+        for j, unit in enumerate(units):
+            block(i)[j] = prices[unit][key]
+    np.add(block(0), block(1), out=block(_WORK))
+    block(_WORK)[:] += block(2)
+    np.add(block(3), block(4), out=block(_COMM))
+    block(_COMM)[:] += block(5)
+    dense = np.empty((u, n))
+    expert = np.empty((u, n))
+    for j, unit in enumerate(units):
+        dense[j], expert[j] = params[unit][0], params[unit][1]
     a_dp, l_dp = linear_collective(dp_link)
     a_edp, l_edp = linear_collective(edp_link)
-    a_dp, a_edp = (np.broadcast_to(a, pshape)[:, None] for a in (a_dp, a_edp))
-    fixed = np.broadcast_to(l_dp + l_edp, pshape)
-    reduce_per_byte = dense * a_dp + expert * a_edp
+    fixed = np.broadcast_to(l_dp + l_edp, (n,))
+    reduce_per_byte = dense * np.broadcast_to(a_dp, (n,)) + expert * np.broadcast_to(a_edp, (n,))
     if fsdp or distributed_optimizer:
-        reduce, reduce_fixed = reduce_per_byte * grad_bytes, fixed
-        gather, gather_fixed = reduce_per_byte * gather_bytes, fixed
+        block(_REDUCE)[:] = reduce_per_byte * grad_bytes
+        block(_GATHER)[:] = reduce_per_byte * gather_bytes
+        table[11 * u + 1] = table[11 * u + 2] = fixed
     else:  # all-reduce = reduce-scatter + all-gather
-        reduce, reduce_fixed = 2.0 * (reduce_per_byte * grad_bytes), 2.0 * fixed
-        gather, gather_fixed = 0.0 * reduce, 0.0 * fixed
+        block(_REDUCE)[:] = 2.0 * (reduce_per_byte * grad_bytes)
+        block(_GATHER)[:] = 0.0
+        table[11 * u + 1] = 2.0 * fixed
+        table[11 * u + 2] = 0.0
     shards_dense, shards_expert = shards
     if not (distributed_optimizer or fsdp):
-        shards_dense = shards_expert = np.ones(pshape)
-    optimizer = ((dense / shards_dense[:, None] + expert / shards_expert[:, None])
-                 * OPTIMIZER_STEP_BYTES / hbm_Bps)
-    table = np.concatenate(
-        [*parts, work, comm, reduce, gather, optimizer,
-         np.broadcast_to(pp_send, pshape)[:, None], reduce_fixed[:, None],
-         gather_fixed[:, None]], axis=1)
-    return StageCoefficients(np.ascontiguousarray(table.T), len(units))
+        shards_dense = shards_expert = np.ones(n)
+    block(_OPT)[:] = ((dense / shards_dense + expert / shards_expert) * OPTIMIZER_STEP_BYTES
+                      / hbm_Bps)
+    table[11 * u] = pp_send
+    return StageCoefficients(table, u)
 
 
 @dataclass(frozen=True)
