@@ -347,7 +347,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     if with_memory:
         mem = memory_arrays(model, training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
                             cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
-                            cols["recompute"], cols["sp"], cm.options.memory, splits=splits)
+                            cols["recompute"], cols["sp"], cm.options.memory, splits=splits,
+                            degree_rows=price_of)
         out.update({f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64)
                     for k in MEMORY_KEYS})
         peak_stage = np.asarray(mem.peak_stage)

@@ -323,6 +323,7 @@ def memory_arrays(
     options: MemoryOptions = DEFAULT_MEMORY_OPTIONS,
     *,
     splits: list[tuple[int, int, np.ndarray]] | None = None,
+    degree_rows: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> MemoryArrays:
     """Peak memory per GPU for many layouts at once (elementwise over the arrays).
 
@@ -331,7 +332,9 @@ def memory_arrays(
     stage is evaluated with :func:`stage_memory_core` and the largest total
     wins (the first such stage on ties, as in :func:`estimate_memory`).
     ``offloaded_bytes`` is that of the peak stage.
-    ``splits``: ``list(rows_by_split(pp, vpp))`` when the caller has it.
+    ``splits``: ``list(rows_by_split(pp, vpp))`` when the caller has it;
+    ``degree_rows``: ``(representatives, position)`` of rows that share ``tp, cp, ep,
+    etp, mbs, sp`` (or a finer grouping), so per-layer bytes are computed once each.
     Degrees must describe valid layouts (``dp, edp >= 1``; in ``even`` split
     mode ``L % (pp*vpp) == 0``, else :class:`SpecError`): filter first.
     """
@@ -347,14 +350,18 @@ def memory_arrays(
     peak_stage = np.zeros(n, dtype=np.int64)
     # Per-layer activation bytes depend on the degrees only: once for every row.
     tp_f = _as_f64(tp_a)
+    reps, where = degree_rows if degree_rows is not None else (slice(None), None)
+    tp_r = tp_f[reps]
     all_layers = stage_layer_bytes(model, training, ActDegrees(
-        tp=tp_f, cp=_as_f64(cp_a), ep=_as_f64(ep_a), etp=_as_f64(etp_a), mbs=_as_f64(mbs_a),
-        sp_div=np.where(sp_a.astype(bool), tp_f, 1.0)), options)
+        tp=tp_r, cp=_as_f64(cp_a[reps]), ep=_as_f64(ep_a[reps]), etp=_as_f64(etp_a[reps]),
+        mbs=_as_f64(mbs_a[reps]), sp_div=np.where(sp_a[reps].astype(bool), tp_r, 1.0)), options)
+    n_layer_rows = tp_r.size
     for pp_g, vpp_g, idx in (splits if splits is not None else rows_by_split(pp_a, vpp_a)):
         d = _prepare(model, training, tp=tp_f[idx], cp=cp_a[idx], ep=ep_a[idx],
                      etp=etp_a[idx], mbs=mbs_a[idx], dp=dp_a[idx], edp=edp_a[idx],
                      recompute_code=code_a[idx], sp=sp_a[idx],
-                     layers={kind: _take(lb, idx, n) for kind, lb in all_layers.items()})
+                     layers={kind: _take(lb, idx if where is None else where[idx], n_layer_rows)
+                             for kind, lb in all_layers.items()})
         best = {name: np.zeros(idx.size) for name in out}
         best["total"][:] = -np.inf
         best_stage = np.zeros(idx.size, dtype=np.int64)
