@@ -154,14 +154,20 @@ def run_search(args: argparse.Namespace) -> int:
         write_jsonl(result, sys.stdout)
     else:
         _search_table(result, show_launch=args.launch)
-    print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s),
+    print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s,
+                   examined=result.examined),
           file=sys.stderr)
     return 0
 
 
 def _summary(considered: int, valid: int, feasible: int, seconds: float,
-             evaluated: int | None = None) -> str:
-    text = f"{considered:,} layouts considered, {valid:,} valid, {feasible:,} feasible"
+             evaluated: int | None = None, examined: int | None = None) -> str:
+    if examined is not None and examined < valid:
+        # the bounded scan stops once no remaining shape can enter the answer (exact)
+        text = (f"{considered:,} layouts considered, {valid:,} valid, {examined:,} examined "
+                f"(the rest bounded out), {feasible:,} of those fit")
+    else:
+        text = f"{considered:,} layouts considered, {valid:,} valid, {feasible:,} feasible"
     if evaluated is not None:
         text += f", {evaluated:,} evaluated"
     return text + f" ({seconds:.1f} s)"
