@@ -91,8 +91,9 @@ def _register_pareto(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu-step", type=positive_int, default=None, metavar="S",
                         help="GPU count step (default: GPUs per node of each cluster)")
     parser.add_argument("--method", choices=METHODS, default="auto",
-                        help="exhaustive (exact), optuna (large spaces) or auto (default: "
-                        "exhaustive when the space is small enough)")
+                        help="exhaustive (exact: a bounded scan that skips only shapes that "
+                        "cannot win), optuna (a sampled study, seeded with exact answers; says "
+                        "how much it covered) or auto (default: exhaustive)")
     study = parser.add_argument_group("optuna study")
     study.add_argument("--n-trials", type=positive_int, default=None, metavar="T",
                        help="trial budget of the study, completed trials in the storage "
