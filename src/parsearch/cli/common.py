@@ -248,12 +248,14 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     from parsearch.cost.efficiency import load_efficiency_profile
     from parsearch.cost.memory import MemoryOptions
     from parsearch.topology.cluster import load_cluster
-    from parsearch.topology.fabric import build_fabric
+    from parsearch.topology.summary import fabric_from_spec
 
     if args.moe_imbalance is not None and args.moe_imbalance < 1:
         raise SpecError(f"--moe-imbalance {args.moe_imbalance} must be >= 1 (max/mean)")
     cluster = load_cluster(args.cluster)
-    fabric = build_fabric(cluster, num_gpus)
+    # the per-GPU arrays from the cluster fields: equal to the graph walk, array for array
+    # (tests/test_search.py), without building a graph of every GPU, NIC and switch
+    fabric = fabric_from_spec(cluster, num_gpus)
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
     options = CostOptions(
         moe_imbalance=args.moe_imbalance,
