@@ -121,7 +121,8 @@ def test_killed_study_resumes_without_losing_or_repeating_trials(tmp_path: Path)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(_cli(db, model_file, budget), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 25
+    # event-based: kill once 32 trials are stored (the deadline only guards a hung run)
+    deadline = time.monotonic() + 600
     while len(_completed(db)) < 32 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
@@ -129,7 +130,7 @@ def test_killed_study_resumes_without_losing_or_repeating_trials(tmp_path: Path)
     before = {t.number: (t.params, t.values) for t in _completed(db)}
     assert 0 < len(before) < budget, "the run must be killed midway"
     done = subprocess.run(_cli(db, model_file, budget), env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=900)  # a hang guard, not a speed check
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)["study"]
     after = _completed(db)
