@@ -23,7 +23,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsearch.cli.common import strict_json
+from parsearch.strict_json import strict_json
 from tests.cli_helpers import CliResult, assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

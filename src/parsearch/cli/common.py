@@ -13,6 +13,7 @@ from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
+from parsearch.strict_json import strict_json
 from parsearch.topology.cluster import MAX_GPUS
 from parsearch.workload import (
     MAX_MICRO_BATCH,
@@ -294,38 +295,6 @@ def print_json(document: Any, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     json.dump(strict_json(document), out, indent=2, allow_nan=False)
     out.write("\n")
-
-
-def strict_json(document: Any) -> Any:
-    """``document`` in plain JSON types, each NaN/Infinity replaced by ``null`` with a reason.
-
-    A number that cannot be computed (NaN) or is unbounded (Infinity) has no
-    JSON spelling; it becomes ``null`` and, when the top level is a mapping,
-    its path is listed under ``"null_reasons"`` with why, so no value goes
-    missing silently.  numpy scalars and arrays become numbers and lists.
-    """
-    reasons: dict[str, str] = {}
-    clean = _plain(document, "", reasons)
-    if reasons and isinstance(clean, dict):
-        clean["null_reasons"] = {**clean.get("null_reasons", {}), **reasons}
-    return clean
-
-
-def _plain(value: Any, path: str, reasons: dict[str, str]) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v, f"{path}.{k}" if path else str(k), reasons)
-                for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, f"{path}[{i}]", reasons) for i, v in enumerate(value)]
-    if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalar or array
-        return _plain(value.tolist(), path, reasons)
-    if isinstance(value, float) and not math.isfinite(value):
-        reasons[path or "value"] = ("cannot be computed from these inputs" if value != value
-                                    else "unbounded: no finite value")
-        return None
-    if value is None or isinstance(value, (str, int, float)):
-        return value
-    return str(value)
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]],

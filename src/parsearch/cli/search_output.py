@@ -15,8 +15,9 @@ import sys
 from typing import Any, TextIO
 
 from parsearch.launch import FP8_RECIPE_CHOICES, launch_for_cluster
-from parsearch.launch.export import check_export_dir, export_shortlist, finite
+from parsearch.launch.export import check_export_dir, export_shortlist
 from parsearch.search.api import SearchEntry, SearchResult
+from parsearch.strict_json import strict_json
 
 SEARCH_FORMATS: tuple[str, ...] = ("table", "json", "csv", "jsonl")
 CSV_COLUMNS: tuple[str, ...] = (
@@ -86,12 +87,14 @@ def write_csv(result: SearchResult, out: TextIO) -> None:
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for e in result.entries:
-        writer.writerow({k: ("" if v is None else v) for k, v in finite(csv_row(e)).items()})
+        row = strict_json(csv_row(e))
+        row.pop("null_reasons", None)  # a CSV cell left empty says it was not computed
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
 def write_jsonl(result: SearchResult, out: TextIO) -> None:
     for e in result.entries:
-        out.write(json.dumps(finite(e.to_dict()), allow_nan=False) + "\n")
+        out.write(json.dumps(strict_json(e.to_dict()), allow_nan=False) + "\n")
 
 
 def print_launch(result: SearchResult) -> None:

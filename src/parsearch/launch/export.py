@@ -30,6 +30,7 @@ from parsearch.files import write_atomically
 from parsearch.launch.bridge import bridge_fields, nested
 from parsearch.launch.names import bridge_groups, provenance
 from parsearch.launch.settings import LaunchSettings
+from parsearch.strict_json import strict_json
 
 
 def check_export_dir(path: str | Path) -> Path:
@@ -45,17 +46,6 @@ def check_export_dir(path: str | Path) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise SpecError(f"--export {str(folder)!r}: the folder is not writable")
     return folder
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every NaN/Infinity float replaced by ``None`` (strict JSON)."""
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
 
 
 def _write(path: Path, text: str, *, executable: bool = False) -> None:
@@ -84,7 +74,7 @@ def write_layout(folder: Path, title: str, launch: LaunchSettings,
                      + launch.shell_snippet() + "\n",
         "megatron_lm_args.sh": head + args,
         "bridge_overrides.yaml": head + yaml.safe_dump(bridge, sort_keys=False, width=100),
-        "estimate.json": json.dumps(finite(estimate), indent=1, allow_nan=False) + "\n",
+        "estimate.json": json.dumps(strict_json(estimate), indent=1, allow_nan=False) + "\n",
     }
     written = []
     for name, text in files.items():
@@ -104,4 +94,4 @@ def export_shortlist(folder: Path, items: Iterable[tuple[str, str, LaunchSetting
     return out
 
 
-__all__ = ["check_export_dir", "export_shortlist", "finite", "write_layout"]
+__all__ = ["check_export_dir", "export_shortlist", "write_layout"]
