@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from parsearch.cost.analytic import build_cost_model, score_columns
 from parsearch.cost.options import MOE_DISPATCHERS, CostOptions
 from parsearch.errors import NoValidLayoutError, SpecError
+from parsearch.launch import NodeGeometry, launch_settings
+from parsearch.launch.plan import pipeline_layout_string
 from parsearch.layout import Layout
 from parsearch.presets import get_preset
 from parsearch.search import search_layouts
@@ -23,7 +25,6 @@ from parsearch.search.exhaustive import (
     scan_table,
     shape_codes,
 )
-from parsearch.search.launch import launch_settings, nodes_for, pipeline_layout_string
 from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
@@ -132,7 +133,7 @@ def test_launch_settings_megatron_lm_and_bridge() -> None:
                     recompute="full")
     s = launch_settings(moe, setup, layout, gpus_per_node=8)
     args = list(s.megatron_lm_args)
-    assert s.nodes == 2 == nodes_for(12, 8)
+    assert s.nodes == 2 == NodeGeometry(12, 8).nodes
     for flag, value in (("--tensor-model-parallel-size", "2"),
                         ("--expert-model-parallel-size", "2"),
                         ("--micro-batch-size", "2"), ("--global-batch-size", "64"),

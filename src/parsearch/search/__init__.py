@@ -6,6 +6,7 @@ The public API is :func:`search_layouts` and :func:`pareto_front`
 optuna method runs.
 """
 
+from parsearch.launch import LaunchSettings, launch_settings
 from parsearch.search.api import (
     METHODS,
     ParetoPoint,
@@ -17,7 +18,6 @@ from parsearch.search.api import (
     pareto_front,
     search_layouts,
 )
-from parsearch.search.launch import LaunchSettings, launch_settings
 from parsearch.search.pareto import hypervolume, pareto_mask
 from parsearch.search.plot import write_plot
 

@@ -46,6 +46,7 @@ from parsearch.cost.analytic import (
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
+from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
 from parsearch.search.exhaustive import (
     SHAPE_AXES,
@@ -54,7 +55,6 @@ from parsearch.search.exhaustive import (
     rank_feasible,
     scan_bounded,
 )
-from parsearch.search.launch import LaunchSettings, launch_for_cluster
 from parsearch.search.pareto import hypervolume, pareto_mask
 from parsearch.soft_rules import soft_rule_flags
 from parsearch.space import enumerate_layouts, require_layouts
