@@ -61,9 +61,12 @@ def with_launch_choices(result: SearchResult, model: Any, training: Any, cluster
     """``result`` with each entry's launch spelled with ``--recipe`` / ``--fp8-recipe``."""
     if args.recipe is None and args.fp8_recipe == "auto":
         return result
+    from parsearch.hardware import load_gpu_profile
+
+    gpu = load_gpu_profile(cluster.gpu)
     entries = tuple(dataclasses.replace(e, launch=launch_for_cluster(
         model, training, e.layout, cluster, options=options, fp8_recipe=args.fp8_recipe,
-        recipe=args.recipe)) for e in result.entries)
+        recipe=args.recipe, gpu=gpu)) for e in result.entries)
     return dataclasses.replace(result, entries=entries)
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parsearch.cost.options import CostOptions
+from parsearch.hardware import GpuProfile, load_gpu_profile
 from parsearch.launch.bridge import bridge_overrides
 from parsearch.launch.geometry import NodeGeometry
 from parsearch.launch.megatron_lm import megatron_lm_args
@@ -129,13 +130,18 @@ def launch_settings(model: ModelSpec, training: TrainingSpec, layout: Layout, *,
 
 def launch_for_cluster(model: ModelSpec, training: TrainingSpec, layout: Layout,
                        cluster: ClusterSpec, *, options: CostOptions | None = None,
-                       fp8_recipe: str = "auto", recipe: str | None = None) -> LaunchSettings:
-    """:func:`launch_settings` with the node size, NVLink domain and GPU of ``cluster``."""
-    from parsearch.hardware import load_gpu_profile
+                       fp8_recipe: str = "auto", recipe: str | None = None,
+                       gpu: GpuProfile | None = None) -> LaunchSettings:
+    """:func:`launch_settings` with the node size, NVLink domain and GPU of ``cluster``.
 
+    ``gpu``: the cluster's GPU profile when the caller has it (a cost model's
+    ``fabric.gpu``), so a shortlist does not re-read the hardware file per entry.
+    """
+    if gpu is None:
+        gpu = load_gpu_profile(cluster.gpu)
     return launch_settings(
         model, training, layout, gpus_per_node=cluster.gpus_per_node, options=options,
-        compute_capability=load_gpu_profile(cluster.gpu).compute_capability,
+        compute_capability=gpu.compute_capability,
         nvlink_domain_size=cluster.nvlink_domain_size, fp8_recipe=fp8_recipe, recipe=recipe)
 
 

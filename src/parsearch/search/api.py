@@ -353,7 +353,7 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_for_cluster(model, training, e.layout, cluster,
-                                              options=cm.options),
+                                              options=cm.options, gpu=cm.fabric.gpu),
                     flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)))
         for i, e in enumerate(estimates))
     smallest = None
@@ -825,13 +825,15 @@ def _points(model: ModelSpec, training: TrainingSpec,
     hv = hypervolume(values, reference=ref, minimize=(True, False))
     first = int(np.nonzero(on_front)[0][0])
     base_n, base = items[first][1], items[first][2].tokens_per_s
+    gpus = {c.name: load_gpu_profile(c.gpu) for c, _, _ in items}  # once per cluster
     points = []
     for (c, n, e), front in zip(items, on_front, strict=True):
         speedup = e.tokens_per_s / base
         points.append(ParetoPoint(
             num_gpus=n, estimate=e, on_front=bool(front), speedup=speedup,
             scaling_efficiency=speedup * base_n / n if n else math.nan,
-            launch=launch_for_cluster(model, training, e.layout, c, options=priced[c.name]),
+            launch=launch_for_cluster(model, training, e.layout, c, options=priced[c.name],
+                                      gpu=gpus[c.name]),
             cluster=c.name if label else None))
     return tuple(points), hv, ref
 
