@@ -26,20 +26,11 @@ from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.workload import ModelSpec, TrainingSpec
 
-#: FP8 recipes Megatron-LM accepts (``--fp8-recipe``) with the Megatron-Bridge
-#: mixed-precision recipe that selects the same one (``mixed_precision.py``, v0.6.0).
-FP8_RECIPES: dict[str, str] = {
-    "tensorwise": "bf16_with_fp8_current_scaling_mixed",
-    "delayed": "bf16_with_fp8_delayed_scaling_mixed",
-    "mxfp8": "bf16_with_mxfp8_mixed",
-    "blockwise": "bf16_with_fp8_subchannel_scaling_mixed",
-}
-#: ``auto``: the recipe NVIDIA's performance recipes use per generation — per-tensor
-#: current scaling on Hopper, MXFP8 on Blackwell (MXFP8 needs Blackwell tensor cores;
-#: Transformer Engine docs, "Using FP8 and FP4 with Transformer Engine").
-FP8_RECIPE_CHOICES: tuple[str, ...] = ("auto", *FP8_RECIPES)
-#: ``flex`` dispatcher back ends (Megatron-LM ``--moe-flex-dispatcher-backend``).
-FLEX_BACKENDS: tuple[str, ...] = ("deepep", "hybridep")
+#: FP8 recipes of Megatron-LM's ``--fp8-recipe`` that parsearch launches; ``auto`` is the
+#: one NVIDIA's performance recipes use per generation — per-tensor current scaling on
+#: Hopper, MXFP8 on Blackwell (MXFP8 needs Blackwell tensor cores; Transformer Engine
+#: docs, "Using FP8 and FP4 with Transformer Engine").
+FP8_RECIPE_CHOICES: tuple[str, ...] = ("auto", "tensorwise", "delayed", "mxfp8", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -292,5 +283,5 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     )
 
 
-__all__ = ["FLEX_BACKENDS", "FP8_RECIPES", "FP8_RECIPE_CHOICES", "LaunchPlan", "launch_plan",
+__all__ = ["FP8_RECIPE_CHOICES", "LaunchPlan", "launch_plan",
            "pipeline_layout_string", "resolve_fp8_recipe"]
