@@ -1,4 +1,7 @@
-"""Activation memory per GPU: per layer, per model chunk and per pipeline stage.
+"""Activation memory per GPU: per layer, and micro-batches in flight per model chunk.
+
+A whole stage (chunks, block recompute, offload) is assembled in
+:mod:`parsearch.cost.activation_terms`.
 
 Sources (``shared/reference/formulas.md``):
 
@@ -38,7 +41,6 @@ from parsearch.cost.memory_options import (
     Num,
     gemm_input_bytes,
 )
-from parsearch.cost.stages import StageContent
 from parsearch.errors import SpecError
 from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
@@ -243,30 +245,45 @@ def stage_layer_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
 # ---------------------------------------------------------------------------
 
 
-def in_flight_chunk_microbatches(rank: int, pp: int, vpp: int,
-                                 num_microbatches: Num) -> tuple[Num, ...]:
-    """Micro-batches whose activations each model chunk of ``rank`` holds at its peak.
+def num_microbatches(global_batch: int, mbs: Num, dp: Num) -> Num:
+    """``m = B / (mbs·dp)`` (layout-space.md R10), at least 1."""
+    denom = np.maximum(np.asarray(mbs) * np.asarray(dp), 1)
+    return np.maximum(global_batch // denom, 1)
 
-    1F1B (``vpp = 1``): ``min(m, p − r)`` (NAR21 §2.2.1; MCORE ``schedules.py``
-    warm-up ``p − r − 1`` + 1).  Interleaved: MCORE warm-up
-    ``W = 2·(p − r − 1) + (v − 1)·p`` chunk-forwards + 1 outstanding, capped at
-    ``m·v``; forward ``k`` runs chunk ``(k // p) % v``
+
+def chunk_in_flight(rank: Num, pp: Num, vpp: Num, chunk: Num, num_microbatches: Num) -> Num:
+    """Micro-batches whose activations model chunk ``chunk`` of ``rank`` holds at its peak.
+
+    Elementwise in every argument.  1F1B (``vpp = 1``): ``min(m, p − r)``
+    (NAR21 §2.2.1; MCORE ``schedules.py`` warm-up ``p − r − 1`` + 1).
+    Interleaved: MCORE warm-up ``W = 2·(p − r − 1) + (v − 1)·p`` chunk-forwards
+    + 1 outstanding, capped at ``m·v``; forward ``k`` runs chunk ``(k // p) % v``
     (``schedules.py::get_model_chunk_id``), so chunk ``c`` holds
     ``#{k < W : (k // p) % v = c}`` micro-batches.  With equal chunks the sum
     over chunks divided by ``v`` is KOR22 §4.2.3's ``p·(1 + (p − 1)/(p·v))``
-    for ``r = 0`` (formulas.md §5.4).
+    for ``r = 0`` (formulas.md §5.4).  Integer-valued floats.
+    """
+    m = np.asarray(num_microbatches, dtype=np.float64)
+    one_f1b = np.minimum(m, np.subtract(pp, rank))
+    if np.all(np.equal(vpp, 1)):
+        return one_f1b
+    window = np.minimum(m * vpp, 2 * (np.subtract(pp, rank) - 1) + np.multiply(
+        np.subtract(vpp, 1), pp) + 1)
+    cycle = np.multiply(pp, vpp)
+    full_cycles, rest = window // cycle, window % cycle
+    held = full_cycles * pp + np.clip(rest - np.multiply(chunk, pp), 0, pp)
+    return np.where(np.equal(vpp, 1), one_f1b, held)
+
+
+def in_flight_chunk_microbatches(rank: int, pp: int, vpp: int,
+                                 num_microbatches: Num) -> tuple[Num, ...]:
+    """:func:`chunk_in_flight` of each model chunk of ``rank``.
 
     >>> [int(x) for x in in_flight_chunk_microbatches(0, 4, 2, 8)]
     [7, 4]
     """
-    m = np.asarray(num_microbatches, dtype=np.float64)
-    if vpp == 1:
-        return (np.minimum(m, pp - rank),)
-    window = np.minimum(m * vpp, 2 * (pp - rank - 1) + (vpp - 1) * pp + 1)
-    cycle = pp * vpp
-    full_cycles, rest = window // cycle, window % cycle
-    chunks = np.arange(vpp, dtype=np.float64).reshape((vpp,) + (1,) * np.ndim(rest)) * pp
-    return tuple(full_cycles * pp + np.clip(rest - chunks, 0, pp))
+    return tuple(chunk_in_flight(rank, pp, vpp, chunk, num_microbatches)
+                 for chunk in range(vpp))
 
 
 def in_flight_microbatches(rank: int, pp: int, vpp: int, num_microbatches: Num) -> Num:
@@ -277,125 +294,6 @@ def in_flight_microbatches(rank: int, pp: int, vpp: int, num_microbatches: Num) 
     interleaved (formulas.md §5.4).
     """
     return sum(in_flight_chunk_microbatches(rank, pp, vpp, num_microbatches)) / vpp
-
-
-# ---------------------------------------------------------------------------
-# A stage: chunks × in-flight micro-batches, recompute block, offload
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StageActivations:
-    """Activation bytes of one GPU of a stage: HBM at the peak, and host offload."""
-
-    hbm: Num  # held in GPU memory at the stage's peak
-    offloaded: Num  # moved to host per micro-batch (all chunks of the rank)
-
-
-def _position_counts(model: ModelSpec, indices: tuple[int, ...], recompute_first: int,
-                     offload_first: int) -> dict[tuple[bool, bool, bool], int]:
-    """Layers of one chunk by (is_moe, recomputed-by-block, offloaded)."""
-    counts: dict[tuple[bool, bool, bool], int] = {}
-    for pos, layer in enumerate(indices):
-        key = (model.is_moe_layer(layer), pos < recompute_first, pos < offload_first)
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def resolve_recompute(kinds: dict[bool, LayerBytes],
-                      code: Num) -> tuple[dict[bool, Num], dict[bool, Num]]:
-    """Per layer kind: bytes of a layer under the layouts' recompute code, and of a layer
-    past the first ``recompute_num_layers`` of its chunk (Megatron block method: with
-    ``full`` such a layer keeps all its activations)."""
-    recomputed = {k: b.of(code) for k, b in kinds.items()}
-    kept_whole = {k: np.where(code == FULL, b.none, recomputed[k]) for k, b in kinds.items()}
-    return recomputed, kept_whole
-
-
-def stage_activations(
-    model: ModelSpec,
-    training: TrainingSpec,
-    content: StageContent,
-    deg: ActDegrees,
-    code: Num,
-    num_microbatches: Num,
-    options: MemoryOptions,
-    layers: dict[bool, LayerBytes] | None = None,
-    resolved: tuple[dict[bool, Num], dict[bool, Num]] | None = None,
-    m_index: tuple[np.ndarray, np.ndarray] | None = None,
-) -> StageActivations:
-    """All activations of one GPU of ``content``'s stage at its peak (bytes).
-
-    Per model chunk: its layers' bytes per micro-batch (a layer among the
-    first ``recompute_num_layers`` of the chunk uses the layout's recompute
-    mode; the others, with ``full``, keep everything — Megatron block
-    method), split into offloaded (the first ``activation_offload_layers``)
-    and kept; the kept part times the chunk's in-flight micro-batches.
-    One offloaded layer is in flight in HBM.  The output layer's inputs and
-    logits are held by the micro-batch in backward only (formulas.md §5.4).
-    ``layers``: :func:`stage_layer_bytes` for these degrees, when the caller
-    evaluates several stages of the same layouts (``resolved``: their
-    :func:`resolve_recompute`, likewise; ``m_index``: the distinct micro-batch
-    counts and each layout's position among them).
-    """
-    code = np.asarray(code)
-    kinds = layers if layers is not None else stage_layer_bytes(model, training, deg, options)
-    recomputed, kept_whole = resolved if resolved is not None else resolve_recompute(kinds,
-                                                                                    code)
-    first_n = training.recompute_num_layers
-    offload_k = training.activation_offload_layers
-    s, h = training.seq_len, model.hidden_size
-    tokens = deg.mbs * s / deg.cp
-    # The kept bytes of a chunk times its in-flight micro-batches, summed over chunks, is
-    # regrouped as: each per-layer byte array times its in-flight-weighted layer count.
-    # The counts depend on m only, so with ``m_index`` they are computed once per value.
-    m_values, m_inverse = m_index if m_index is not None else (num_microbatches, None)
-    in_flight = in_flight_chunk_microbatches(content.rank, content.pp, content.vpp,
-                                             m_values)
-    weights: dict[object, Num] = {}
-    arrays: dict[object, Num] = {}
-
-    def hold(key: object, values: Num, count: Num) -> None:
-        arrays[key] = values
-        weights[key] = weights.get(key, 0.0) + count
-
-    offloaded: Num = 0.0
-    largest_offloaded: Num = 0.0
-    for chunk, indices in enumerate(content.chunk_layer_indices):
-        n_rec = len(indices) if first_n is None else first_n
-        for (is_moe, rec, off), n in _position_counts(model, indices, n_rec, offload_k).items():
-            per_layer = recomputed[is_moe] if rec else kept_whole[is_moe]
-            if off:
-                offloaded = offloaded + n * per_layer
-                largest_offloaded = np.maximum(largest_offloaded, per_layer)
-            else:
-                hold((is_moe, rec), per_layer, in_flight[chunk] * n)
-        last_chunk = chunk == content.vpp - 1
-        if content.num_mtp_layers and last_chunk:
-            # MTP after the final layer, in the last chunk (MCORE); never offloaded.
-            mtp_layer = recomputed[content.mtp_is_moe and model.moe is not None]
-            # MTP extra: two norm inputs (2h) + eh-proj input (2h), SP-sharded [derived].
-            gemm_b = gemm_input_bytes(training.precision)
-            mtp_extra = tokens * 2.0 * h / deg.sp_div * (ACTIVATION_BYTES + gemm_b)
-            hold("mtp", mtp_layer + mtp_extra, in_flight[chunk] * content.num_mtp_layers)
-        if content.has_embedding and chunk == 0 and options.activation_model == "korthikanti":
-            # KOR22 §4.3 as coded in MCORE: token ids 8·s·b + embedding dropout mask s·b·h.
-            hold("embedding", (8.0 * s * deg.mbs + s * deg.mbs * h) / deg.cp / deg.sp_div,
-                 in_flight[chunk])
-    hbm: Num = 0.0
-    for key, count in weights.items():
-        if m_inverse is not None:
-            count = np.asarray(count)[m_inverse]
-        hbm = hbm + count * arrays[key]
-    hbm = hbm + largest_offloaded  # one offloaded layer in flight (being copied)
-    if content.has_output:
-        # Only the micro-batch in backward holds these (formulas.md §5.4): final-norm
-        # and output-layer inputs (KOR22's 4·s·b·h/t) and fp32 logits s·b·V·4/(t·c).
-        hbm = hbm + tokens * 2.0 * h / deg.sp_div * ACTIVATION_BYTES
-        if options.fp32_logits:
-            heads = 1 + content.num_mtp_layers
-            hbm = hbm + heads * tokens * model.vocab_size / deg.tp * FP32_BYTES
-    return StageActivations(hbm=hbm, offloaded=offloaded)
 
 
 def _as_f64(value: Num) -> Num:

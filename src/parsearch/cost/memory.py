@@ -20,19 +20,17 @@ identical numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import numpy as np
 
+from parsearch.cost.activation_terms import stage_activations
 from parsearch.cost.activations import (
     ActDegrees,
     LayerBytes,
     in_flight_chunk_microbatches,
     in_flight_microbatches,
     layer_activation_bytes,
-    resolve_recompute,
-    stage_activations,
-    stage_layer_bytes,
+    num_microbatches,
 )
 from parsearch.cost.memory_options import (
     ACTIVATION_BYTES,
@@ -44,6 +42,7 @@ from parsearch.cost.memory_options import (
     MemoryOptions,
     Num,
 )
+from parsearch.cost.memory_peak import PEAK_FIELDS, RepDegrees, peak_memory
 from parsearch.cost.memory_states import (
     ModelStateBytes,
     model_state_bytes,
@@ -150,12 +149,6 @@ def _as_f64(value: Num) -> Num:
     return np.asarray(value, dtype=np.float64)
 
 
-def num_microbatches(global_batch: int, mbs: Num, dp: Num) -> Num:
-    """``m = B / (mbs·dp)`` (layout-space.md R10), at least 1."""
-    denom = np.maximum(np.asarray(mbs) * np.asarray(dp), 1)
-    return np.maximum(global_batch // denom, 1)
-
-
 @dataclass(frozen=True)
 class _Degrees:
     """A set of layouts' degrees made ready for evaluating any of their stages."""
@@ -170,8 +163,6 @@ class _Degrees:
     act: ActDegrees
     m: Num
     layers: dict[bool, LayerBytes] | None
-    resolved: tuple[dict[bool, Num], dict[bool, Num]] | None
-    m_index: tuple[np.ndarray, np.ndarray] | None
 
 
 def _prepare(model: ModelSpec, training: TrainingSpec, *, tp: Num, cp: Num, ep: Num,
@@ -179,35 +170,12 @@ def _prepare(model: ModelSpec, training: TrainingSpec, *, tp: Num, cp: Num, ep: 
              layers: dict[bool, LayerBytes] | None = None) -> _Degrees:
     tp, cp, ep, etp, mbs, dp, edp = (_as_f64(x) for x in (tp, cp, ep, etp, mbs, dp, edp))
     sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
-    code = np.asarray(recompute_code)
-    m = num_microbatches(training.global_batch, mbs, dp)
     return _Degrees(
-        tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, code=code,
+        tp=tp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, code=np.asarray(recompute_code),
         act=ActDegrees(tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, sp_div=sp_div),
-        m=m,
+        m=num_microbatches(training.global_batch, mbs, dp),
         layers=layers,
-        resolved=resolve_recompute(layers, code) if layers is not None else None,
-        m_index=_value_index(m) if layers is not None else None,
     )
-
-
-def _value_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(distinct values, each entry's position among them)`` of non-negative integers."""
-    values = np.asarray(values)
-    if values.ndim != 1 or values.size < 64:
-        return None
-    ints = values.astype(np.int64)
-    top = int(ints.max())
-    if int(ints.min()) < 0 or not np.array_equal(ints, values):
-        return None
-    if top > 4 * values.size + 4096:
-        distinct, inverse = np.unique(values, return_inverse=True)
-        return distinct, inverse.reshape(-1)
-    present = np.zeros(top + 1, dtype=bool)
-    present[ints] = True
-    distinct = np.flatnonzero(present)
-    rank = np.cumsum(present) - 1
-    return distinct.astype(values.dtype), rank[ints]
 
 
 def _like(value: Num, ref: np.ndarray) -> Num:
@@ -222,7 +190,7 @@ def _stage_core(model: ModelSpec, training: TrainingSpec, content: StageContent,
     params = stage_params(model, content, tp=d.tp, ep=d.ep, etp=d.etp)
     state = stage_model_state(training, params, options, dp=d.dp, cp=d.cp, edp=d.edp)
     acts = stage_activations(model, training, content, d.act, d.code, d.m, options,
-                             d.layers, d.resolved, d.m_index)
+                             d.layers)
     tp = np.asarray(d.tp)
     other = np.full_like(tp, options.framework_overhead_bytes)
     return MemoryBreakdown.of(
@@ -327,14 +295,16 @@ def memory_arrays(
 ) -> MemoryArrays:
     """Peak memory per GPU for many layouts at once (elementwise over the arrays).
 
-    Layouts are grouped by ``(pp, vpp)``: the stage split is computed once per
-    group (:func:`~parsearch.cost.stages.stage_contents` is memoised), every
-    stage is evaluated with :func:`stage_memory_core` and the largest total
-    wins (the first such stage on ties, as in :func:`estimate_memory`).
-    ``offloaded_bytes`` is that of the peak stage.
+    Every stage that can hold a layout's peak is evaluated
+    (:func:`~parsearch.cost.memory_peak.peak_memory`, the arithmetic of
+    :func:`stage_memory_core`) and the largest total wins (the first such stage
+    on ties, as in :func:`estimate_memory`).  ``offloaded_bytes`` is that of
+    the peak stage.
     ``splits``: ``list(rows_by_split(pp, vpp))`` when the caller has it;
-    ``degree_rows``: ``(representatives, position)`` of rows that share ``tp, cp, ep,
-    etp, mbs, sp`` (or a finer grouping), so per-layer bytes are computed once each.
+    ``degree_rows``: ``(representatives, position)`` of rows that are equal in
+    every degree but ``vpp`` (``tp, cp, pp, ep, etp, mbs, sp, recompute, dp,
+    edp``; a finer grouping is fine), so what does not depend on the stage split
+    is computed once per group.
     Degrees must describe valid layouts (``dp, edp >= 1``; in ``even`` split
     mode ``L % (pp*vpp) == 0``, else :class:`SpecError`): filter first.
     """
@@ -344,76 +314,12 @@ def memory_arrays(
     tp_a, cp_a, pp_a, ep_a, etp_a, vpp_a, mbs_a, dp_a, edp_a, code_a, sp_a = (
         np.ravel(a) for a in arrays
     )
-    n = tp_a.size
-    out = {name: np.zeros(n) for name in ("weights", "gradients", "optimizer",
-                                          "activations", "other", "total", "offloaded_bytes")}
-    peak_stage = np.zeros(n, dtype=np.int64)
-    # Per-layer activation bytes depend on the degrees only: once for every row.
-    tp_f = _as_f64(tp_a)
     reps, where = degree_rows if degree_rows is not None else (slice(None), None)
-    tp_r = tp_f[reps]
-    all_layers = stage_layer_bytes(model, training, ActDegrees(
-        tp=tp_r, cp=_as_f64(cp_a[reps]), ep=_as_f64(ep_a[reps]), etp=_as_f64(etp_a[reps]),
-        mbs=_as_f64(mbs_a[reps]), sp_div=np.where(sp_a[reps].astype(bool), tp_r, 1.0)), options)
-    n_layer_rows = tp_r.size
-    for pp_g, vpp_g, idx in (splits if splits is not None else rows_by_split(pp_a, vpp_a)):
-        d = _prepare(model, training, tp=tp_f[idx], cp=cp_a[idx], ep=ep_a[idx],
-                     etp=etp_a[idx], mbs=mbs_a[idx], dp=dp_a[idx], edp=edp_a[idx],
-                     recompute_code=code_a[idx], sp=sp_a[idx],
-                     layers={kind: _take(lb, idx if where is None else where[idx], n_layer_rows)
-                             for kind, lb in all_layers.items()})
-        best = {name: np.zeros(idx.size) for name in out}
-        best["total"][:] = -np.inf
-        best_stage = np.zeros(idx.size, dtype=np.int64)
-        split = effective_split(training, int(pp_g), int(vpp_g))
-        for content in _peak_candidates(model, int(pp_g), int(vpp_g), split):
-            b = _stage_core(model, training, content, d, options)
-            better = b.total > best["total"]
-            for name, value in best.items():
-                np.copyto(value, getattr(b, name), where=better)
-            best_stage[better] = content.rank
-        for name, value in best.items():
-            out[name][idx] = value
-        peak_stage[idx] = best_stage
+    deg = RepDegrees(tp=tp_a[reps], cp=cp_a[reps], pp=pp_a[reps], ep=ep_a[reps],
+                     etp=etp_a[reps], mbs=mbs_a[reps], dp=dp_a[reps], edp=edp_a[reps],
+                     code=code_a[reps], sp=sp_a[reps])
+    peak = peak_memory(model, training, options, deg, where,
+                       splits if splits is not None else list(rows_by_split(pp_a, vpp_a)))
     shape = arrays[0].shape
-    return MemoryArrays(
-        **{name: value.reshape(shape) for name, value in out.items()},
-        peak_stage=peak_stage.reshape(shape),
-    )
-
-
-@lru_cache(maxsize=4096)
-def _peak_candidates(model: ModelSpec, pp: int, vpp: int,
-                     split: str) -> tuple[StageContent, ...]:
-    """The stages that can hold the peak: each content's first rank (see
-    :func:`_dominance_key`: a later rank with the same content holds at most as much)."""
-    seen: set[tuple[object, ...]] = set()
-    out = []
-    for content in stage_contents(model, pp, vpp, split):
-        key = _dominance_key(model, content)
-        if key not in seen:
-            seen.add(key)
-            out.append(content)
-    return tuple(out)
-
-
-def _dominance_key(model: ModelSpec, content: StageContent) -> tuple[object, ...]:
-    """What a stage's memory depends on besides its rank.
-
-    Two ranks with the same key hold the same model state and the same bytes per
-    micro-batch in each chunk; the micro-batches in flight per chunk never grow with
-    the rank (:func:`~parsearch.cost.activations.in_flight_chunk_microbatches`:
-    ``min(m, p - r)``, and the interleaved warm-up window shrinks with ``r``), so
-    the lower rank's total is at least the higher one's and wins the tie: the higher
-    rank can never be the peak and need not be evaluated.
-    """
-    return (tuple(tuple(model.is_moe_layer(i) for i in chunk)
-                  for chunk in content.chunk_layer_indices),
-            content.num_dense_layers, content.num_moe_layers, content.has_embedding,
-            content.has_output, content.num_mtp_layers, content.mtp_is_moe)
-
-
-def _take(layer: LayerBytes, idx: np.ndarray, n: int) -> LayerBytes:
-    """The rows ``idx`` of per-layer bytes computed for ``n`` rows."""
-    return LayerBytes(*(np.broadcast_to(np.asarray(getattr(layer, f.name), dtype=np.float64),
-                                        (n,))[idx] for f in fields(layer)))
+    return MemoryArrays(**{name: peak[name].reshape(shape)
+                           for name in (*PEAK_FIELDS, "peak_stage")})

@@ -88,7 +88,7 @@ class StageParams:
     dense: Num  # TP-sharded + replicated + embedding/output: optimizer over DP·CP
     expert: Num  # routed experts: optimizer over EDP
     dense_gemm: Num  # transformer-layer GEMM weights among ``dense`` (FP8 copies)
-    layers: int  # transformer (and MTP) layers on the stage
+    layers: Num  # transformer (and MTP) layers on the stage
 
 
 def _attention_params_per_gpu(model: ModelSpec, pc: ParameterCounts, tp: Num) -> Num:
@@ -109,10 +109,28 @@ def _attention_params_per_gpu(model: ModelSpec, pc: ParameterCounts, tp: Num) ->
     return (pc.attention_per_layer - down) / tp + down
 
 
+@dataclass(frozen=True)
+class StageCounts:
+    """What a stage's model state depends on besides the degrees: the fields of
+    :class:`~parsearch.cost.stages.StageContent` of the same names, as numbers or
+    (elementwise) arrays, so many stages can be evaluated at once."""
+
+    pp: Num
+    num_dense_layers: Num
+    num_moe_layers: Num
+    num_mtp_layers: Num
+    mtp_is_moe: Num
+    has_embedding: Num
+    has_output: Num
+
+
 def stage_params(
-    model: ModelSpec, content: StageContent, *, tp: Num, ep: Num, etp: Num
+    model: ModelSpec, content: StageContent | StageCounts, *, tp: Num, ep: Num, etp: Num
 ) -> StageParams:
-    """formulas.md §5.2, per stage rather than only the first (with its caveat (iii))."""
+    """formulas.md §5.2, per stage rather than only the first (with its caveat (iii)).
+
+    Elementwise in the degrees and, with :class:`StageCounts`, in the stage's counts.
+    """
     pc = _counts(model)
     attn = _attention_params_per_gpu(model, pc, tp)
     n_dense, n_moe = content.num_dense_layers, content.num_moe_layers
@@ -124,34 +142,32 @@ def stage_params(
     expert = n_moe * pc.routed_experts_per_layer / expert_shard
 
     n_mtp = content.num_mtp_layers
-    if n_mtp:
+    if np.any(n_mtp):
         # MTP block (DeepSeek-V3 §2.2; MCORE places it on the last stage):
         # one transformer layer + eh-projection 2h² (TP-sharded) + norms (replicated).
+        # (Where ``n_mtp`` is 0 every term below adds an exact 0.)
         h = model.hidden_size
-        if content.mtp_is_moe:
-            layer = pc.attention_per_layer + pc.routed_experts_per_layer
-            layer += pc.shared_experts_per_layer + pc.replicated_per_layer_moe
-            gemm += n_mtp * (attn + shared)
-            replicated += n_mtp * pc.replicated_per_layer_moe
-            expert = expert + n_mtp * pc.routed_experts_per_layer / expert_shard
-        else:
-            layer = pc.attention_per_layer + pc.dense_mlp_per_layer
-            layer += pc.replicated_per_layer_dense
-            gemm += n_mtp * (attn + dense_mlp)
-            replicated += n_mtp * pc.replicated_per_layer_dense
-        extra = pc.mtp / n_mtp - layer  # eh-proj + MTP norms
-        gemm += n_mtp * 2 * h * h / tp
-        replicated += n_mtp * max(extra - 2 * h * h, 0)
+        is_moe = np.asarray(content.mtp_is_moe, dtype=bool)
+        moe_layer = pc.attention_per_layer + pc.routed_experts_per_layer
+        moe_layer += pc.shared_experts_per_layer + pc.replicated_per_layer_moe
+        dense_layer = pc.attention_per_layer + pc.dense_mlp_per_layer
+        dense_layer += pc.replicated_per_layer_dense
+        gemm = gemm + n_mtp * (attn + np.where(is_moe, shared, dense_mlp))
+        replicated = replicated + n_mtp * np.where(is_moe, pc.replicated_per_layer_moe,
+                                                   pc.replicated_per_layer_dense)
+        expert = expert + np.where(is_moe, n_mtp, 0) * pc.routed_experts_per_layer / expert_shard
+        extra = np.where(np.greater(n_mtp, 0),  # eh-proj + MTP norms
+                         pc.mtp / np.maximum(n_mtp, 1) - np.where(is_moe, moe_layer,
+                                                                  dense_layer), 0.0)
+        gemm = gemm + n_mtp * 2 * h * h / tp
+        replicated = replicated + n_mtp * np.maximum(extra - 2 * h * h, 0)
 
     # Embedding on the first stage, output layer on the last (vocab-parallel, ÷ tp).
     # Tied embeddings with pp > 1: MCORE keeps a copy of the word embedding on the
     # last stage (formulas.md §5.2 caveat (iii)).
-    vocab = 0.0
-    if content.has_embedding:
-        vocab += pc.embedding
-    if content.has_output:
-        vocab += pc.output if pc.output else (pc.embedding if content.pp > 1 else 0)
-        replicated += pc.final_norm
+    output = pc.output if pc.output else np.where(np.greater(content.pp, 1), pc.embedding, 0)
+    vocab = content.has_embedding * pc.embedding + content.has_output * output
+    replicated = replicated + content.has_output * pc.final_norm
     dense = gemm + replicated + vocab / tp
     return StageParams(dense=dense, expert=expert, dense_gemm=gemm,
                         layers=n_dense + n_moe + n_mtp)
@@ -189,7 +205,7 @@ def stage_model_state(
         # formulas.md §5.1 ZeRO-3 transient peak [derived]: the unsharded BF16 weights of
         # the layer being computed and the prefetched next one, plus a gradient bucket of
         # one layer (grad_bytes: fp32 or BF16 main grads) before its reduce-scatter.
-        per_layer = (params.dense + params.expert) / max(params.layers, 1)
+        per_layer = (params.dense + params.expert) / np.maximum(params.layers, 1)
         weights = weights + per_layer * (2.0 * training.weight_bytes + training.grad_bytes)
     return ModelStateBytes(
         weights=weights,

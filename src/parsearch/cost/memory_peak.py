@@ -1,0 +1,337 @@
+"""Peak-stage memory of many layouts at once: the vectorised front of :mod:`parsearch.cost.memory`.
+
+A layout's memory is that of its most loaded pipeline stage.  The stages that
+can hold the peak (:func:`peak_candidates`) depend on the layout's pipeline
+split ``(pp, vpp)``; this module evaluates every layout's candidates without a
+Python loop over splits or stages:
+
+* model state (:func:`~parsearch.cost.memory_states.stage_params`,
+  :func:`~parsearch.cost.memory_states.stage_model_state`) depends on a
+  stage's layer counts and on ``pp, tp, ep, etp, dp, cp, edp``: it is
+  evaluated once per distinct pair of the two and looked up;
+* activations are a sum of terms (:mod:`parsearch.cost.activation_terms`):
+  per-term bytes (once per distinct degree row) times copies held (once per
+  candidate stage and distinct micro-batch count);
+* layouts are ordered by their split's number of candidates, so the ``k``-th
+  candidate of all layouts that have one is a single slice: the only loop is
+  over ``k`` (at most a handful).
+
+The arithmetic is :func:`~parsearch.cost.memory.stage_memory_core`'s, term by
+term in the same order, so the numbers are those of the scalar front
+(:func:`~parsearch.cost.memory.estimate_memory`); ties go to the lower rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from parsearch.cost.activation_terms import LAYER_KINDS, stage_terms, term_bytes
+from parsearch.cost.activations import ActDegrees, chunk_in_flight, num_microbatches
+from parsearch.cost.memory_options import MemoryOptions
+from parsearch.cost.memory_states import StageCounts, stage_model_state, stage_params
+from parsearch.cost.stages import StageContent, effective_split, stage_contents
+from parsearch.workload import ModelSpec, TrainingSpec
+
+#: The per-GPU quantities of the peak stage, in ``peak_memory``'s result.
+PEAK_FIELDS = ("weights", "gradients", "optimizer", "activations", "other", "total",
+               "offloaded_bytes")
+
+
+@lru_cache(maxsize=4096)
+def peak_candidates(model: ModelSpec, pp: int, vpp: int,
+                    split: str) -> tuple[StageContent, ...]:
+    """The stages that can hold the peak: each content's first rank (see
+    :func:`_dominance_key`: a later rank with the same content holds at most as much)."""
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for content in stage_contents(model, pp, vpp, split):
+        key = _dominance_key(model, content)
+        if key not in seen:
+            seen.add(key)
+            out.append(content)
+    return tuple(out)
+
+
+def _dominance_key(model: ModelSpec, content: StageContent) -> tuple[object, ...]:
+    """What a stage's memory depends on besides its rank.
+
+    Two ranks with the same key hold the same model state and the same bytes per
+    micro-batch in each chunk; the micro-batches in flight per chunk never grow with
+    the rank (:func:`~parsearch.cost.activations.chunk_in_flight`: ``min(m, p - r)``,
+    and the interleaved warm-up window shrinks with ``r``), so the lower rank's total
+    is at least the higher one's and wins the tie: the higher rank can never be the
+    peak and need not be evaluated.
+    """
+    return (tuple(tuple(model.is_moe_layer(i) for i in chunk)
+                  for chunk in content.chunk_layer_indices),
+            content.num_dense_layers, content.num_moe_layers, content.has_embedding,
+            content.has_output, content.num_mtp_layers, content.mtp_is_moe)
+
+
+def _state_key(content: StageContent) -> tuple[int, ...]:
+    """The :class:`StageCounts` fields of ``content``, in that order."""
+    return (content.pp, content.num_dense_layers, content.num_moe_layers,
+            content.num_mtp_layers, int(content.mtp_is_moe), int(content.has_embedding),
+            int(content.has_output))
+
+
+@dataclass(frozen=True)
+class _Candidates:
+    """The candidate stages of a list of splits, as flat arrays (``C`` stages in all).
+
+    Splits are reordered by falling number of candidates (``split_order``); the
+    candidates of split ``i`` (in that order) are ``first[i] .. first[i] + count[i]``.
+    ``entry_*``: one entry per model chunk of each candidate (``E`` in all; those of
+    candidate ``c`` start at ``entry_start[c]``) with its held-term counts.
+    """
+
+    split_order: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    rank: np.ndarray  # (C,)
+    state_key: np.ndarray  # (C, 7): _state_key
+    entry_start: np.ndarray  # (C,)
+    entry_rank: np.ndarray  # (E,) ... the chunk's rank, pp, vpp and chunk index
+    entry_pp: np.ndarray
+    entry_vpp: np.ndarray
+    entry_chunk: np.ndarray
+    entry_held: np.ndarray  # (E, len(HELD_TERMS))
+    offloaded: np.ndarray  # (C, LAYER_KINDS)
+    output: np.ndarray  # (C, 2): output_norm, logits heads
+
+
+@lru_cache(maxsize=64)
+def _candidates(model: ModelSpec, splits: tuple[tuple[int, int, str], ...],
+                term_options: tuple[int | None, int, bool, bool]) -> _Candidates:
+    """:class:`_Candidates` of ``(pp, vpp, split)`` splits (memoised per list)."""
+    per_split = [peak_candidates(model, pp, vpp, split) for pp, vpp, split in splits]
+    order = sorted(range(len(splits)), key=lambda i: -len(per_split[i]))  # stable
+    stages = [c for i in order for c in per_split[i]]
+    count = np.array([len(per_split[i]) for i in order], dtype=np.int64)
+    terms = [stage_terms(model, c, *term_options) for c in stages]
+    chunks = [len(t.held) for t in terms]
+    entry_start = np.concatenate(([0], np.cumsum(chunks)[:-1])).astype(np.int64)
+
+    def per_entry(values: list[int]) -> np.ndarray:
+        return np.repeat(np.asarray(values, dtype=np.float64), chunks)
+
+    return _Candidates(
+        split_order=np.asarray(order, dtype=np.int64),
+        first=np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64),
+        count=count,
+        rank=np.array([c.rank for c in stages], dtype=np.int64),
+        state_key=np.array([_state_key(c) for c in stages], dtype=np.int64),
+        entry_start=entry_start,
+        entry_rank=per_entry([c.rank for c in stages]),
+        entry_pp=per_entry([c.pp for c in stages]),
+        entry_vpp=per_entry([c.vpp for c in stages]),
+        entry_chunk=np.concatenate([np.arange(n, dtype=np.float64) for n in chunks]),
+        entry_held=np.array([row for t in terms for row in t.held], dtype=np.float64),
+        offloaded=np.array([t.offloaded for t in terms], dtype=np.float64),
+        output=np.array([(t.output_norm, t.logits) for t in terms], dtype=np.float64),
+    )
+
+
+def _dense_rank(values: np.ndarray) -> tuple[int, np.ndarray]:
+    """``(number of distinct values, each value's rank among them)``."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iub" and values.size:
+        ints = values.astype(np.int64)
+        low, high = int(ints.min()), int(ints.max())
+        if high - low <= 4 * values.size + 4096:
+            present = np.zeros(high - low + 1, dtype=bool)
+            present[ints - low] = True
+            rank = np.cumsum(present) - 1
+            return int(rank[-1]) + 1, rank[ints - low]
+    distinct, inverse = np.unique(values, return_inverse=True)
+    return distinct.size, inverse.reshape(-1).astype(np.int64)
+
+
+def _group(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(a representative row of each group, each row's group)`` of rows equal in
+    every column."""
+    n = np.asarray(columns[0]).size
+    size, code = 1, np.zeros(n, dtype=np.int64)
+    for column in columns:
+        radix, rank = _dense_rank(column)
+        code = code * radix + rank
+        size *= radix
+        if size > 1 << 31:  # keep the code small: renumber what is present
+            size, code = _dense_rank(code)
+    size, position = _dense_rank(code)
+    representative = np.zeros(size, dtype=np.int64)
+    representative[position] = np.arange(n, dtype=np.int64)
+    return representative, position
+
+
+@dataclass(frozen=True)
+class RepDegrees:
+    """Degrees of representative layouts (one per group of rows equal in all but vpp)."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    mbs: np.ndarray
+    dp: np.ndarray
+    edp: np.ndarray
+    code: np.ndarray
+    sp: np.ndarray
+
+
+def _state_table(model: ModelSpec, training: TrainingSpec, options: MemoryOptions,
+                 deg: RepDegrees, cands: _Candidates) -> tuple[dict[str, np.ndarray],
+                                                               np.ndarray, np.ndarray]:
+    """Model state of every (distinct stage counts, distinct state degrees) of one ``pp``.
+
+    Returns the table (``weights``, ``gradients``, ``optimizer``, ``sum``: their sum
+    in :class:`~parsearch.cost.memory.MemoryBreakdown` order), each representative's
+    base position in it, and each candidate's offset from that base.
+    """
+    reps, s_of_rep = _group(deg.pp, deg.tp, deg.ep, deg.etp, deg.dp, deg.cp, deg.edp)
+    s_pp = deg.pp[reps]
+    # Distinct counts of each pp, numbered within their pp.
+    keys, key_of_cand = np.unique(cands.state_key, axis=0, return_inverse=True)
+    key_of_cand = key_of_cand.reshape(-1)
+    _, pp_rank = _dense_rank(np.concatenate((keys[:, 0], s_pp)))
+    key_pp, s_pp_rank = pp_rank[:len(keys)], pp_rank[len(keys):]
+    per_pp = np.bincount(key_pp, minlength=int(pp_rank.max()) + 1)
+    local = np.arange(len(keys)) - np.concatenate(([0], np.cumsum(per_pp)[:-1]))[key_pp]
+    offset_of_cand = local[key_of_cand]
+    width = per_pp[s_pp_rank]  # table entries per state representative
+    base = np.concatenate(([0], np.cumsum(width)[:-1])).astype(np.int64)
+    s_of_entry = np.repeat(np.arange(len(reps)), width)
+    local_of_entry = np.arange(s_of_entry.size) - base[s_of_entry]
+    key_start = np.concatenate(([0], np.cumsum(per_pp)[:-1]))
+    key_of_entry = key_start[s_pp_rank[s_of_entry]] + local_of_entry
+    k = keys[key_of_entry]
+    counts = StageCounts(pp=k[:, 0], num_dense_layers=k[:, 1], num_moe_layers=k[:, 2],
+                         num_mtp_layers=k[:, 3], mtp_is_moe=k[:, 4].astype(bool),
+                         has_embedding=k[:, 5].astype(bool), has_output=k[:, 6].astype(bool))
+    rows = reps[s_of_entry]
+
+    def at(values: np.ndarray) -> np.ndarray:
+        return values[rows].astype(np.float64)
+
+    params = stage_params(model, counts, tp=at(deg.tp), ep=at(deg.ep), etp=at(deg.etp))
+    state = stage_model_state(training, params, options, dp=at(deg.dp), cp=at(deg.cp),
+                              edp=at(deg.edp))
+    shape = rows.shape
+    table = {name: np.broadcast_to(np.asarray(getattr(state, name), dtype=np.float64), shape)
+             for name in ("weights", "gradients", "optimizer")}
+    table["sum"] = table["weights"] + table["gradients"] + table["optimizer"]
+    return table, base[s_of_rep], offset_of_cand
+
+
+def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions,
+                deg: RepDegrees, row_rep: np.ndarray | None,
+                splits: list[tuple[int, int, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The peak stage's memory of every row: :data:`PEAK_FIELDS` and ``peak_stage``.
+
+    ``deg``: the degrees of representative rows; ``row_rep``: each row's
+    representative (``None``: every row is its own), rows with one representative
+    being equal in every degree but ``vpp``; ``splits``: ``(pp, vpp, rows)`` of each
+    distinct split (:func:`~parsearch.cost.stages.rows_by_split`).
+    """
+    n = sum(idx.size for _, _, idx in splits)
+    names = (*PEAK_FIELDS, "peak_stage")
+    if n == 0:
+        return {name: np.zeros(0, dtype=np.int64 if name == "peak_stage" else np.float64)
+                for name in names}
+    term_options = (training.recompute_num_layers, training.activation_offload_layers,
+                    options.activation_model == "korthikanti", options.fp32_logits)
+    cands = _candidates(model, tuple((pp, vpp, effective_split(training, pp, vpp))
+                                     for pp, vpp, _ in splits), term_options)
+    sizes = np.array([splits[i][2].size for i in cands.split_order], dtype=np.int64)
+    order = np.concatenate([splits[i][2] for i in cands.split_order])
+    rep = order if row_rep is None else row_rep[order]
+
+    # Per representative: bytes of each activation term, micro-batch count, state base.
+    tp, mbs = deg.tp.astype(np.float64), deg.mbs.astype(np.float64)
+    act_deg = ActDegrees(tp=tp, cp=deg.cp.astype(np.float64), ep=deg.ep.astype(np.float64),
+                         etp=deg.etp.astype(np.float64), mbs=mbs,
+                         sp_div=np.where(deg.sp.astype(bool), tp, 1.0))
+    arrays = term_bytes(model, training, act_deg, deg.code, options)
+    m = num_microbatches(training.global_batch, mbs, deg.dp.astype(np.float64))
+    m_count, m_of_rep = _dense_rank(m.astype(np.int64))
+    m_values = np.zeros(m_count)
+    m_values[m_of_rep] = m
+    state, base_of_rep, state_offset = _state_table(model, training, options, deg, cands)
+
+    # Copies held per (candidate, micro-batch count), flattened c * m_count + m.
+    in_flight = chunk_in_flight(cands.entry_rank[:, None], cands.entry_pp[:, None],
+                                cands.entry_vpp[:, None], cands.entry_chunk[:, None],
+                                m_values[None, :])
+    terms: list[tuple[np.ndarray, np.ndarray]] = []  # (copies, bytes per row), summed in order
+    for j, per_copy in enumerate(arrays.held):
+        if per_copy is not None and cands.entry_held[:, j].any():
+            copies = np.add.reduceat(in_flight * cands.entry_held[:, j, None],
+                                     cands.entry_start, axis=0)
+            terms.append((copies.reshape(-1), _per_row(per_copy, rep)))
+    output_terms = [(np.repeat(cands.output[:, i], m_count), _per_row(values, rep))
+                    for i, values in enumerate((arrays.output_norm, arrays.logits))
+                    if cands.output[:, i].any()]
+    offload = [(cands.offloaded[:, k], _per_row(arrays.held[k], rep))
+               for k in range(LAYER_KINDS) if cands.offloaded[:, k].any()]
+    base = base_of_rep[rep]
+    m_row = m_of_rep[rep]
+    other = options.framework_overhead_bytes
+
+    best_total = best_act = best_cand = np.zeros(0)
+    for k in range(int(cands.count[0])):
+        splits_k = int(np.count_nonzero(cands.count > k))
+        rows = int(sizes[:splits_k].sum())
+        cand = np.repeat(cands.first[:splits_k] + k, sizes[:splits_k])
+        at = cand * m_count + m_row[:rows]
+        act = _activations(terms, output_terms, offload, cand, at, rows)
+        total = state["sum"][base[:rows] + state_offset[cand]] + act + other
+        if k == 0:
+            best_total, best_act, best_cand = total, act, cand
+            continue
+        better = total > best_total[:rows]  # ties: the lower rank, evaluated first
+        np.copyto(best_total[:rows], total, where=better)
+        np.copyto(best_act[:rows], act, where=better)
+        np.copyto(best_cand[:rows], cand, where=better)
+
+    at_state = base + state_offset[best_cand]
+    offloaded = np.zeros(n)
+    for counts, per_row in offload:
+        offloaded = offloaded + counts[best_cand] * per_row
+    peak = {"weights": state["weights"][at_state], "gradients": state["gradients"][at_state],
+            "optimizer": state["optimizer"][at_state], "activations": best_act,
+            "other": np.full(n, float(other)), "total": best_total,
+            "offloaded_bytes": offloaded, "peak_stage": cands.rank[best_cand]}
+    out = {}
+    for name, values in peak.items():
+        out[name] = np.empty_like(values)
+        out[name][order] = values
+    return out
+
+
+def _per_row(values: object, rep: np.ndarray) -> np.ndarray:
+    """Per-representative ``values`` (or a number) for each row in ``rep``."""
+    values = np.asarray(values, dtype=np.float64)
+    return np.full(rep.size, float(values)) if values.ndim == 0 else values[rep]
+
+
+def _activations(terms: list[tuple[np.ndarray, np.ndarray]],
+                 output_terms: list[tuple[np.ndarray, np.ndarray]],
+                 offload: list[tuple[np.ndarray, np.ndarray]], cand: np.ndarray,
+                 at: np.ndarray, rows: int) -> np.ndarray:
+    """HBM activations of candidate ``cand`` of the first ``rows`` rows
+    (:func:`~parsearch.cost.activation_terms.stage_activations`' order)."""
+    act = np.zeros(rows)
+    for copies, per_row in terms:
+        act += copies[at] * per_row[:rows]
+    if offload:  # one offloaded layer in flight: the largest kind the stage offloads
+        largest = np.zeros(rows)
+        for counts, per_row in offload:
+            np.maximum(largest, np.where(counts[cand] > 0, per_row[:rows], 0.0), out=largest)
+        act += largest
+    for copies, per_row in output_terms:
+        act += copies[at] * per_row[:rows]
+    return act
