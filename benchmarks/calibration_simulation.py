@@ -99,8 +99,13 @@ from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import calibrate, predict, prepare_rows
 from parsearch.validation.measurements import Measurement
+from parsearch.validation.network_calibration import NETWORK_FACTOR, with_cluster_factors
 from parsearch.validation.plan_profiling import FIT_WEIGHT, plan_profiling
-from parsearch.validation.user_calibration import fit_user_profile, prepare_measurements
+from parsearch.validation.user_calibration import (
+    FactorFit,
+    fit_user_profile,
+    prepare_measurements,
+)
 from parsearch.workload import TrainingSpec
 
 NOMINAL_CLUSTER = "dgx-h100"
@@ -138,7 +143,7 @@ def tokens(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
-                 seeds: int, fit_weight: float) -> None:
+                 seeds: int, fit_weight: float, network: bool = True) -> None:
     model = resolve_model(name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     shipped = efficiency_for_gpu("h100-sxm")
@@ -156,16 +161,21 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
     true_tokens = tokens(truth, cols)
     best = int(np.argmax(true_tokens))
     evaluation = np.arange(POOL_SHAPES, len(region))[:50]
+    true_network = (TRUE_NETWORK["nic_bandwidth_Gbps"] * TRUE_NETWORK["network_efficiency"]
+                    / (nominal.fabric.cluster.nic_bandwidth_Bps * 8e-9
+                       * nominal.fabric.cluster.network_efficiency))
     print(f"\n{name} on {gpus} GPUs (batch {batch}, seq {seq}): region of {len(region)} shapes, "
           f"true best {layouts[best].key()} ({true_tokens[best]:,.0f} tok/s/GPU); "
           f"error on {len(evaluation)} layouts "
-          f"(shapes {POOL_SHAPES + 1}-{POOL_SHAPES + len(evaluation)})")
+          f"(shapes {POOL_SHAPES + 1}-{POOL_SHAPES + len(evaluation)}); true "
+          f"{NETWORK_FACTOR} {true_network:.3f}")
 
-    def score(profile: object, base: CostModel = nominal,
+    def score(profile: object, cluster: dict[str, float] | None = None, base: CostModel = nominal,
               measured: dict[int, float] | None = None) -> tuple[float, ...]:
         """MAPE on the evaluation layouts; rank of the true best and regret, first with every
         layout at its calibrated prediction, then with the measured ones at their measurement."""
-        pred = tokens(replace(base, profile=profile), cols)
+        cm = with_cluster_factors(replace(base, profile=profile), cluster or {})
+        pred = tokens(cm, cols)
         mape = float(np.mean(np.abs(pred[evaluation] / true_tokens[evaluation] - 1.0)))
         out = [mape]
         seen = pred.copy()
@@ -183,14 +193,20 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
                             float(true_tokens[i] * math.exp(rng.normal(0.0, NOISE))))
                 for i in indices]
 
-    def calibrated(indices: list[int], rng: np.random.Generator,
-                   cluster: str = NOMINAL_CLUSTER) -> tuple[object, tuple, dict[int, float]]:
+    def calibrated(indices: list[int], rng: np.random.Generator, cluster: str = NOMINAL_CLUSTER,
+                   fit_network: bool = network) -> tuple[FactorFit, dict[int, float]]:
         runs = [replace(m, cluster=cluster) for m in measure(indices, rng)]
         rows, problems = prepare_measurements(runs, shipped)
         assert not problems, problems
-        profile, fitted, *_ = fit_user_profile(rows, shipped)
-        return profile, fitted, {i: m.tokens_per_s_per_gpu for i, m in zip(indices, runs,
-                                                                            strict=True)}
+        fit = fit_user_profile(rows, shipped, network=fit_network)
+        return fit, {i: m.tokens_per_s_per_gpu for i, m in zip(indices, runs, strict=True)}
+
+    def fitted(fit: FactorFit) -> str:
+        return ", ".join(f"{n} {fit.cluster[n]:.2f}" if n in fit.cluster else n
+                         for n in fit.fitted)
+
+    def summary(results: list[tuple[float, ...]]) -> tuple[float, ...]:
+        return tuple(float(np.mean([x[i] for x in results])) for i in range(5))
 
     mape0, rank0, regret0, *_ = score(shipped)
     print(f"  {'K':>3} {'strategy':<9} {'MAPE(50)':>9} {'rank of true best':>18} "
@@ -199,22 +215,23 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
     keys = {table.layout(int(r)).key(): i for i, r in enumerate(region)}
     for k in KS:
         t0 = time.perf_counter()
-        plan = plan_profiling(nominal, k=k, candidates=POOL_SHAPES, fit_weight=fit_weight)
+        plan = plan_profiling(nominal, k=k, candidates=POOL_SHAPES, fit_weight=fit_weight,
+                              network=network)
         planned = [keys[p.layout.key()] for p in plan.picks]
         results = []
         for seed in range(seeds):
-            profile, fitted, seen = calibrated(planned, np.random.default_rng(seed))
-            results.append(score(profile, measured=seen))
-        m, r, g, rs, gs = (np.mean([x[i] for x in results]) for i in range(5))
+            fit, seen = calibrated(planned, np.random.default_rng(seed))
+            results.append(score(fit.profile, fit.cluster, measured=seen))
+        m, r, g, rs, gs = summary(results)
         print(f"  {k:>3} {'planned':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
-              f"  {', '.join(fitted)}; measured {sorted(planned)}")
+              f"  {fitted(fit)}; measured {sorted(planned)}")
         results = []
         for seed in range(seeds):
             rng = np.random.default_rng(1000 + seed)
             pick = sorted(rng.choice(POOL_SHAPES, size=k, replace=False).tolist())
-            profile, fitted, seen = calibrated(pick, rng)
-            results.append(score(profile, measured=seen))
-        m, r, g, rs, gs = (np.mean([x[i] for x in results]) for i in range(5))
+            fit, seen = calibrated(pick, rng)
+            results.append(score(fit.profile, fit.cluster, measured=seen))
+        m, r, g, rs, gs = summary(results)
         spread = np.std([x[0] for x in results]) / math.sqrt(len(results))
         print(f"  {k:>3} {'random':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
               f"  (mean of {seeds} draws, MAPE standard error {spread:.1%}; "
@@ -222,9 +239,9 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
         sys.stdout.flush()
     # Diagnostic: the same planned measurements, but the user describes the cluster's
     # network right (a cluster file with the true NICs): what remains is the profile's part.
-    profile, fitted, _ = calibrated(planned, np.random.default_rng(0), true_path)
-    m, r, g, *_ = score(profile, truth)
-    print(f"  {k:>3} {'planned*':<9} {m:>9.1%} {r:>18d} {g:>7.1%}  {', '.join(fitted)} "
+    fit, _ = calibrated(planned, np.random.default_rng(0), true_path, fit_network=False)
+    m, r, g, *_ = score(fit.profile, base=truth)
+    print(f"  {k:>3} {'planned*':<9} {m:>9.1%} {r:>18d} {g:>7.1%}  {fitted(fit)} "
           "(* one noise draw, with a cluster file giving the true NICs)")
 
 
@@ -258,8 +275,8 @@ def published_groups(min_runs: int = 4, held_out_baseline: bool = True) -> None:
             after = []
             for i, row in enumerate(members):
                 others = members[:i] + members[i + 1:]
-                profile, *_ = fit_user_profile(others, base)
-                after.append(abs(predict([row], profile)[0] / row.measured - 1.0))
+                fit = fit_user_profile(others, base)
+                after.append(abs(fit.predict([row])[0] / row.measured - 1.0))
             totals[f"{key} before"] += before.tolist()
             totals[f"{key} after"] += after
             width = 8 if key == "shipped" else 14
@@ -283,6 +300,11 @@ def main() -> int:
                         help="plan-profiling's weight of the expected fit error (default "
                              "%(default)s, the shipped value)")
     parser.add_argument("--skip-simulation", action="store_true")
+    parser.add_argument("--no-network", action="store_true",
+                        help="calibrate and plan without the cluster's bandwidth factors (the "
+                        "cluster file taken at its word), as before they existed")
+    parser.add_argument("--models", nargs="+", default=None, metavar="M",
+                        help="only these scenarios (default: all)")
     parser.add_argument("--no-held-out-baseline", action="store_true",
                         help="published runs: compare with the shipped profile only")
     args = parser.parse_args()
@@ -292,7 +314,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as folder:
             path = true_cluster_file(Path(folder))
             for scenario in SCENARIOS:
-                run_scenario(*scenario, path, args.seeds, args.fit_weight)
+                if args.models and scenario[0] not in args.models:
+                    continue
+                run_scenario(*scenario, path, args.seeds, args.fit_weight,
+                             network=not args.no_network)
     if not args.skip_published:
         published_groups(held_out_baseline=not args.no_held_out_baseline)
     return 0

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from parsearch.cost.analytic import build_cost_model, estimate
+from parsearch.cost.analytic import build_cost_model, estimate, layout_columns
 from parsearch.cost.efficiency import efficiency_for_gpu, load_efficiency_profile
 from parsearch.layout import parse_layout_string
 from parsearch.model_files import resolve_model
@@ -23,18 +26,28 @@ from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
+from parsearch.validation.calibration import predict
 from parsearch.validation.measurements import Defaults, Measurement, load_measurements
+from parsearch.validation.network_calibration import (
+    MIN_NETWORK_SENSITIVITY,
+    NETWORK_FACTOR,
+    NVLINK_FACTOR,
+    corrected_cluster,
+    corrected_cluster_yaml,
+    network_priors,
+)
 from parsearch.validation.plan_profiling import (
     TARGET_SHAPES,
     fit_error,
     gradients,
-    network_gradient,
     plan_profiling,
 )
 from parsearch.validation.user_calibration import (
+    FactorFit,
     calibrate_user,
     factor_limit,
     prepare_measurements,
+    threshold,
 )
 from parsearch.workload import TrainingSpec
 from tests.cli_helpers import run_cli
@@ -50,13 +63,15 @@ def _truth():
     return efficiency_for_gpu("h100-sxm").with_values({"gemm_efficiency.bf16": TRUE_GEMM})
 
 
-def _measured(layout_text: str, profile) -> Measurement:
-    layout = parse_layout_string(layout_text, num_gpus=GPUS)
+def _measured(layout_text: str, profile, gpus: int = GPUS, cluster=None) -> Measurement:
+    """A run "measured" on ``cluster`` (default: the cluster file itself) under ``profile``;
+    it names the nominal cluster file, as a user's run would."""
+    layout = parse_layout_string(layout_text, num_gpus=gpus)
     training = TrainingSpec(seq_len=SEQ, global_batch=BATCH, micro_batch_sizes=(layout.mbs,),
                             recompute_modes=(layout.recompute,),
                             sequence_parallel="on" if layout.sp or layout.tp == 1 else "off")
     cm = build_cost_model(resolve_model(MODEL), training,
-                          build_fabric(load_cluster(CLUSTER), GPUS), profile=profile)
+                          build_fabric(cluster or load_cluster(CLUSTER), gpus), profile=profile)
     return Measurement(layout_text, MODEL, CLUSTER, layout, BATCH, SEQ, "bf16",
                        estimate(cm, layout).tokens_per_s_per_gpu)
 
@@ -241,12 +256,152 @@ def test_planned_set_leaves_less_fit_error_than_random_sets_of_the_same_candidat
     rows = scan.feasible_rows[rank_feasible(scan, top=TARGET_SHAPES, diverse=True)]
     cols = {name: v[rows] for name, v in table.columns.items()}
     keys = [table.layout(int(r)).key() for r in rows[:candidates]]
-    g, n = gradients(cm, cols, plan.factors), network_gradient(cm, cols)
+    g = gradients(cm, cols, plan.factors)
+    thresholds = np.array([threshold(name) for name in plan.factors])
 
     def error(chosen: list[int]) -> float:
-        return fit_error(g[chosen], n[chosen], g, n, factor_limit(k), own=chosen)
+        return fit_error(g[chosen], g, factor_limit(k), own=chosen, thresholds=thresholds)
 
     planned = error([keys.index(p.layout.key()) for p in plan.picks])
     rng = np.random.default_rng(0)
     drawn = [error(rng.choice(candidates, size=k, replace=False).tolist()) for _ in range(60)]
     assert planned < float(np.quantile(drawn, 0.25))
+
+
+# --- the cluster's delivered bandwidth ------------------------------------------------------
+#: The "true" cluster: the cluster file's NICs deliver half of what it says (a NIC trained at
+#: HDR 200 Gb/s on an NDR 400 Gb/s cluster file); everything else as the file and profile say.
+TRUE_NETWORK = 0.5
+NET_GPUS = 32
+#: Four runs whose context-parallel groups cross nodes, one inside a node.
+NET_MEASURED = ("tp=4,cp=4,mbs=8,sp=true", "tp=8,cp=4,mbs=8,sp=true", "tp=8,cp=2,mbs=8,sp=true",
+                "tp=2,mbs=2,sp=true", "tp=8,mbs=8,sp=true")
+#: Held-out layouts that cross nodes (pipelined variants the fit never saw).
+NET_HELD_OUT = ("tp=8,cp=2,pp=2,mbs=8,sp=true", "tp=4,cp=4,pp=2,mbs=8,sp=true",
+                "tp=4,cp=4,pp=2,mbs=4,sp=true")
+
+
+def _slow_cluster():
+    nominal = load_cluster(CLUSTER)
+    return replace(nominal, network_efficiency=nominal.network_efficiency * TRUE_NETWORK)
+
+
+@pytest.fixture(scope="module")
+def slow_network_runs() -> list[Measurement]:
+    shipped = efficiency_for_gpu("h100-sxm")
+    return [_measured(text, shipped, NET_GPUS, _slow_cluster()) for text in NET_MEASURED]
+
+
+@pytest.fixture(scope="module")
+def slow_network_result(slow_network_runs):
+    rows, problems = prepare_measurements(slow_network_runs)
+    assert problems == []
+    return calibrate_user(rows)
+
+
+def test_slower_network_is_recovered_and_held_out_error_drops(slow_network_result) -> None:
+    result = slow_network_result
+    assert NETWORK_FACTOR in result.fitted and NETWORK_FACTOR not in result.on_bound
+    assert abs(result.cluster[NETWORK_FACTOR] - TRUE_NETWORK) < 0.05
+    # The profile is the truth here: the network factor must not push GEMM off it.
+    gemm = "gemm_efficiency.bf16"
+    assert abs(result.profile.get(gemm) - result.base.get(gemm)) < 0.02
+    held_out, _ = prepare_measurements(
+        [_measured(text, result.base, NET_GPUS, _slow_cluster()) for text in NET_HELD_OUT])
+    measured = np.array([r.measured for r in held_out])
+    before = np.abs(predict(held_out, result.base) / measured - 1.0)
+    fitted = FactorFit(result.profile, result.cluster, result.cluster_priors, result.fitted,
+                       (), {}, "")
+    after = np.abs(fitted.predict(held_out) / measured - 1.0)
+    assert before.mean() > 0.05 and after.mean() < before.mean() / 10
+
+
+def test_without_the_network_factor_the_same_runs_fit_worse(slow_network_runs,
+                                                           slow_network_result) -> None:
+    rows, _ = prepare_measurements(slow_network_runs)
+    profile_only = calibrate_user(rows, network=False)
+    assert not set(profile_only.fitted) & {NETWORK_FACTOR, NVLINK_FACTOR}
+    assert slow_network_result.mape_in_sample < profile_only.mape_in_sample / 5
+
+
+def test_intra_node_runs_do_not_fit_the_network_and_say_why() -> None:
+    # The NICs are slow, but no run crosses a node: nothing can show it.
+    shipped = efficiency_for_gpu("h100-sxm")
+    runs = [_measured(text, shipped, 8, _slow_cluster())
+            for text in ("tp=1,mbs=1", "tp=2,sp=true,mbs=1", "tp=4,sp=true,mbs=2",
+                         "tp=8,sp=true,mbs=4")]
+    rows, _ = prepare_measurements(runs)
+    result = calibrate_user(rows, leave_one_out=False)
+    assert NETWORK_FACTOR not in result.fitted and result.cluster == {}
+    assert result.cluster_file is None
+    assert f"{NETWORK_FACTOR} not fitted: the runs barely cross nodes" in result.why
+    assert result.sensitivity[NETWORK_FACTOR] < MIN_NETWORK_SENSITIVITY
+
+
+@settings(max_examples=25, deadline=None)
+@given(preset=st.sampled_from(["dgx-h100", "dgx-a100", "gb200-nvl72", "h100-roce"]),
+       u_net=st.floats(0.0, 1.0), u_nvl=st.floats(0.0, 1.0))
+def test_corrected_cluster_file_loads_with_the_scaled_efficiencies(tmp_path_factory, preset,
+                                                                  u_net, u_nvl) -> None:
+    nominal = load_cluster(preset)
+    priors = network_priors(nominal)
+    factors = {name: p.low + u * (p.high - p.low)
+               for (name, p), u in zip(priors.items(), (u_net, u_nvl), strict=False)}
+    path = tmp_path_factory.mktemp("cluster") / "mine.cluster.yaml"
+    path.write_text(corrected_cluster_yaml(preset, factors, "# test\n"), encoding="utf-8")
+    loaded = load_cluster(str(path))
+    expected = corrected_cluster(nominal, factors)
+    assert loaded.name == f"{preset}-calibrated"
+    for name in ("network_efficiency", "nvlink_efficiency"):
+        # Written to 4 significant digits, never above the line rate.
+        assert getattr(loaded, name) == pytest.approx(getattr(expected, name), rel=1e-3)
+        assert getattr(loaded, name) <= 1.0
+    same = replace(loaded, name=nominal.name, network_efficiency=nominal.network_efficiency,
+                   nvlink_efficiency=nominal.nvlink_efficiency)
+    assert same == nominal
+
+
+def test_cli_calibrate_writes_a_cluster_file_that_explain_takes(tmp_path,
+                                                               slow_network_runs) -> None:
+    table = tmp_path / "runs.csv"
+    lines = ["model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu"]
+    lines += [f"{m.model},{m.cluster},{NET_GPUS},{BATCH},{SEQ},bf16,\"{m.source}\","
+              f"{m.tokens_per_s_per_gpu}" for m in slow_network_runs]
+    table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "mine.yaml"
+    result = run_cli("calibrate", "--measurements", str(table), "--out", str(out),
+                     "--no-leave-one-out")
+    assert result.code == 0, result.err
+    cluster_file = tmp_path / "mine.cluster.yaml"
+    assert cluster_file.is_file()
+    assert f"--cluster {cluster_file}" in result.out and NETWORK_FACTOR in result.out
+    assert "the inter-node network delivers 50% of what cluster dgx-h100 says" in result.out
+    explain = ["explain", "--model", MODEL, "--gpus", str(NET_GPUS), "--layout",
+               NET_HELD_OUT[1], "--global-batch", str(BATCH), "--seq-len", str(SEQ),
+               "--format", "json"]
+    nominal = json.loads(run_cli(*explain, "--cluster", CLUSTER).out)["tokens_per_s_per_gpu"]
+    run = run_cli(*explain, "--cluster", str(cluster_file), "--efficiency", str(out))
+    assert run.code == 0, run.err
+    mine = json.loads(run.out)["tokens_per_s_per_gpu"]
+    truth = _measured(NET_HELD_OUT[1], efficiency_for_gpu("h100-sxm"), NET_GPUS,
+                      _slow_cluster()).tokens_per_s_per_gpu
+    assert abs(mine / truth - 1) < 0.01 < abs(nominal / truth - 1)
+
+
+def test_plan_makes_a_loose_network_identifiable() -> None:
+    # On 32 GPUs few good layouts cross nodes; the plan must include enough of them for the
+    # fit to take the network factor, and pin it (its spread shrinks), unless told the
+    # calibration will not fit it.
+    training = TrainingSpec(seq_len=SEQ, global_batch=BATCH)
+    cm = build_cost_model(resolve_model(MODEL), training,
+                          build_fabric(load_cluster(CLUSTER), NET_GPUS))
+    plan = plan_profiling(cm, k=5, candidates=30)
+    blind = plan_profiling(cm, k=5, candidates=30, network=False)
+
+    def network_sensitivity(p) -> float:
+        cols = layout_columns([pick.layout for pick in p.picks])
+        return float(np.abs(gradients(cm, cols, (NETWORK_FACTOR,))).mean())
+
+    assert network_sensitivity(plan) >= MIN_NETWORK_SENSITIVITY
+    assert network_sensitivity(plan) > network_sensitivity(blind)
+    assert plan.factor_sd_after[NETWORK_FACTOR] < 0.6 * plan.factor_sd_before[NETWORK_FACTOR]

@@ -39,7 +39,10 @@ def _register_calibrate(subparsers: argparse._SubParsersAction) -> None:
         "the residual factors of the GPU generation's efficiency profile to them (bounded by "
         "the cited ranges, pulled toward the shipped values; fewer factors with few runs), "
         "report the leave-one-run-out error before and after, and write a profile that "
-        "search, pareto and explain take with --efficiency FILE.")
+        "search, pareto and explain take with --efficiency FILE.  When the runs cross nodes "
+        "enough, the cluster's delivered inter-node (and NVLink) bandwidth is fitted too, "
+        "and a corrected cluster file PROFILE.cluster.yaml is written beside the profile for "
+        "--cluster FILE.")
     parser.add_argument("--measurements", nargs="+", required=True, metavar="FILE",
                         help=".csv / .yaml tables; any other file is read as a Megatron log")
     parser.add_argument("--model", metavar="M", default=None,
@@ -50,7 +53,8 @@ def _register_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--efficiency", metavar="NAME|FILE", default=None,
                         help="profile to start from (default: the one covering the GPU)")
     parser.add_argument("--out", required=True, metavar="PROFILE.yaml",
-                        help="where to write the calibrated profile")
+                        help="where to write the calibrated profile (and, when the "
+                        "network is fitted, PROFILE.cluster.yaml beside it)")
     hints = parser.add_argument_group("what a log may not say")
     hints.add_argument("--layout", metavar="L", default=None,
                        help="layout string for logs without an arguments block "
@@ -137,18 +141,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise SpecError(f"no usable measurement in {', '.join(args.measurements)} "
                         f"({len(problems)} left out, reasons above)")
     result = calibrate_user(rows, profile, leave_one_out=not args.no_leave_one_out)
+    out = Path(args.out)
+    cluster_out = _cluster_out(out) if result.cluster else None
     header = (f"# Efficiency profile calibrated by `parsearch calibrate` to {len(rows)} "
               f"measured run(s).\n# {result.why}.\n# Leave-one-run-out MAPE: shipped "
               f"{result.mape_before:.1%}, calibrated {_pct(result.mape_after)}.\n"
+              + (f"# Fitted together with the cluster's delivered bandwidth: use it with "
+                 f"--cluster {cluster_out}.\n" if cluster_out else "")
               + "".join(f"# run: {r.source} {r.layout} on {r.num_gpus} GPUs\n"
                         for r in result.rows))
-    out = Path(args.out)
-    try:
-        out.write_text(profile_to_yaml(result.profile, header), encoding="utf-8")
-    except OSError as error:
-        raise SpecError(f"--out {out}: cannot write it: {error.strerror or error}") from None
+    _write(out, "--out", profile_to_yaml(result.profile, header))
+    if cluster_out is not None:
+        _write(cluster_out, "--out", _cluster_text(result, out))
     if args.format == "json":
-        print_json({**result.to_dict(), "out": str(out), "left_out": problems})
+        print_json({**result.to_dict(), "out": str(out),
+                    "cluster_out": str(cluster_out) if cluster_out else None,
+                    "left_out": problems})
         return 0
     print_table(("run", "layout", "gpus", "measured", "shipped", "err before", "loo pred",
                  "err after"),
@@ -159,20 +167,52 @@ def run_calibrate(args: argparse.Namespace) -> int:
                  for r in result.rows])
     print(f"\n{result.why}")
     for name in result.fitted:
-        prior = result.base.priors[name]
+        prior = result.prior(name)
         mark = "  (on its bound: the structure misses something)" if name in result.on_bound \
             else ""
-        print(f"  {name}: {result.base.get(name):.4g} -> {result.profile.get(name):.4g} "
+        print(f"  {name}: {result.shipped(name):.4g} -> {result.value(name):.4g} "
               f"(range {prior.low:.4g}..{prior.high:.4g}){mark}")
     if result.on_bound:
         print("a factor on its bound means the runs differ from the model in something no "
-              "profile factor represents; check the cluster file (NIC and NVLink bandwidth, "
+              "factor represents; check the cluster file (NIC and NVLink bandwidth, "
               "efficiency: nccl-tests on your nodes) and the features the runs used")
+    for name, value in result.cluster.items():
+        if value < 0.8:
+            tier = "inter-node network" if name == "network_bandwidth_factor" else "NVLink"
+            print(f"the {tier} delivers {value:.0%} of what cluster {result.cluster_file} says: "
+                  "check link rates (ibstat), GPUDirect RDMA and nccl-tests across nodes")
     print(f"leave-one-run-out MAPE: shipped {result.mape_before:.1%} -> calibrated "
           f"{_pct(result.mape_after)} (in sample {result.mape_in_sample:.1%}); "
           f"{len(problems)} input(s) left out")
-    print(f"wrote {out}: use it with --efficiency {out}")
+    if cluster_out is not None:
+        print(f"wrote {out} and {cluster_out} (the cluster file with the fitted bandwidth; the "
+              f"profile was fitted with it): use them together with --efficiency {out} "
+              f"--cluster {cluster_out}")
+    else:
+        print(f"wrote {out}: use it with --efficiency {out}")
     return 0
+
+
+def _cluster_out(out: Path) -> Path:
+    """``PROFILE.yaml`` -> ``PROFILE.cluster.yaml``."""
+    return out.with_name(f"{out.with_suffix('').name}.cluster.yaml")
+
+
+def _cluster_text(result: Any, out: Path) -> str:
+    from parsearch.validation.network_calibration import corrected_cluster_yaml
+
+    fitted = ", ".join(f"{n} {v:.3f}" for n, v in result.cluster.items())
+    header = (f"# Cluster file {result.cluster_file} with the bandwidth fitted by `parsearch "
+              f"calibrate` to {len(result.rows)} measured run(s): {fitted}.\n"
+              f"# Use it with --efficiency {out} (fitted together).\n")
+    return corrected_cluster_yaml(result.cluster_file, result.cluster, header)
+
+
+def _write(path: Path, option: str, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise SpecError(f"{option} {path}: cannot write it: {error.strerror or error}") from None
 
 
 def _pct(x: float, sign: bool = False) -> str:

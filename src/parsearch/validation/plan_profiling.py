@@ -5,25 +5,28 @@ linearised.  A layout's log-throughput error is
 
     error = g . du + n * dN + e
 
-* ``du``: how far each residual factor of the profile really is from its
-  current value, in units of its cited range (``g``: the change in log
-  throughput from the low to the high end of the range, computed by the cost
-  model for that layout), each taken uniform over the range (standard
-  deviation :data:`FACTOR_SD`);
-* ``dN``: how far the achieved inter-node bandwidth is from the cluster file's,
-  between :data:`NETWORK_LOW` of it and all of it (``n``: the change in log
-  throughput over that span), which no profile factor represents;
-* ``e``: what neither explains for that layout (:data:`STRUCTURE_SD`),
+* ``du``: how far each factor really is from its current value, in units of
+  its cited range (``g``: the change in log throughput from the low to the high
+  end of the range, computed by the cost model for that layout), each taken
+  uniform over the range (standard deviation :data:`FACTOR_SD`).  The factors
+  are the profile's residual factors and the cluster's delivered bandwidth
+  (:mod:`parsearch.validation.network_calibration`: inter-node and NVLink
+  bandwidth over what the cluster file says, range down to a quarter of it), so
+  a network that delivers less than the cluster file is one more loose factor,
+  and a set that makes it identifiable lowers the expected error of the
+  network-bound targets;
+* ``e``: what no factor explains for that layout (:data:`STRUCTURE_SD`),
   independent between layouts; a measurement adds :data:`NOISE_SD`.
 
 The calibration fits only the ``factor_limit(n)`` factors the measured layouts
-are most sensitive to, by penalised least squares (penalty ``PRIOR_WEIGHT *
-LOSS_SCALE`` per range unit, :mod:`parsearch.validation.calibration`), and
-leaves the others at the shipped values.  Linearised, that is a ridge
-estimate, and the covariance of the calibrated predictions' errors
-(:func:`fit_error_cov`) has four parts: the variance of the fitted factors,
-the bias of the factors left out, the share of the network error the fitted
-factors absorb (or fail to), and each layout's own error.  Among the
+are most sensitive to (each above its threshold:
+:func:`~parsearch.validation.user_calibration.threshold`), by penalised least
+squares (penalty ``PRIOR_WEIGHT * LOSS_SCALE`` per range unit,
+:mod:`parsearch.validation.calibration`), and leaves the others at the shipped
+values.  Linearised, that is a ridge estimate, and the covariance of the
+calibrated predictions' errors (:func:`fit_error_cov`) has three parts: the
+variance of the fitted factors, the bias of the factors left out (the cluster
+factors always, with ``network=False``), and each layout's own error.  Among the
 candidates near the top, the set of K layouts is chosen to minimise
 
     sum over pairs among the TOP_PAIRS best of Phi(-|mu_i - mu_j| / sd_ij)
@@ -53,13 +56,12 @@ import numpy as np
 from scipy.stats import norm
 
 from parsearch.cost.analytic import CostModel, score_columns
-from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.efficiency import EfficiencyProfile, Prior
 from parsearch.errors import SpecError
 from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.space import require_layouts
-from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import (
     FIT_ORDER,
     LOSS_SCALE,
@@ -68,7 +70,13 @@ from parsearch.validation.calibration import (
     predict,
 )
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
-from parsearch.validation.user_calibration import MIN_SENSITIVITY, factor_limit
+from parsearch.validation.network_calibration import (
+    CLUSTER_FACTORS,
+    network_priors,
+    rows_with_cluster_factors,
+    with_cluster_factors,
+)
+from parsearch.validation.user_calibration import MIN_SENSITIVITY, factor_limit, threshold
 
 #: Prior spread of a factor's true value: uniform over its cited range, in range units.
 FACTOR_SD = 1.0 / math.sqrt(12.0)
@@ -82,10 +90,6 @@ TOP_PAIRS = 10
 CANDIDATES = 30
 #: Fit quality is judged on the best layout of each of this many best shapes.
 TARGET_SHAPES = 90
-#: Achieved inter-node bandwidth is taken uniform between this share of the cluster file's
-#: ``network_efficiency`` and all of it: an assumption of the plan (a cluster file's network
-#: figures are nominal until measured).
-NETWORK_LOW = 0.5
 #: Weight of the mean squared error term, in units of STRUCTURE_SD^2, against the expected
 #: misordered pairs: one pair is worth the error no factor explains on every target.
 FIT_WEIGHT = 1.0
@@ -156,70 +160,72 @@ def _with_profile(cm: CostModel, profile: EfficiencyProfile) -> CostModel:
     return replace(cm, profile=profile)
 
 
+def _priced(cm: CostModel, name: str, value: float) -> CostModel:
+    """``cm`` with one factor (profile or cluster) at ``value``."""
+    if name in CLUSTER_FACTORS:
+        return with_cluster_factors(cm, {name: value})
+    return _with_profile(cm, cm.profile.with_values({name: value}))
+
+
+def factor_priors(cm: CostModel, names: Sequence[str]) -> dict[str, Prior]:
+    """The cited range of each factor: the profile's, or the cluster's (``network_priors``)."""
+    cluster = network_priors(cm.fabric.cluster)
+    return {n: cluster[n] if n in CLUSTER_FACTORS else cm.profile.priors[n] for n in names}
+
+
 def gradients(cm: CostModel, cols: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
     """(layouts x factors): log-throughput change from each factor's low to high bound."""
     out = np.zeros((len(cols["tp"]), len(names)))
-    for j, name in enumerate(names):
-        prior = cm.profile.priors[name]
-        ends = [score_columns(_with_profile(cm, cm.profile.with_values({name: x})), cols,
-                              with_memory=False)["tokens_per_s_per_gpu"]
-                for x in (prior.low, prior.high)]
+    for j, (name, prior) in enumerate(factor_priors(cm, names).items()):
+        ends = [score_columns(_priced(cm, name, x), cols, with_memory=False)
+                ["tokens_per_s_per_gpu"] for x in (prior.low, prior.high)]
         out[:, j] = np.log(ends[1] / ends[0])
     return out
 
 
 def row_gradients(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                  names: Sequence[str]) -> np.ndarray:
+                  names: Sequence[str], cluster_priors: dict[str, Prior]) -> np.ndarray:
     """:func:`gradients` of measured rows (each priced with its own cost model)."""
     out = np.zeros((len(rows), len(names)))
     for j, name in enumerate(names):
-        prior = profile.priors[name]
-        low = predict(rows, profile.with_values({name: prior.low}))
-        high = predict(rows, profile.with_values({name: prior.high}))
+        if name in CLUSTER_FACTORS:
+            prior = cluster_priors[name]
+            low = predict(rows_with_cluster_factors(rows, {name: prior.low}), profile)
+            high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
+        else:
+            prior = profile.priors[name]
+            low = predict(rows, profile.with_values({name: prior.low}))
+            high = predict(rows, profile.with_values({name: prior.high}))
         out[:, j] = np.log(high / low)
     return out
 
 
-def network_gradient(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """Log-throughput change from :data:`NETWORK_LOW` of the cluster file's network to all of it."""
-    cluster = cm.fabric.cluster
-    slow = build_fabric(replace(cluster, network_efficiency=cluster.network_efficiency
-                                * NETWORK_LOW), cm.fabric.num_gpus)
-    low = score_columns(replace(cm, fabric=slow), cols, with_memory=False)
-    high = score_columns(cm, cols, with_memory=False)
-    return np.log(np.asarray(high["tokens_per_s_per_gpu"])
-                  / np.asarray(low["tokens_per_s_per_gpu"]))
-
-
-def row_network_gradient(rows: Sequence[PreparedRow]) -> np.ndarray:
-    """:func:`network_gradient` of measured rows (each on its own cluster)."""
-    return np.array([network_gradient(r.cost_model, r.columns)[0] for r in rows])
-
-
-def fit_error_cov(g_measured: np.ndarray, n_measured: np.ndarray, own: Sequence[int | None],
-                  g_target: np.ndarray, n_target: np.ndarray, n_factors: int) -> np.ndarray:
+def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
+                  n_factors: int, thresholds: np.ndarray | None = None) -> np.ndarray:
     """Covariance of the targets' log prediction errors after the calibration, linearised.
 
-    ``g_*``: factor gradients (:func:`gradients`), ``n_*``: network gradients
-    (:func:`network_gradient`) of the measured layouts and of the targets; ``own``:
-    the target each measured layout is (None: not a target).  The fit takes the
-    ``n_factors`` factors the measured layouts are most sensitive to (as
-    :func:`~parsearch.validation.user_calibration.choose_factors` does) and solves
+    ``g_*``: factor gradients (:func:`gradients`) of the measured layouts and of the
+    targets; ``own``: the target each measured layout is (None: not a target);
+    ``thresholds``: the least sensitivity at which the fit takes each factor (``inf``:
+    never; default :data:`MIN_SENSITIVITY`).  The fit takes the ``n_factors`` factors
+    the measured layouts are most sensitive to, above their thresholds (as
+    :func:`~parsearch.validation.user_calibration.choose_factors` does), and solves
     ``min |J d - y|^2 + lam^2 |d|^2`` (``lam = PRIOR_WEIGHT * LOSS_SCALE``), so a
-    target's error is ``b . y - g_F . d_F - g_U . d_U - n . d_N - e_t`` with
-    ``b = g_F (J'J + lam^2)^-1 J'`` and ``y = J_F d_F + J_U d_U + n_m d_N + e_m``:
-    every offset ``d`` has standard deviation :data:`FACTOR_SD` in range units, a
-    layout's own error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
+    target's error is ``b . y - g_F . d_F - g_U . d_U - e_t`` with
+    ``b = g_F (J'J + lam^2)^-1 J'`` and ``y = J_F d_F + J_U d_U + e_m``: every offset
+    ``d`` has standard deviation :data:`FACTOR_SD` in range units, a layout's own
+    error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
     """
-    sens = np.abs(g_measured).mean(axis=0)
+    if thresholds is None:
+        thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
+    sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
     ordered = [int(j) for j in np.argsort(-sens, kind="stable")
-               if sens[j] >= MIN_SENSITIVITY][:n_factors]
+               if sens[j] >= thresholds[j]][:n_factors]
     rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
     jf = g_measured[:, ordered]
     lam = PRIOR_WEIGHT * LOSS_SCALE
     b = g_target[:, ordered] @ np.linalg.solve(jf.T @ jf + lam**2 * np.eye(len(ordered)), jf.T)
-    shared = np.hstack([b @ jf - g_target[:, ordered], b @ g_measured[:, rest] - g_target[:, rest],
-                        (b @ n_measured - n_target)[:, None]])
+    shared = np.hstack([b @ jf - g_target[:, ordered], b @ g_measured[:, rest] - g_target[:, rest]])
     # Own errors: b e_m - e_t, where a measured target's e_t is inside its e_m.
     own_part = -np.eye(len(b))
     for m, t in enumerate(own):
@@ -230,13 +236,13 @@ def fit_error_cov(g_measured: np.ndarray, n_measured: np.ndarray, own: Sequence[
             + NOISE_SD**2 * b @ b.T + STRUCTURE_SD**2 * b[:, free] @ b[:, free].T)
 
 
-def fit_error(g_measured: np.ndarray, n_measured: np.ndarray, g_target: np.ndarray,
-              n_target: np.ndarray, n_factors: int,
-              own: Sequence[int | None] | None = None) -> float:
+def fit_error(g_measured: np.ndarray, g_target: np.ndarray, n_factors: int,
+              own: Sequence[int | None] | None = None,
+              thresholds: np.ndarray | None = None) -> float:
     """Mean squared log error the calibration leaves on the targets (:func:`fit_error_cov`)."""
     own = own if own is not None else [None] * len(g_measured)
-    return float(np.mean(np.diag(fit_error_cov(g_measured, n_measured, own, g_target,
-                                                n_target, n_factors))))
+    return float(np.mean(np.diag(fit_error_cov(g_measured, own, g_target, n_factors,
+                                                thresholds))))
 
 
 @dataclass
@@ -289,8 +295,12 @@ def _candidate_rows(scan: Any, count: int) -> np.ndarray:
 
 def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (),
                    candidates: int = CANDIDATES, fit_weight: float = FIT_WEIGHT,
-                   ) -> ProfilingPlan:
-    """The ``k`` layouts (on ``cm``'s fabric) worth measuring next, in the order to run them."""
+                   network: bool = True) -> ProfilingPlan:
+    """The ``k`` layouts (on ``cm``'s fabric) worth measuring next, in the order to run them.
+
+    ``network=False``: the calibration will not fit the cluster's bandwidth (its
+    uncertainty still counts, as error no measurement removes).
+    """
     if k < 1:
         raise SpecError(f"k must be >= 1 layouts to measure, got {k}")
     model, training = cm.model, cm.training
@@ -307,19 +317,20 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     scores = score_columns(cm, cols, with_memory=False)
     tokens = np.asarray(scores["tokens_per_s_per_gpu"])
     mu = np.log(tokens)
-    names = tuple(n for n in FIT_ORDER if n in cm.profile.priors)
-    g = gradients(cm, cols, names)
-    keep = np.abs(g).max(axis=0) > 1e-6 if len(g) else np.zeros(len(names), bool)
+    cluster_priors = network_priors(cm.fabric.cluster)
+    names = (*(n for n in FIT_ORDER if n in cm.profile.priors), *cluster_priors)
+    g_target = gradients(cm, target_cols, names)
+    keep = np.abs(g_target).max(axis=0) > 1e-6 if len(g_target) else np.zeros(len(names), bool)
     if measured:
-        keep |= np.abs(row_gradients(measured, cm.profile, names)).max(axis=0) > 1e-6
-    g_target = gradients(cm, target_cols, names)[:, keep]
+        keep |= np.abs(row_gradients(measured, cm.profile, names,
+                                     cluster_priors)).max(axis=0) > 1e-6
     names = tuple(n for n, kept in zip(names, keep, strict=True) if kept)
-    g = g[:, keep]
-    n_target = network_gradient(cm, target_cols)
-    n_cand = n_target[:len(rows)]
-    g_done = (row_gradients(measured, cm.profile, names) if measured
+    g_target = g_target[:, keep]
+    g = g_target[:len(rows)]
+    thresholds = np.array([threshold(n) if network or n not in CLUSTER_FACTORS else math.inf
+                           for n in names])
+    g_done = (row_gradients(measured, cm.profile, names, cluster_priors) if measured
               else np.zeros((0, len(names))))
-    n_done = row_network_gradient(measured) if measured else np.zeros(0)
     n_factors = factor_limit(len(measured) + min(k, len(rows)))
     belief = _Belief(FACTOR_SD**2 * np.eye(len(names)), g)
     cov = belief.error_cov()
@@ -332,8 +343,8 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
 
     def objective(picked: Sequence[int]) -> float:
         errors = fit_error_cov(np.vstack([g_done, g[list(picked)]]),
-                               np.concatenate([n_done, n_cand[list(picked)]]),
-                               [*[None] * len(g_done), *picked], g_target, n_target, n_factors)
+                               [*[None] * len(g_done), *picked], g_target, n_factors,
+                               thresholds)
         return (expected_misordered(mu, errors[:len(mu), :len(mu)], TOP_PAIRS)
                 + fit_weight * float(np.mean(np.diag(errors))) / STRUCTURE_SD**2)
 

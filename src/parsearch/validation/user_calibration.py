@@ -24,11 +24,12 @@ runs (factor choice included).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from parsearch.constraints import check_layout
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, layout_columns
@@ -39,15 +40,23 @@ from parsearch.published_runs import PublishedRun
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import (
+    BOUND_TOLERANCE,
     FIT_ORDER,
+    LOSS_SCALE,
     PRIOR_WEIGHT,
     ROWS_PER_FACTOR,
     PreparedRow,
-    calibrate,
     predict,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
 from parsearch.validation.measurements import Measurement, one_line
+from parsearch.validation.network_calibration import (
+    CLUSTER_FACTORS,
+    MIN_NETWORK_SENSITIVITY,
+    NETWORK_FACTOR,
+    network_priors,
+    rows_with_cluster_factors,
+)
 from parsearch.workload import ModelSpec, TrainingSpec
 
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
@@ -142,8 +151,13 @@ def anchored(profile: EfficiencyProfile) -> EfficiencyProfile:
 
 
 def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                  names: Sequence[str] | None = None) -> dict[str, float]:
-    """Mean |log throughput change| of the rows when a factor goes from its low to high bound."""
+                  names: Sequence[str] | None = None,
+                  cluster_priors: Mapping[str, Prior] | None = None) -> dict[str, float]:
+    """Mean |log throughput change| of the rows when a factor goes from its low to high bound.
+
+    Profile factors (``names``, default :data:`FIT_ORDER`) and the cluster factors
+    of ``cluster_priors`` (:mod:`parsearch.validation.network_calibration`).
+    """
     out = {}
     for name in names if names is not None else FIT_ORDER:
         prior = profile.priors.get(name)
@@ -151,6 +165,10 @@ def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
             continue
         low = predict(rows, profile.with_values({name: prior.low}))
         high = predict(rows, profile.with_values({name: prior.high}))
+        out[name] = float(np.mean(np.abs(np.log(high / low))))
+    for name, prior in (cluster_priors or {}).items():
+        low = predict(rows_with_cluster_factors(rows, {name: prior.low}), profile)
+        high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
         out[name] = float(np.mean(np.abs(np.log(high / low))))
     return out
 
@@ -164,21 +182,125 @@ def factor_limit(n_rows: int, rows_per_factor: int = ROWS_PER_FACTOR) -> int:
     return max(1, math.ceil(n_rows / rows_per_factor))
 
 
+def threshold(name: str) -> float:
+    """Least sensitivity at which a factor is fitted (cluster factors ask for more)."""
+    return MIN_NETWORK_SENSITIVITY if name in CLUSTER_FACTORS else MIN_SENSITIVITY
+
+
+def cluster_priors_for(rows: Sequence[PreparedRow]) -> tuple[dict[str, Prior], str]:
+    """The cluster factors ``rows`` may fit, and why the others may not (``""``: none left out).
+
+    Only runs of one cluster file: the delivered bandwidth is a property of one cluster.
+    """
+    clusters = sorted({r.cost_model.fabric.cluster.name for r in rows})
+    if len(clusters) > 1:
+        return {}, (f"network factors not fitted: the runs span clusters {', '.join(clusters)} "
+                    "(calibrate one cluster at a time with --cluster to fit its network)")
+    priors = network_priors(rows[0].cost_model.fabric.cluster)
+    missing = [n for n in CLUSTER_FACTORS if n not in priors]
+    why = (f"{', '.join(missing)} not fitted: cluster {clusters[0]} has no such tier"
+           if missing else "")
+    return priors, why
+
+
 def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                    rows_per_factor: int = ROWS_PER_FACTOR,
+                   cluster_priors: Mapping[str, Prior] | None = None,
                    ) -> tuple[list[str], dict[str, float], str]:
-    """The factors to fit, every factor's sensitivity, and a sentence saying why."""
-    sens = sensitivities(rows, profile)
-    informative = sorted((n for n, s in sens.items() if s >= MIN_SENSITIVITY),
+    """The factors to fit, every factor's sensitivity, and a sentence saying why.
+
+    Profile factors and cluster factors compete on one list, most sensitive first;
+    a factor enters when its whole range moves the runs by :func:`threshold`.
+    """
+    sens = sensitivities(rows, profile, cluster_priors=cluster_priors)
+    informative = sorted((n for n, s in sens.items() if s >= threshold(n)),
                          key=lambda n: -sens[n])
     limit = factor_limit(len(rows), rows_per_factor)
     chosen = informative[:limit]
     why = (f"fitted {len(chosen)} of the {len(informative)} factors these runs inform "
-           f"(|d log throughput| >= {MIN_SENSITIVITY} over the cited range)")
+           f"(|d log throughput| >= {MIN_SENSITIVITY} over the cited range, "
+           f">= {MIN_NETWORK_SENSITIVITY} for the cluster's bandwidth)")
+    if chosen:
+        why += f": {', '.join(chosen)}"
     if len(informative) > limit:
         why += (f"; {len(rows)} run(s) allow at most {limit} (one per {rows_per_factor} runs): "
                 f"left at the shipped values: {', '.join(informative[limit:])}")
+    for name in cluster_priors or {}:
+        if sens[name] < MIN_NETWORK_SENSITIVITY:
+            what = "cross nodes" if name == NETWORK_FACTOR else "use NVLink"
+            why += (f"; {name} not fitted: the runs barely {what} (its range "
+                    f"{cluster_priors[name].low:.2f}-{cluster_priors[name].high:.2f} moves them "
+                    f"{sens[name]:.3f} < {MIN_NETWORK_SENSITIVITY}), the cluster file is kept")
     return chosen, sens, why
+
+
+@dataclass(frozen=True)
+class FactorFit:
+    """A fitted profile and cluster factors (only those fitted; the rest stay 1.0)."""
+
+    profile: EfficiencyProfile
+    cluster: dict[str, float]
+    cluster_priors: dict[str, Prior]
+    fitted: tuple[str, ...]
+    on_bound: tuple[str, ...]
+    sensitivity: dict[str, float]
+    why: str
+
+    def predict(self, rows: Sequence[PreparedRow]) -> np.ndarray:
+        """Predicted tokens/s/GPU of ``rows`` under the fitted profile and cluster factors."""
+        return predict(rows_with_cluster_factors(rows, self.cluster), self.profile)
+
+
+def _unit(prior: Prior, value: float) -> float:
+    """Position in the range, 0..1; log scale for ranges of a decade or more (as
+    :mod:`parsearch.validation.calibration` maps its factors)."""
+    if prior.high / max(prior.low, 1e-30) >= 10.0:
+        return math.log(value / prior.low) / math.log(prior.high / prior.low)
+    return (value - prior.low) / (prior.high - prior.low)
+
+
+def _from_unit(prior: Prior, u: float) -> float:
+    if prior.high / max(prior.low, 1e-30) >= 10.0:
+        return prior.low * (prior.high / prior.low) ** float(u)
+    return prior.low + float(u) * (prior.high - prior.low)
+
+
+def fit_factors(rows: Sequence[PreparedRow], start: EfficiencyProfile, names: Sequence[str],
+                cluster_priors: Mapping[str, Prior], *, prior_weight: float = PRIOR_WEIGHT,
+                ) -> tuple[EfficiencyProfile, dict[str, float], tuple[str, ...]]:
+    """(profile, cluster factors, on_bound): profile and cluster factors fitted together.
+
+    The cost model's procedure (:func:`~parsearch.validation.calibration.calibrate`):
+    soft-L1 loss on the log ratios (scale :data:`LOSS_SCALE`), each factor pulled
+    toward its prior by ``prior_weight * LOSS_SCALE`` per range unit, bounded by
+    its range; a cluster factor's prior is 1.0 (the cluster file's word).
+    """
+    start = start.with_values({n: p.value for n, p in start.priors.items()})
+    if not names:
+        return start, {}, ()
+    priors = [cluster_priors[n] if n in CLUSTER_FACTORS else start.priors[n] for n in names]
+    u_prior = np.array([_unit(p, p.value) for p in priors])
+    measured = np.array([r.measured for r in rows])
+
+    def split(u: np.ndarray) -> tuple[EfficiencyProfile, dict[str, float]]:
+        values = {n: _from_unit(p, x) for n, p, x in zip(names, priors, u, strict=True)}
+        cluster = {n: v for n, v in values.items() if n in CLUSTER_FACTORS}
+        profile = start.with_values({n: v for n, v in values.items() if n not in cluster})
+        return profile, cluster
+
+    def residuals(u: np.ndarray) -> np.ndarray:
+        profile, cluster = split(u)
+        pred = predict(rows_with_cluster_factors(rows, cluster), profile)
+        logs = np.log(np.maximum(pred, 1e-9) / measured)
+        return np.concatenate([logs, prior_weight * LOSS_SCALE * (u - u_prior)])
+
+    fit = least_squares(residuals, np.clip(u_prior, 0.02, 0.98), bounds=(0.0, 1.0),
+                        loss="soft_l1", f_scale=LOSS_SCALE, max_nfev=MAX_EVALUATIONS,
+                        diff_step=1e-3)
+    profile, cluster = split(fit.x)
+    on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
+                     if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
+    return profile, cluster, on_bound
 
 
 @dataclass(frozen=True)
@@ -218,7 +340,7 @@ def _finite(x: float) -> float | None:
 
 @dataclass(frozen=True)
 class UserCalibration:
-    """The fitted profile and how well it predicts runs it has not seen."""
+    """The fitted profile (and cluster factors) and how well they predict unseen runs."""
 
     profile: EfficiencyProfile
     base: EfficiencyProfile
@@ -227,6 +349,9 @@ class UserCalibration:
     sensitivity: dict[str, float]
     why: str
     rows: tuple[RowReport, ...]
+    cluster: dict[str, float] = field(default_factory=dict)
+    cluster_priors: dict[str, Prior] = field(default_factory=dict)
+    cluster_file: str | None = None
 
     @property
     def mape_before(self) -> float:
@@ -242,13 +367,25 @@ class UserCalibration:
     def mape_in_sample(self) -> float:
         return float(np.mean([abs(r.calibrated / r.measured - 1.0) for r in self.rows]))
 
+    def value(self, name: str) -> float:
+        """A fitted factor's value (profile or cluster factor)."""
+        return self.cluster[name] if name in CLUSTER_FACTORS else self.profile.get(name)
+
+    def shipped(self, name: str) -> float:
+        return 1.0 if name in CLUSTER_FACTORS else self.base.get(name)
+
+    def prior(self, name: str) -> Prior:
+        return self.cluster_priors[name] if name in CLUSTER_FACTORS else self.base.priors[name]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile.name,
             "runs": len(self.rows),
-            "fitted": {n: {"value": self.profile.get(n), "shipped": self.base.get(n),
-                           "low": self.base.priors[n].low, "high": self.base.priors[n].high}
+            "fitted": {n: {"value": self.value(n), "shipped": self.shipped(n),
+                           "low": self.prior(n).low, "high": self.prior(n).high}
                        for n in self.fitted},
+            "cluster_factors": dict(self.cluster),
+            "cluster_file": self.cluster_file,
             "on_bound": list(self.on_bound),
             "why": self.why,
             "sensitivity": self.sensitivity,
@@ -261,9 +398,11 @@ class UserCalibration:
 
 def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
                      prior_weight: float = PRIOR_WEIGHT, rows_per_factor: int = ROWS_PER_FACTOR,
-                     ) -> tuple[EfficiencyProfile, tuple[str, ...], tuple[str, ...],
-                                dict[str, float], str]:
-    """(profile, fitted, on_bound, sensitivities, why) for ``rows`` of one generation."""
+                     network: bool = True) -> FactorFit:
+    """Profile and cluster factors fitted to ``rows`` of one generation.
+
+    ``network=False``: profile factors only (the cluster file taken at its word).
+    """
     if not rows:
         raise ParsearchError("no usable measurements to calibrate on")
     generations = sorted({r.generation for r in rows})
@@ -272,34 +411,44 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
                              "calibrate one cluster (or generation) at a time with --cluster")
     base = base or rows[0].cost_model.profile
     start = anchored(base)
-    names, sens, why = choose_factors(rows, start, rows_per_factor)
-    fit = calibrate(rows, start, factors=names, max_evaluations=MAX_EVALUATIONS,
-                    prior_weight=prior_weight)
-    return fit.profile, fit.fitted, fit.on_bound, sens, why
+    cluster_priors, left_out = cluster_priors_for(rows) if network else ({}, "")
+    names, sens, why = choose_factors(rows, start, rows_per_factor, cluster_priors)
+    if left_out:
+        why += f"; {left_out}"
+    profile, cluster, on_bound = fit_factors(rows, start, names, cluster_priors,
+                                             prior_weight=prior_weight)
+    return FactorFit(profile, cluster, dict(cluster_priors), tuple(names), on_bound, sens, why)
 
 
 def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
-                   leave_one_out: bool = True) -> UserCalibration:
+                   leave_one_out: bool = True, network: bool = True) -> UserCalibration:
     """Fit on all runs; with ``leave_one_out``, predict each run from a fit to the others."""
-    profile, fitted, on_bound, sens, why = fit_user_profile(rows, base)
+    fit = fit_user_profile(rows, base, network=network)
     base = base or rows[0].cost_model.profile
     shipped = predict(rows, base)
-    calibrated = predict(rows, profile)
+    calibrated = fit.predict(rows)
     loo = np.full(len(rows), np.nan)
     if leave_one_out and len(rows) > 1:
         for i in range(len(rows)):
             others = [r for j, r in enumerate(rows) if j != i]
-            fold, *_ = fit_user_profile(others, base)
-            loo[i] = predict([rows[i]], fold)[0]
+            fold = fit_user_profile(others, base, network=network)
+            loo[i] = fold.predict([rows[i]])[0]
     reports = tuple(RowReport(r.id, r.run.layout.key(), r.run.num_gpus, r.measured,
                               float(a), float(b), float(c))
                     for r, a, b, c in zip(rows, shipped, loo, calibrated, strict=True))
     bands = _bands(rows, loo, base)
-    names = ", ".join(f"{n}={profile.get(n):.4g}" for n in fitted) or "nothing"
+    names = ", ".join(f"{n}={fit.profile.get(n):.4g}" for n in fit.fitted
+                      if n not in CLUSTER_FACTORS) or "nothing"
     source = (base.source.split("; calibration")[0]
               + f"; calibrated by parsearch calibrate to {len(rows)} measured run(s): {names}")
-    written = replace(profile, priors=base.priors, uncertainty=bands, source=source)
-    return UserCalibration(written, base, fitted, on_bound, sens, why, reports)
+    if fit.cluster:
+        source += ("; fitted together with the cluster's delivered bandwidth ("
+                   + ", ".join(f"{n}={v:.3g}" for n, v in fit.cluster.items())
+                   + "): use it with the corrected cluster file")
+    written = replace(fit.profile, priors=base.priors, uncertainty=bands, source=source)
+    return UserCalibration(written, base, fit.fitted, fit.on_bound, fit.sensitivity, fit.why,
+                           reports, dict(fit.cluster), fit.cluster_priors,
+                           rows[0].run.cluster if fit.cluster else None)
 
 
 def _bands(rows: Sequence[PreparedRow], loo: np.ndarray,
