@@ -53,6 +53,11 @@ KOR22 = "KOR22"
 MBRIDGE = "MBRIDGE"
 FOLD = "FOLD"
 NEMO_LONGSEQ = "NEMO-LONGSEQ"
+# Independent references (``independent_runs.csv``, INDEPENDENT_RUNS.md); never fitted to.
+LLAMA3 = "LLAMA3"
+MEGASCALE = "MEGASCALE"
+TORCHTITAN = "TORCHTITAN"
+DEEPSEEK_V3 = "DEEPSEEK-V3"
 OTHER = "OTHER"
 
 _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -61,17 +66,26 @@ _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("Megatron-Bridge perf summary", MBRIDGE),
     ("MoE Parallel Folding", FOLD),
     ("NeMo long-sequence perf", NEMO_LONGSEQ),
+    ("Llama 3 paper", LLAMA3),
+    ("MegaScale", MEGASCALE),
+    ("torchtitan", TORCHTITAN),
+    ("DeepSeek-V3 technical report", DEEPSEEK_V3),
 )
 
 # Peaks the sources divide by to report MFU (TFLOP/s, dense 16-bit).
 KOR22_PEAK_TFLOPS = 312.0  # A100; KOR22 Table 5 / README
 FOLD_PEAK_TFLOPS = 989.5  # H100 SXM; FOLD §4.1
+# MegaScale's MFU peak: A100 dense BF16 (NVIDIA A100 datasheet, 312 TF).  The paper
+# names no peak; this one reproduces its Table 2 tokens/s column (CONV_MEGASCALE).
+MEGASCALE_PEAK_TFLOPS = 312.0
 
 # Conversion identifiers stored in ``PublishedRun.conversion``.
 CONV_REPORTED = "reported"
 CONV_NAR21 = "nar21-eq3"
 CONV_KOR22 = "kor22-model-flops"
 CONV_MCORE_2025 = "mcore-2025-model-flops"
+CONV_PALM = "palm-6n-12lhqt"
+CONV_MEGASCALE = "megascale-kor22-mfu"
 
 CONVERSIONS: dict[str, str] = {
     CONV_REPORTED: "tokens/s/GPU as published (measured_tokens_per_sec_per_gpu column)",
@@ -90,6 +104,22 @@ CONVERSIONS: dict[str, str] = {
         "128·tp; full s² attention, no causal halving, no recompute); "
         "TFLOP/s = MFU × 989.5 (H100, FOLD §4.1) when only MFU is given"
     ),
+    CONV_PALM: (
+        "Llama 3 paper §3.3.2 (arXiv 2407.21783): MFU and TFLOPs/GPU after Chowdhery et al. "
+        "(PaLM, arXiv 2204.02311, App. B), counted as Meta's torchtitan does "
+        "(torchtitan/models/llama3/model/args.py get_nparams_and_flops): "
+        "6·N + 12·L·H·Q·s per token, N = all parameters but the input embedding table "
+        "(output layer counted), H·Q = heads × head dim, full s² attention (no causal "
+        "halving), no recompute; tokens/s/GPU = TFLOP/s·1e12 / that"
+    ),
+    CONV_MEGASCALE: (
+        "MegaScale (arXiv 2402.15627) Table 2 MFU: the paper defines MFU as observed over "
+        "peak throughput (§1, citing Megatron-LM) without writing its FLOP count; assumed "
+        "the KOR22 model-FLOPs count 72·B·s·L·h²·(1 + s/6h + V/12Lh) (no recompute) at "
+        "312 TF (A100 BF16), because with it the MFU column reproduces the table's own "
+        "tokens/s column within 0.2% on every Megatron-LM row; "
+        "tokens/s/GPU = MFU × 312e12 / (FLOPs per token)"
+    ),
 }
 
 CLUSTER_BY_GPU: dict[str, str] = {
@@ -100,6 +130,17 @@ CLUSTER_BY_GPU: dict[str, str] = {
     "B300": "dgx-b300",
     "GB200": "gb200-nvl72",
     "GB300": "gb300-nvl72",
+    "H200-SXM-141GB": "dgx-h200",
+    "H800-SXM-80GB": "hgx-h800",
+}
+
+# GPU labels with no shipped hardware profile, and why none is made up.
+NO_PROFILE_REASONS: dict[str, str] = {
+    "H100-SXM-96GB (Grand Teton, 500W)": (
+        "no hardware profile for a 500 W-capped H100 96 GB: NVIDIA's datasheet peaks are "
+        "for the 700 W H100 SXM 80 GB, and no published peak, clock or HBM bandwidth for "
+        "this part at 500 W was found (torchtitan's own footnote says its peak is lower)"
+    ),
 }
 
 # Model name (without its parenthesised variant) -> preset names to try, in order.
@@ -119,6 +160,13 @@ _PRESET_CANDIDATES: dict[str, tuple[str, ...]] = {
     "GPT-529.6B": ("gpt-529.6b", "gpt-530b"),
     "GPT-1008B": ("gpt-1t", "gpt-1008b"),
     "GPT-1T": ("gpt-1t",),
+    # Independent references: Llama 3.1 8B/70B keep Llama 3's dimensions (Llama 3 paper Table 3).
+    "Llama-3-8B": ("llama3-8b",),
+    "Llama-3.1-8B": ("llama3-8b",),
+    "Llama-3-70B": ("llama3-70b",),
+    "Llama-3.1-70B": ("llama3-70b",),
+    "Llama-3.1-405B": ("llama3.1-405b",),
+    "DeepSeek-V3": ("deepseek-v3",),
 }
 
 # Fields the CSV leaves blank, filled from the model's public config when no
@@ -305,6 +353,10 @@ def _fp8_recipe(text: str) -> str:
         return "mxfp8"
     if "BLOCKWISE" in text:
         return "blockwise"
+    if "ROWWISE" in text:  # torchao float8 rowwise scaling (torchtitan rows)
+        return "rowwise"
+    if "TENSORWISE" in text:
+        return "tensorwise"
     if "DELAYED" in text:
         return "delayed"
     if text.endswith("-CS"):
@@ -337,8 +389,8 @@ def _build_layout(row: Row, tag: str, moe_row: bool) -> tuple[Layout, list[str]]
     etp = _etp(row, tag, moe_row, tp, notes)
     vpp = _int(row, "vpp")
     if vpp is None:
-        vpp = 1
-        if pp > 1:
+        vpp = _llama3_vpp(row, pp, notes) if tag == LLAMA3 else 1
+        if pp > 1 and vpp == 1:
             notes.append("vpp not stated: 1 (no interleaving)")
     mbs = _int(row, "micro_batch_size")
     if mbs is None:
@@ -346,7 +398,14 @@ def _build_layout(row: Row, tag: str, moe_row: bool) -> tuple[Layout, list[str]]
         notes.append("micro-batch size not stated: 1")
     recompute_text = _text(row, "recompute")
     if not recompute_text:
+        recompute_text = _llama3_recompute(row, notes) if tag == LLAMA3 else ""
+    if not recompute_text:
         notes.append("recompute not stated: none")
+    elif tag == TORCHTITAN and recompute_text.lower().startswith("selective"):
+        # torchtitan's selective AC (per-op or every-other-layer checkpointing) is not
+        # Megatron's; the cost model knows only Megatron's modules.
+        notes.append(f"recompute {recompute_text!r} (torchtitan SAC) priced as Megatron "
+                     "selective (core attention)")
     return (
         Layout(
             num_gpus=_required_int(row, "num_gpus"),
@@ -364,6 +423,33 @@ def _build_layout(row: Row, tag: str, moe_row: bool) -> tuple[Layout, list[str]]
     )
 
 
+def _llama3_vpp(row: Row, pp: int, notes: list[str]) -> int:
+    """Virtual stages per rank the Llama 3 paper's text implies (its Table 4 gives none).
+
+    §3.3.2 (arXiv 2407.21783): "one Transformer layer is reduced each from the first
+    and the last stages ... the first model chunk on the first stage has only the
+    embedding, and the last model chunk on the last stage has only output projection
+    and loss" -- one unit per model chunk, so pp·V = layers + 2 (embedding, loss).
+    """
+    layers = _int(row, "num_layers")
+    if pp <= 1 or layers is None or (layers + 2) % pp:
+        return 1
+    vpp = (layers + 2) // pp
+    notes.append(f"vpp not stated: {vpp} (Llama 3 §3.3.2: one layer per model chunk, "
+                 f"embedding and loss a chunk each: ({layers}+2)/{pp})")
+    return vpp
+
+
+def _llama3_recompute(row: Row, notes: list[str]) -> str:
+    """Recompute the Llama 3 paper states: none at 8K tokens (§3.3.2); "" when unstated."""
+    seq = _int(row, "seq_length")
+    if seq is None or seq > 8192:
+        return ""
+    notes.append("recompute from the text: none (Llama 3 §3.3.2: 8K sequences "
+                 "pre-trained without activation checkpointing)")
+    return "none"
+
+
 def _etp(row: Row, tag: str, moe_row: bool, tp: int, notes: list[str]) -> int:
     etp = _int(row, "etp")
     if etp is not None:
@@ -373,7 +459,7 @@ def _etp(row: Row, tag: str, moe_row: bool, tp: int, notes: list[str]) -> int:
     if tag == FOLD:
         notes.append("etp not stated: = tp (no folding couples expert TP to TP)")
         return tp
-    notes.append("etp not listed by NVIDIA: 1")
+    notes.append("etp not listed by NVIDIA: 1" if tag == MBRIDGE else "etp not stated: 1")
     return 1
 
 
@@ -438,8 +524,11 @@ def _model_problems(layout: Layout, model: ModelSpec) -> list[str]:
     problems: list[str] = []
     if model.num_attention_heads % layout.tp:
         problems.append(f"heads={model.num_attention_heads} not divisible by tp={layout.tp}")
-    if layout.pp * layout.vpp > model.num_layers:
-        problems.append(f"pp·vpp={layout.pp * layout.vpp} exceeds num_layers={model.num_layers}")
+    # As constraint R8 (uneven split): the embedding and the loss may each take a virtual
+    # stage (Megatron account_for_embedding/loss_in_pipeline_split; Llama 3 §3.3.2).
+    if layout.pp * layout.vpp > model.num_layers + 2:
+        problems.append(f"pp·vpp={layout.pp * layout.vpp} exceeds "
+                        f"num_layers+2={model.num_layers + 2}")
     moe = model.moe
     if moe is not None:
         if moe.num_experts % layout.ep:
@@ -568,6 +657,15 @@ def _moe_from_columns(row: Row) -> MoeSpec | None:
     )
 
 
+def _megascale_block(row: Row) -> str | None:
+    """Why a MegaScale-method row is not the standard GPT block (``None`` for Megatron-LM)."""
+    if not _text(row, "notes").startswith("method=MegaScale"):
+        return None
+    return ("MegaScale's own model block: parallel attention+MLP and sliding-window "
+            "attention (MegaScale §3.1, arXiv 2402.15627); the cost model prices the "
+            "standard serial block, so only the Megatron-LM baseline rows are scored")
+
+
 def resolve_model(row: Row) -> tuple[ModelSpec | None, str | None, str | None]:
     """(model, where it came from, why there is none) for one CSV row."""
     base, variant = split_model_name(_text(row, "model"))
@@ -601,6 +699,21 @@ def kor22_model_flops_per_token(num_layers: int, hidden: int, seq_len: int, voca
     """KOR22 model FLOPs per token: 72·L·h²·(1 + s/6h + V/12Lh) (no recompute)."""
     L, h, s, V = num_layers, hidden, seq_len, vocab
     return 72.0 * L * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * L * h))
+
+
+def palm_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOPs per token after PaLM App. B, as torchtitan counts them (:data:`CONV_PALM`).
+
+    6·N + 12·L·H·Q·s with N = all parameters except the input embedding table
+    (torchtitan ``get_nparams_and_flops`` subtracts the ``nn.Embedding`` only, so
+    an untied output layer is in N) and H·Q = heads × head dim; no causal halving.
+    """
+    from parsearch.params import parameter_counts
+
+    counts = parameter_counts(model)
+    n = counts.total - counts.embedding
+    attention = 12.0 * model.num_layers * model.num_attention_heads * model.head_dim * seq_len
+    return 6.0 * n + attention
 
 
 def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
@@ -676,6 +789,14 @@ def _source_flops(
         if tag == NAR21:
             return nar21_flops_per_token(L, h, seq_len, V), CONV_NAR21, None
         return kor22_model_flops_per_token(L, h, seq_len, V), CONV_KOR22, KOR22_PEAK_TFLOPS
+    if tag == MEGASCALE:
+        L, h, V = (_int(row, c) for c in ("num_layers", "hidden_size", "vocab_size"))
+        if L is None or h is None or V is None:
+            return None, None, None
+        flops = kor22_model_flops_per_token(L, h, seq_len, V)
+        return flops, CONV_MEGASCALE, MEGASCALE_PEAK_TFLOPS
+    if tag == LLAMA3 and model is not None and model.mla is None and model.moe is None:
+        return palm_flops_per_token(model, seq_len), CONV_PALM, None
     if tag in (FOLD, NEMO_LONGSEQ) and model is not None and model.mla is None:
         flops = mcore_2025_flops_per_token(model, seq_len, layout.tp)
         return flops, CONV_MCORE_2025, FOLD_PEAK_TFLOPS if tag == FOLD else None
@@ -695,6 +816,10 @@ def parse_row(row: Row) -> PublishedRun:
     model, model_source, model_problem = resolve_model(row)
     if model_source == "row columns":
         assumptions.append("model built from the row's architecture columns")
+    if tag == MEGASCALE:
+        model_problem = model_problem or _megascale_block(row)
+        assumptions += ["GPU memory not stated ('NVIDIA Ampere'): A100 80 GB",
+                        "precision not stated: BF16"]
     precision, recipe = normalise_precision(_text(row, "precision"))
     tokens, conversion = _measurement(row, tag, model, layout, seq_len)
     gpu = _text(row, "gpu")
@@ -743,7 +868,7 @@ def _skip_reason(
     if verified == "no":
         return "verified=no"
     if cluster is None:
-        return f"unknown GPU {gpu!r}"
+        return NO_PROFILE_REASONS.get(gpu, f"unknown GPU {gpu!r}")
     if model_problem is not None:
         return model_problem
     if layout_issues:
@@ -895,5 +1020,9 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
 
 
 def uses_fsdp(run: PublishedRun) -> bool:
-    """Whether the source says the run used fully sharded data parallelism ("FSDP=...")."""
-    return "FSDP=" in run.notes
+    """Whether the source says the run used fully sharded data parallelism.
+
+    "FSDP=..." in the notes (NVIDIA tables), or a torchtitan row: torchtitan's
+    data parallelism is FSDP2 (ZeRO-3-style) in every benchmark it publishes.
+    """
+    return "FSDP=" in run.notes or run.source_tag == TORCHTITAN

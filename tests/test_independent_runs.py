@@ -1,0 +1,181 @@
+"""The independent references (``independent_runs.csv``): tags, conversions, aliases, skips.
+
+Golden numbers are computed by hand in the comments from the sources named in
+``src/parsearch/data/INDEPENDENT_RUNS.md`` (Llama 3 paper Table 4, MegaScale
+Table 2, torchtitan benchmark files, DeepSeek-V3 report), not by the code.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from parsearch.published_runs import (
+    CLUSTER_BY_GPU,
+    CONV_MEGASCALE,
+    CONV_PALM,
+    CONV_REPORTED,
+    CONVERSIONS,
+    DEEPSEEK_V3,
+    LLAMA3,
+    MEGASCALE,
+    TORCHTITAN,
+    PublishedRun,
+    load_published_runs,
+    read_published_runs,
+)
+from parsearch.topology.cluster import load_cluster
+from parsearch.validation.runs import validate_runs
+
+DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
+INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3}
+
+
+@pytest.fixture(scope="module")
+def independent() -> dict[str, PublishedRun]:
+    return {run.id: run for run in read_published_runs(DATA).runs}
+
+
+def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> None:
+    tags = {run.id: run.source_tag for run in independent.values()}
+    assert set(tags.values()) == INDEPENDENT_TAGS
+    assert {tags[i] for i in ("i0001", "i0002", "i0003")} == {LLAMA3}
+    assert {tags[f"i{n:04d}"] for n in range(4, 20)} == {MEGASCALE}
+    assert {tags[f"i{n:04d}"] for n in (*range(20, 34), *range(38, 48))} == {TORCHTITAN}
+    assert tags["i0048"] == DEEPSEEK_V3
+
+
+def test_published_runs_keep_their_tags() -> None:
+    # The new prefixes must not capture any row of the calibration set.
+    assert not {run.source_tag for run in load_published_runs()} & INDEPENDENT_TAGS
+
+
+def test_llama3_tflops_converted_by_palm_count(independent: dict[str, PublishedRun]) -> None:
+    run = independent["i0001"]  # Llama 3.1 405B, 8,192 H100, 430 TFLOPs/GPU (Table 4)
+    # N = 126 layers x (q,o 2*16384^2 + k,v 2*16384*1024 + SwiGLU 3*16384*53248
+    #                   + 2 RMSNorm 2*16384) + final norm 16384 + output 128256*16384
+    #   = 126 * 3,187,703,808 + 16,384 + 2,101,346,304 = 403,752,042,496
+    # 6N = 2,422,512,254,976;  12*L*H*Q*s = 12*126*128*128*8192 = 202,937,204,736
+    # FLOPs/token = 2,625,449,459,712 -> 430e12 / that = 163.78 tokens/s/GPU
+    layer = 2 * 16384**2 + 2 * 16384 * 1024 + 3 * 16384 * 53248 + 2 * 16384
+    n = 126 * layer + 16384 + 128256 * 16384
+    assert n == 403_752_042_496
+    flops = 6 * n + 12 * 126 * 128 * 128 * 8192
+    assert flops == 2_625_449_459_712
+    assert run.conversion == CONV_PALM
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(430e12 / flops, rel=1e-9)
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(163.78, abs=0.01)
+    # 128K-context row: the s-term grows 16x: 2,422,512,254,976 + 16*202,937,204,736
+    long = independent["i0003"]
+    long_flops = 6 * n + 12 * 126 * 128 * 128 * 131072
+    assert long.measured_tokens_per_s_per_gpu == pytest.approx(380e12 / long_flops, rel=1e-9)
+
+
+# MegaScale (arXiv 2402.15627) Table 2, Megatron-LM rows: GPUs, MFU, aggregate tokens/s.
+MEGASCALE_MEGATRON = {
+    "i0004": (256, 39.3e3), "i0005": (512, 74.1e3), "i0006": (768, 103.8e3),
+    "i0007": (1024, 132.7e3), "i0012": (3072, 433.6e3), "i0013": (6144, 851.6e3),
+    "i0014": (8192, 1027.9e3), "i0015": (12288, 1466.8e3),
+}
+
+
+def test_megascale_mfu_converted_by_kor22_count(independent: dict[str, PublishedRun]) -> None:
+    run = independent["i0004"]  # GPT-175B, 256 A100, MFU 53.0%
+    # KOR22 model FLOPs/token = 72*L*h^2*(1 + s/6h + V/12Lh), L=96, h=12288, s=2048, V=64000
+    #   = 1,043,677,052,928 * (1 + 2048/73728 + 64000/14155776) = 1.077387e12
+    # tokens/s/GPU = 0.53 * 312e12 / 1.077387e12 = 153.48
+    flops = 72 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 64000 / (12 * 96 * 12288))
+    assert flops == pytest.approx(1.077387e12, rel=1e-6)
+    assert run.conversion == CONV_MEGASCALE
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(0.53 * 312e12 / flops, rel=1e-9)
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(153.48, abs=0.01)
+
+
+@pytest.mark.parametrize("run_id", sorted(MEGASCALE_MEGATRON))
+def test_megascale_conversion_reproduces_table_throughput(
+    independent: dict[str, PublishedRun], run_id: str
+) -> None:
+    # The convention was chosen because it turns Table 2's MFU column into its own
+    # tokens/s column; a wrong FLOP count or peak would miss by several percent.
+    gpus, aggregate = MEGASCALE_MEGATRON[run_id]
+    run = independent[run_id]
+    assert run.num_gpus == gpus
+    assert run.measured_tokens_per_s_per_gpu is not None
+    assert run.measured_tokens_per_s_per_gpu * gpus == pytest.approx(aggregate, rel=0.002)
+
+
+def test_reported_rows_keep_their_number(independent: dict[str, PublishedRun]) -> None:
+    # torchtitan docs/performance.md: Llama 3 8B FSDP on 64 A100, 2904 tokens/s/GPU.
+    assert independent["i0045"].conversion == CONV_REPORTED
+    assert independent["i0045"].measured_tokens_per_s_per_gpu == 2904
+    # DeepSeek-V3 report: 180K H800 GPU-hours per 1e12 tokens -> 1e12/(180e3*3600) = 1543.
+    assert independent["i0048"].measured_tokens_per_s_per_gpu == pytest.approx(1543, abs=0.5)
+
+
+def test_conversions_are_documented() -> None:
+    assert "6·N + 12·L·H·Q·s" in CONVERSIONS[CONV_PALM]
+    assert "2204.02311" in CONVERSIONS[CONV_PALM]
+    assert "312" in CONVERSIONS[CONV_MEGASCALE] and "2402.15627" in CONVERSIONS[CONV_MEGASCALE]
+
+
+@pytest.mark.parametrize(("label", "cluster", "gpu"), [
+    ("H200-SXM-141GB", "dgx-h200", "h200-sxm"),
+    ("H800-SXM-80GB", "hgx-h800", "h800-sxm"),
+])
+def test_gpu_aliases_resolve_to_shipped_clusters(label: str, cluster: str, gpu: str) -> None:
+    assert CLUSTER_BY_GPU[label] == cluster
+    loaded = load_cluster(cluster)
+    assert loaded.gpu == gpu
+
+
+def test_alias_rows_are_kept(independent: dict[str, PublishedRun]) -> None:
+    for run_id, cluster in (("i0043", "dgx-h200"), ("i0044", "dgx-h200"), ("i0048", "hgx-h800")):
+        assert independent[run_id].cluster == cluster
+        assert independent[run_id].skip_reason is None
+
+
+def test_skip_reasons_are_specific(independent: dict[str, PublishedRun]) -> None:
+    capped = [r for r in independent.values() if r.gpu == "H100-SXM-96GB (Grand Teton, 500W)"]
+    assert len(capped) == 19
+    for run in capped:
+        assert run.skip_reason is not None
+        assert run.skip_reason.startswith("no hardware profile for a 500 W-capped H100 96 GB: ")
+    for n in (8, 9, 10, 11, 16, 17, 18, 19):  # method=MegaScale rows
+        reason = independent[f"i{n:04d}"].skip_reason
+        assert reason is not None and reason.startswith("MegaScale's own model block")
+        assert "parallel attention+MLP" in reason and "sliding-window" in reason
+    for run_id in MEGASCALE_MEGATRON:  # the Megatron-LM baseline rows stay
+        assert independent[run_id].skip_reason is None
+    unreadable = dict(read_published_runs(DATA).unreadable)
+    assert set(unreadable) == {"i0034", "i0035", "i0036", "i0037"}
+    assert set(unreadable.values()) == {"cannot read row: global_batch_size is blank"}
+
+
+def test_unstated_fields_are_listed_as_assumptions(independent: dict[str, PublishedRun]) -> None:
+    llama = independent["i0001"]
+    assert llama.layout.vpp == 8  # (126 + 2) / 16, from the paper's text
+    assert any(a.startswith("vpp not stated: 8") for a in llama.assumptions)
+    assert "micro-batch size not stated: 1" in llama.assumptions
+    assert llama.layout.recompute == "none"
+    assert any(a.startswith("recompute from the text: none") for a in llama.assumptions)
+    # At 128K the paper says nothing on recompute: the default assumption, not the text.
+    assert "recompute not stated: none" in independent["i0003"].assumptions
+    mega = independent["i0004"]
+    assert {"micro-batch size not stated: 1", "recompute not stated: none",
+            "precision not stated: BF16"} <= set(mega.assumptions)
+    assert any(a.startswith("GPU memory not stated") for a in mega.assumptions)
+    assert any("torchtitan SAC" in a for a in independent["i0045"].assumptions)
+
+
+def test_every_scored_row_gets_a_finite_positive_prediction(
+    independent: dict[str, PublishedRun],
+) -> None:
+    report = validate_runs(independent.values(), deduplicate=False, include_partial=True)
+    kept = {r.id for r in independent.values() if r.skip_reason is None}
+    assert {row.id for row in report.rows} == kept  # nothing usable is dropped
+    assert len(kept) == 17
+    for row in report.rows:
+        assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
+        assert row.predicted_tokens_per_s_per_gpu > 0
