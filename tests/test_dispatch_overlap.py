@@ -11,13 +11,18 @@ from hypothesis import strategies as st
 
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, score_columns
 from parsearch.cost.collectives import LinkArrays
-from parsearch.cost.communication import dispatch_copies, dispatch_time
+from parsearch.cost.communication import (
+    a2a_overlap_hidden,
+    dispatch_copies,
+    dispatch_time,
+    domains_reached,
+)
 from parsearch.layout import parse_layout_string
 from parsearch.presets import get_preset
 from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.workload import TrainingSpec
+from parsearch.workload import MoeSpec, TrainingSpec
 
 
 def _link(size: int, per_domain: int, network_Bps: float = 40e9) -> LinkArrays:
@@ -109,3 +114,73 @@ def test_overlap_never_hides_more_than_the_compute_available(moe_space) -> None:
     work = off["time_compute"] + off["time_memory_bound"] + off["time_overhead"]
     assert np.all(hidden <= work * (1 + 1e-9) + 1e-12)
     assert np.all(on["step_time_s"] >= off["time_compute"] * (1 - 1e-12))
+
+
+def test_node_limited_routing_matches_the_hand_count_for_deepseek_v3_on_eight_nodes() -> None:
+    # EP=64 over 8 nodes of 8, 256 experts in 8 groups (one per node), a token uses 4
+    # groups: a remote node is missed with probability C(7,4)/C(8,4) = 35/70, so
+    # 7 x 1/2 = 3.5 remote nodes, against 7 x (1 - (7/8)^8) = 4.595 without the limit.
+    assert float(domains_reached(8, 64, 8, (8, 4))) == pytest.approx(3.5)
+    assert float(domains_reached(8, 64, 8)) == pytest.approx(7 * (1 - (7 / 8) ** 8))
+    # EP=32 over 4 nodes: 2 groups per node, a node is missed when neither of its 2
+    # groups is chosen: C(6,4)/C(8,4) = 15/70.
+    assert float(domains_reached(8, 32, 8, (8, 4))) == pytest.approx(3 * (1 - 15 / 70))
+
+
+@given(per_domain=st.sampled_from([1, 2, 4, 8, 72]), domains=st.integers(1, 16),
+       top_k=st.integers(1, 8), groups=st.sampled_from([2, 4, 8, 16]),
+       chosen=st.integers(1, 16))
+def test_group_limited_routing_never_reaches_more_domains(per_domain: int, domains: int,
+                                                          top_k: int, groups: int,
+                                                          chosen: int) -> None:
+    chosen = min(chosen, groups)
+    n = per_domain * domains
+    free = float(domains_reached(per_domain, n, top_k))
+    limited = float(domains_reached(per_domain, n, top_k, (groups, chosen)))
+    assert 0.0 <= limited <= free + 1e-12
+
+
+def test_group_limited_routing_rejects_groups_that_cannot_hold_top_k() -> None:
+    with pytest.raises(Exception, match="router_group_topk"):
+        MoeSpec(num_experts=16, top_k=8, expert_ffn_hidden_size=64, router_num_groups=8,
+                router_group_topk=2)  # 2 groups x 2 experts < top-8
+    with pytest.raises(Exception, match="does not divide"):
+        MoeSpec(num_experts=10, top_k=2, expert_ffn_hidden_size=64, router_num_groups=4,
+                router_group_topk=2)
+
+
+class _Unit:
+    def __init__(self, routed: float, total: float) -> None:
+        self.routed, self.total = np.array([routed]), np.array([total])
+
+
+@given(ep=st.floats(0.0, 50.0), routed=st.floats(0.0, 10.0), rest=st.floats(0.0, 10.0),
+       used=st.floats(0.0, 1.0), pp=st.integers(1, 16), m=st.integers(1, 512))
+def test_a2a_overlap_hides_at_most_the_traffic_and_the_compute_left(
+        ep: float, routed: float, rest: float, used: float, pp: int, m: int) -> None:
+    unit = _Unit(routed, routed + rest)
+    budget = np.array([(routed + rest) * (1.0 - used)])
+    hidden = float(a2a_overlap_hidden(np.array([ep]), unit, budget, np.array([pp]),
+                                      np.array([m]))[0])
+    assert 0.0 <= hidden <= ep * (1 + 1e-12) + 1e-12
+    assert hidden <= float(budget[0]) * (1 + 1e-12) + 1e-12
+
+
+def test_a2a_overlap_needs_a_partner_micro_batch() -> None:
+    """Warm-up forwards and cool-down backwards run alone: one micro-batch hides
+    nothing; with PP the first stage's pp-1 of m stay exposed."""
+    unit = _Unit(6.0, 9.0)
+    args = (np.array([4.0]), unit, np.array([9.0]))
+    assert float(a2a_overlap_hidden(*args, np.array([1]), np.array([1]))[0]) == 0.0
+    alone = float(a2a_overlap_hidden(*args, np.array([1]), None)[0])
+    piped = float(a2a_overlap_hidden(*args, np.array([8]), np.array([28]))[0])
+    assert piped == pytest.approx(alone * (1 - 7 / 28))
+
+
+def test_a2a_overlap_slots_cannot_pool_compute() -> None:
+    """A slot hides only the compute beside it: traffic equal to the whole layer's
+    compute is not fully hidden when the slots are unequal (attention vs experts)."""
+    unit = _Unit(6.0, 9.0)  # experts 6, the rest 3: slots of 1, 2, 2, 4
+    hidden = float(a2a_overlap_hidden(np.array([9.0]), unit, np.array([9.0]), np.array([1]),
+                                      None)[0])
+    assert hidden == pytest.approx(1.0 + 2.0 + 2.0 + 2.25)

@@ -23,8 +23,9 @@ compute by the share of SMs the communication kernels occupy.
   per remote NVLink domain.  Four calls per layer and micro-batch (dispatch
   and combine forward, their gradients backward), two more with full
   recompute; with ETP an all-gather / reduce-scatter of the received tokens.
-  Only ``--overlap-moe-expert-parallel-comm`` hides them, behind the compute
-  of the other micro-batch in the merged forward-backward step.
+  Only ``--overlap-moe-expert-parallel-comm`` hides them, slot by slot behind
+  the compute of the other micro-batch in the merged forward-backward step
+  (:func:`a2a_overlap_hidden`).
 """
 
 from __future__ import annotations
@@ -94,8 +95,44 @@ def _tp_blocks(model: ModelSpec, unit: str) -> float:
     return OUTPUT_TP_BLOCKS if unit == "output" else EMBEDDING_TP_BLOCKS
 
 
+def domains_reached(members_per_domain: Any, group_size: Any, top_k: int,
+                    groups: tuple[int, int] = (1, 1)) -> Any:
+    """Remote NVLink domains a token's ``top_k`` experts sit in, on average.
+
+    Uniform routing over ``M = n / k`` domains: ``(M-1)(1 - (1 - 1/M)^top_k)``.
+    Group-limited routing (``groups = (G, t)``: experts cut into ``G`` equal groups, a
+    token uses at most ``t`` of them; Megatron-Core ``--moe-router-num-groups`` /
+    ``--moe-router-group-topk``, DeepSeek-V3 arXiv 2412.19437 §3.2.2 "each token will
+    be sent to at most M nodes") caps it: with ``g = kG/n`` groups per domain, a remote
+    domain is missed when none of its groups is among the ``t`` chosen
+    (hypergeometric: ``C(G-g, t) / C(G, t)``); a group wider than a domain reaches
+    at most ``t n / (G k)`` domains.  [derived]
+
+    >>> round(float(domains_reached(8, 64, 8)), 3)              # 7 * (1 - (7/8)**8)
+    4.595
+    >>> float(domains_reached(8, 64, 8, (8, 4)))                # 7 * (1 - C(7,4)/C(8,4))
+    3.5
+    """
+    k = np.asarray(members_per_domain, dtype=np.float64)
+    n = np.asarray(group_size, dtype=np.float64)
+    k = np.clip(k, 1.0, np.maximum(n, 1.0))
+    m = n / k
+    uniform = (m - 1.0) * (1.0 - (1.0 - 1.0 / np.maximum(m, 1.0)) ** top_k)
+    num_groups, chosen = groups
+    if chosen >= num_groups:
+        return uniform
+    per_domain = np.clip(k * num_groups / np.maximum(n, 1.0), 0.0, float(num_groups))
+    missed = np.ones_like(per_domain)
+    for i in range(chosen):
+        missed = missed * np.maximum(num_groups - per_domain - i, 0.0) / (num_groups - i)
+    within = (m - 1.0) * (1.0 - missed)
+    spanning = chosen / np.maximum(per_domain, 1e-12) * (m - 1.0) / np.maximum(m, 1.0)
+    limited = np.where(per_domain >= 1.0, within, spanning)
+    return np.minimum(uniform, limited)
+
+
 def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
-                    dispatcher: str) -> tuple[Any, Any]:
+                    dispatcher: str, groups: tuple[int, int] = (1, 1)) -> tuple[Any, Any]:
     """(copies over NVLink, copies over the network) per token for one dispatch call.
 
     Experts spread evenly over the ``n`` ranks of the EP group, ``k`` per NVLink
@@ -103,9 +140,9 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
 
     * ``alltoall``: a token goes once to each chosen expert: ``top_k (k-1)/n`` copies
       stay in the domain, ``top_k (n-k)/n`` cross the network;
-    * ``flex``: once to each remote domain that hosts a chosen expert,
-      ``(M-1)(1 - (1 - 1/M)^top_k)`` on average, fanned out on NVLink there
-      [derived; DeepEP README: "forwarding from NVLink to RDMA"];
+    * ``flex``: once to each remote domain that hosts a chosen expert
+      (:func:`domains_reached`, group-limited routing included), fanned out on
+      NVLink there [derived; DeepEP README: "forwarding from NVLink to RDMA"];
     * ``allgather``: every token to every other rank: ``k-1`` and ``n-k`` copies.
 
     >>> [float(x) for x in dispatch_copies(8, 64, 4, "alltoall")]  # 8 domains of 8, top-4
@@ -116,12 +153,11 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
     k = np.asarray(members_per_domain, dtype=np.float64)
     n = np.asarray(group_size, dtype=np.float64)
     k = np.clip(k, 1.0, np.maximum(n, 1.0))
-    m = n / k
     if dispatcher == "allgather":
         return k - 1.0, n - k
     intra = top_k * (k - 1.0) / np.maximum(n, 1.0)
     if dispatcher == "flex":
-        inter = (m - 1.0) * (1.0 - (1.0 - 1.0 / np.maximum(m, 1.0)) ** top_k)
+        inter = domains_reached(k, n, top_k, groups)
     else:
         inter = top_k * (n - k) / np.maximum(n, 1.0)
     return intra, inter
@@ -129,7 +165,8 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
 
 def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: int,
                   dispatcher: str, alltoall_efficiency: float,
-                  call_latency_s: float) -> tuple[np.ndarray, np.ndarray]:
+                  call_latency_s: float,
+                  groups: tuple[int, int] = (1, 1)) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, network bytes) of one dispatch (or combine) call of ``tokens`` per rank.
 
     NVLink and network copies proceed at once; the slower link sets the time
@@ -141,7 +178,7 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     one call plus one network step per remote domain (NCCL sends to every peer).
     """
     k, m, n = split_group(link)
-    intra, inter = dispatch_copies(k, n, top_k, dispatcher)
+    intra, inter = dispatch_copies(k, n, top_k, dispatcher, groups)
     t = np.asarray(tokens, dtype=np.float64)
     # NVLink: NCCL all-to-all and the DeepEP/HybridEP kernels alike reach well under the
     # link rate (HybridEP on GB200 546 of 900 GB/s, DeepEP v2 on B200 726 of 900;
@@ -157,6 +194,58 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     latency = call_latency_s + peers * np.asarray(link.network_latency_s, dtype=np.float64)
     seconds = np.where(n > 1, np.maximum(intra_s, inter_s) + latency, 0.0)
     return seconds, np.where(n > 1, net_bytes, 0.0)
+
+
+def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,
+                       pp: np.ndarray, num_microbatches: np.ndarray | None) -> np.ndarray:
+    """EP seconds per micro-batch that ``--overlap-moe-expert-parallel-comm`` hides.
+
+    The merged 1F1B step runs the forward of one micro-batch beside the backward of
+    another, layer by layer, in four slots (DeepSeek-V3 technical report, arXiv
+    2412.19437 §3.2.1 and Figure 4; Megatron-Core ``combined_1f1b`` schedule):
+
+    =========================  ====================================
+    communication (one)        compute (the other micro-batch)
+    =========================  ====================================
+    combine gradient           attention-side forward (1/3 of it)
+    dispatch forward           expert backward (2/3 of the experts)
+    dispatch gradient          expert forward (1/3)
+    combine forward            attention-side backward (2/3)
+    =========================  ====================================
+
+    so a slot hides at most the compute beside it: hidden = sum over slots of
+    ``min(ep_time / 4, compute in the slot)`` (backward = 2x forward, NAR21 Appendix;
+    the attention side is everything but the routed experts; the compute TP and CP
+    overlap already used is taken out in proportion).  Recompute's extra calls are
+    spread over the same four slots.  Only steady-state 1F1B pairs micro-batches: the
+    pipeline's warm-up forwards and cool-down backwards run alone (``pp - 1`` of the
+    ``m`` on the first stage, NAR21 §2.2.1; one of each without PP), so a share
+    ``max(1, pp - 1) / m`` stays exposed.  Interleaving's extra warm-up chunks
+    (``2(p-1) + (v-1)p`` chunks of ``1/v`` of a pass, Megatron-Core
+    ``get_pp_rank_microbatches``) are about ``p / m`` passes, close to ``(p-1)/m``.
+
+    >>> from types import SimpleNamespace
+    >>> unit = SimpleNamespace(routed=np.array([6.0]), total=np.array([9.0]))
+    >>> float(a2a_overlap_hidden(np.array([4.0]), unit, np.array([9.0]), np.array([1]),
+    ...                          np.array([1000]))[0])   # slots hide 1 + 1 + 1 + 1 (x 0.999)
+    3.996
+    >>> float(a2a_overlap_hidden(np.array([40.0]), unit, np.array([9.0]), np.array([1]),
+    ...                          np.array([1000]))[0])   # at most the compute: 1+2+2+4
+    8.991
+    """
+    slot = np.asarray(ep_time, dtype=np.float64) / 4.0
+    total = np.asarray(compute.total, dtype=np.float64)
+    left = np.where(total > 0, np.minimum(budget, total) / np.where(total > 0, total, 1.0),
+                    0.0)
+    experts = np.asarray(compute.routed, dtype=np.float64) * left
+    rest = np.maximum(total * left - experts, 0.0)
+    hidden = (np.minimum(slot, rest / 3.0) + np.minimum(slot, 2.0 * rest / 3.0)
+              + np.minimum(slot, experts / 3.0) + np.minimum(slot, 2.0 * experts / 3.0))
+    if num_microbatches is None:
+        return hidden
+    m = np.maximum(np.asarray(num_microbatches, dtype=np.float64), 1.0)
+    alone = np.minimum(1.0, np.maximum(1.0, np.asarray(pp, dtype=np.float64) - 1.0) / m)
+    return hidden * (1.0 - alone)
 
 
 def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
@@ -233,21 +322,21 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
                                          1.0, 0.0)
             network_bytes = calls * bytes_one
         else:
+            limit = (model.moe.router_num_groups, model.moe.router_group_topk)
             first, bytes_first = dispatch_time(groups.ep, tokens, dispatch_bytes, k,
                                                options.moe_dispatcher,
-                                               profile.alltoall_efficiency, latency)
+                                               profile.alltoall_efficiency, latency, limit)
             other, bytes_other = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k,
                                                options.moe_dispatcher,
-                                               profile.alltoall_efficiency, latency)
+                                               profile.alltoall_efficiency, latency, limit)
             ep_time = first + (calls - 1.0) * other
             network_bytes = bytes_first + (calls - 1.0) * bytes_other
         routed_copies = tokens * k
         etp_time = np.where(etp > 1, 4.0 * (reduce_scatter_time(
             groups.etp, etp * routed_copies * h * ACT_BYTES) + latency), 0.0)
         ep_time = imbalance * (ep_time + etp_time)
-        # With --overlap-moe-expert-parallel-comm the merged forward/backward of two
-        # micro-batches runs one's dispatch and combine beside the other's compute.
-        ep_hidden = np.minimum(ep_time, budget) if options.moe_a2a_overlap else zeros
+        ep_hidden = (a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
+                     if options.moe_a2a_overlap else zeros)
         ep_exposed = ep_time - ep_hidden
         sm_slowdown = sm_slowdown + share * ep_hidden
     return UnitComm(tp=tp_exposed, cp=cp_exposed, ep=ep_exposed, sm_slowdown=sm_slowdown,
