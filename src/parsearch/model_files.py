@@ -299,6 +299,16 @@ def _qwen_moe(r: _Reader, family: str) -> dict[str, Any]:
     return {"ffn_hidden_size": r.get_int("intermediate_size", expert), "moe": moe}
 
 
+def _group_limit(r: _Reader) -> dict[str, int]:
+    """Group-limited routing of a DeepSeek-style config (``n_group`` / ``topk_group``;
+    ``topk_method: greedy`` ignores the groups)."""
+    groups = r.get_int("n_group", 1)
+    chosen = r.get_int("topk_group", groups)
+    if groups <= 1 or r.data.get("topk_method") == "greedy":
+        return {}
+    return {"router_num_groups": groups, "router_group_topk": chosen}
+
+
 def _deepseek(r: _Reader, family: str) -> dict[str, Any]:
     # HF DeepseekV3: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0.
     layers = r.get_int("num_hidden_layers")
@@ -314,6 +324,7 @@ def _deepseek(r: _Reader, family: str) -> dict[str, Any]:
         shared_expert_ffn_hidden_size=r.get_int("n_shared_experts", 0, minimum=0) * expert,
         first_k_dense=first_k,
         layer_freq=layer_freq,
+        **_group_limit(r),
     )
     mla = MlaSpec(
         kv_lora_rank=r.get_int("kv_lora_rank"),

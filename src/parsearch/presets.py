@@ -187,6 +187,8 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
             expert_ffn_hidden_size=2048,
             shared_expert_ffn_hidden_size=2048,
             first_k_dense=3,
+            router_num_groups=8,  # config.json n_group / topk_group: node-limited routing
+            router_group_topk=4,
         ),
         mla=MlaSpec(
             kv_lora_rank=512,

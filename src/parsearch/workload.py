@@ -152,6 +152,11 @@ class MoeSpec:
     the rest, layer ``i`` is MoE when ``(i - first_k_dense) % layer_freq == 0``
     (``layer_freq = 1``: every remaining layer).  ``shared_expert_ffn_hidden_size``
     is the *total* FFN width of the shared experts (0: none).
+    ``router_num_groups`` / ``router_group_topk``: group-limited routing (Megatron-Core
+    ``--moe-router-num-groups`` / ``--moe-router-group-topk``; HF ``n_group`` /
+    ``topk_group``): the experts are cut into equal groups and a token's ``top_k``
+    experts come from at most ``router_group_topk`` of them.  DeepSeek-V3 uses 8 and 4
+    so a token reaches at most 4 nodes (arXiv 2412.19437 §3.2.2); 1 and 1: no limit.
     """
 
     num_experts: int
@@ -160,9 +165,13 @@ class MoeSpec:
     shared_expert_ffn_hidden_size: int = 0
     first_k_dense: int = 0
     layer_freq: int = 1
+    router_num_groups: int = 1
+    router_group_topk: int = 1
 
     def __post_init__(self) -> None:
         owner = "model.moe"
+        require_positive_int(owner, "router_num_groups", self.router_num_groups)
+        require_positive_int(owner, "router_group_topk", self.router_group_topk)
         require_positive_int(owner, "num_experts", self.num_experts)
         require_positive_int(owner, "top_k", self.top_k)
         require_positive_int(owner, "expert_ffn_hidden_size", self.expert_ffn_hidden_size)
@@ -176,6 +185,27 @@ class MoeSpec:
                 f"{owner}: top_k={self.top_k} exceeds num_experts={self.num_experts}; "
                 "a token cannot be routed to more experts than exist"
             )
+        groups, chosen = self.router_num_groups, self.router_group_topk
+        if self.num_experts % groups:
+            raise SpecError(
+                f"{owner}: router_num_groups={groups} does not divide "
+                f"num_experts={self.num_experts}; expert groups must be equal"
+            )
+        if chosen > groups:
+            raise SpecError(
+                f"{owner}: router_group_topk={chosen} exceeds router_num_groups={groups}"
+            )
+        if self.top_k > chosen * (self.num_experts // groups):
+            raise SpecError(
+                f"{owner}: top_k={self.top_k} exceeds the {chosen} x "
+                f"{self.num_experts // groups} experts of the router_group_topk groups a "
+                "token may use; raise router_group_topk or lower top_k"
+            )
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether routing is limited to fewer expert groups than exist."""
+        return self.router_group_topk < self.router_num_groups
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ def model_fields(model: ModelSpec, source: str = "") -> dict[str, Any]:
             "moe.expert_ffn_hidden_size": moe.expert_ffn_hidden_size,
             "moe.shared_expert_ffn_hidden_size": moe.shared_expert_ffn_hidden_size,
             "moe.first_k_dense": moe.first_k_dense, "moe.layer_freq": moe.layer_freq,
+            "moe.router_num_groups": moe.router_num_groups,
+            "moe.router_group_topk": moe.router_group_topk,
             "moe.layers_with_experts": model.num_moe_layers,
         })
     if model.mla is not None:

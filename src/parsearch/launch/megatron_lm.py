@@ -48,6 +48,9 @@ def model_args(model: ModelSpec) -> list[str]:
         if any(p == 0 for p in pattern):
             # Megatron's --moe-layer-freq takes a Python list expression, one 0/1 per layer
             args += ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]
+        if moe.group_limited:
+            args += ["--moe-router-num-groups", str(moe.router_num_groups),
+                     "--moe-router-group-topk", str(moe.router_group_topk)]
         if moe.shared_expert_ffn_hidden_size:
             args += ["--moe-shared-expert-intermediate-size",
                      str(moe.shared_expert_ffn_hidden_size)]
