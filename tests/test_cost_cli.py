@@ -13,8 +13,8 @@ EXPLAIN = ("explain", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus"
 LAYOUT_KEYS = {"tp", "pp", "cp", "ep", "etp", "vpp", "dp", "edp", "mbs", "sp", "recompute",
                "min_gpus"}
 MEMORY_KEYS = {"weights", "gradients", "optimizer", "activations", "other", "total", "capacity"}
-TIME_KEYS = {"compute", "memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm", "pp_p2p",
-             "pp_bubble", "stage_imbalance", "dp_comm", "optimizer"}
+TIME_KEYS = {"compute", "memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm", "offload",
+             "pp_p2p", "pp_bubble", "stage_imbalance", "dp_comm", "optimizer"}
 
 
 def test_explain_json_has_the_contract_keys_and_consistent_numbers() -> None:

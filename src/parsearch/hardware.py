@@ -31,7 +31,7 @@ PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 _TERA = 1e12
 _GIB = 2**30
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
-_OPTIONAL = ("description", "compute_capability")
+_OPTIONAL = ("description", "compute_capability", "host_link_GBps")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class GpuProfile:
     #: CUDA compute capability (8.0 Ampere, 9.0 Hopper, 10.x Blackwell); ``None``: unknown.
     #: Launch settings depend on it (``CUDA_DEVICE_MAX_CONNECTIONS``, the FP8 recipe).
     compute_capability: float | None = None
+    #: Host memory <-> GPU copy bandwidth per GPU and direction with every GPU of the
+    #: node copying (PCIe, or NVLink-C2C on Grace superchips); ``None``: not stated.
+    host_link_Bps: float | None = None
 
 
 def hardware_dir() -> Path:
@@ -101,6 +104,8 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
         description=str(data.get("description", "")),
         compute_capability=(None if data.get("compute_capability") is None else
                             _positive(where, "compute_capability", data["compute_capability"])),
+        host_link_Bps=(None if data.get("host_link_GBps") is None else
+                       _positive(where, "host_link_GBps", data["host_link_GBps"]) * 1e9),
     )
 
 

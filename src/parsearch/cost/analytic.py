@@ -35,6 +35,7 @@ from parsearch.cost.compute import ACT_BYTES, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
+from parsearch.cost.offload import offload_exposed
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
 from parsearch.cost.stage_time import (
@@ -70,8 +71,8 @@ __all__ = [
 
 GIB = float(2**30)
 TIME_KEYS: tuple[str, ...] = (
-    "compute", "memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm", "pp_p2p",
-    "pp_bubble", "stage_imbalance", "dp_comm", "optimizer",
+    "compute", "memory_bound", "overhead", "tp_comm", "cp_comm", "ep_comm", "offload",
+    "pp_p2p", "pp_bubble", "stage_imbalance", "dp_comm", "optimizer",
 )
 MEMORY_KEYS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations", "other",
                                 "total")
@@ -152,6 +153,9 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
                            cuda_graphs=opt.cuda_graphs, flash_attention=opt.flash_attention)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute)
+    offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
+                               unit == "moe", compute.total)
+               if unit in ("dense", "moe") else 0.0 * compute.total)
     return {
         "compute": compute.gemm + compute.routed + compute.attention + compute.logits
         + comm.sm_slowdown,
@@ -160,6 +164,7 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
         "tp_comm": comm.tp,
         "cp_comm": comm.cp,
         "ep_comm": comm.ep,
+        "offload": offload,
     }
 
 
@@ -224,7 +229,8 @@ def _price_rows(training: TrainingSpec,
     n = len(cols["tp"])
     if n < 256:
         return None
-    keys = PRICE_KEY + (("vpp",) if training.recompute_num_layers is not None else ())
+    by_chunk = training.recompute_num_layers is not None or training.activation_offload_layers
+    keys = PRICE_KEY + (("vpp",) if by_chunk else ())
     keys += tuple(k for k in _ALSO_KEYED if k in cols)
     grouped = group_rows(cols, keys)
     if grouped is None or len(grouped[0]) > n // 2:

@@ -26,7 +26,11 @@ from parsearch.cost.collectives import LinkArrays, split_group
 
 # Components of a stage's per-micro-batch time (summed over its units).
 STAGE_PARTS: tuple[str, ...] = ("compute", "memory_bound", "overhead", "tp_comm", "cp_comm",
-                                "ep_comm")
+                                "ep_comm", "offload")
+#: Parts that make a stage's work (what overlapped traffic can hide behind); the rest
+#: is exposed waiting (communication, host copies of offloaded activations).
+_WORK_PARTS = (0, 1, 2)
+_WAIT_PARTS = (3, 4, 5, 6)
 # Bytes the optimizer step reads and writes per (sharded) parameter: fp32 grad (4),
 # master weight, Adam m and v read and written (3 x 4 x 2), bf16 weight written (2).
 # Formulas.md §5.1 state sizes; the read/write count is ours.
@@ -56,16 +60,19 @@ def linear_collective(link: LinkArrays) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class StageCoefficients:
     """Per price row, what each unit a stage holds adds to its times (columns in blocks of
-    ``len(UNITS)``): the six stage parts, work (compute + memory-bound + overhead),
-    exposed-able communication (TP + CP + EP), DP gradient reduction, DP parameter
-    gather, optimizer step; then the PP send, reduction and gather latencies."""
+    ``len(UNITS)``): the stage parts (:data:`STAGE_PARTS`), work (compute +
+    memory-bound + overhead), exposed waiting (TP + CP + EP communication and
+    offload copies), DP gradient reduction, DP parameter gather, optimizer step; then
+    the PP send, reduction and gather latencies."""
 
-    table: np.ndarray  # (11 * units + 3, price rows)
+    table: np.ndarray  # (_BLOCKS * units + 3, price rows)
     units: int
 
 
 # Block indices into StageCoefficients.table
-_PARTS, _WORK, _COMM, _REDUCE, _GATHER, _OPT = 0, 6, 7, 8, 9, 10
+_P = len(STAGE_PARTS)
+_PARTS, _WORK, _COMM, _REDUCE, _GATHER, _OPT = 0, _P, _P + 1, _P + 2, _P + 3, _P + 4
+_BLOCKS = _P + 5
 
 
 def stage_coefficients(
@@ -96,7 +103,7 @@ def stage_coefficients(
 
     n = pshape[0] if pshape else 1
     u = len(units)
-    table = np.empty((11 * u + 3, n))
+    table = np.empty((_BLOCKS * u + 3, n))
 
     def block(index: int) -> np.ndarray:  # the (units, price rows) rows of one block
         return table[index * u:(index + 1) * u]
@@ -104,10 +111,12 @@ def stage_coefficients(
     for i, key in enumerate(STAGE_PARTS):
         for j, unit in enumerate(units):
             block(i)[j] = prices[unit][key]
-    np.add(block(0), block(1), out=block(_WORK))
-    block(_WORK)[:] += block(2)
-    np.add(block(3), block(4), out=block(_COMM))
-    block(_COMM)[:] += block(5)
+    np.add(block(_WORK_PARTS[0]), block(_WORK_PARTS[1]), out=block(_WORK))
+    for i in _WORK_PARTS[2:]:
+        block(_WORK)[:] += block(i)
+    np.add(block(_WAIT_PARTS[0]), block(_WAIT_PARTS[1]), out=block(_COMM))
+    for i in _WAIT_PARTS[2:]:
+        block(_COMM)[:] += block(i)
     dense = np.empty((u, n))
     expert = np.empty((u, n))
     for j, unit in enumerate(units):
@@ -119,18 +128,18 @@ def stage_coefficients(
     if fsdp or distributed_optimizer:
         block(_REDUCE)[:] = reduce_per_byte * grad_bytes
         block(_GATHER)[:] = reduce_per_byte * gather_bytes
-        table[11 * u + 1] = table[11 * u + 2] = fixed
+        table[_BLOCKS * u + 1] = table[_BLOCKS * u + 2] = fixed
     else:  # all-reduce = reduce-scatter + all-gather
         block(_REDUCE)[:] = 2.0 * (reduce_per_byte * grad_bytes)
         block(_GATHER)[:] = 0.0
-        table[11 * u + 1] = 2.0 * fixed
-        table[11 * u + 2] = 0.0
+        table[_BLOCKS * u + 1] = 2.0 * fixed
+        table[_BLOCKS * u + 2] = 0.0
     shards_dense, shards_expert = shards
     if not (distributed_optimizer or fsdp):
         shards_dense = shards_expert = np.ones(n)
     block(_OPT)[:] = ((dense / shards_dense + expert / shards_expert) * OPTIMIZER_STEP_BYTES
                       / hbm_Bps)
-    table[11 * u] = pp_send
+    table[_BLOCKS * u] = pp_send
     return StageCoefficients(table, u)
 
 
@@ -160,10 +169,11 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     u = coef.units
     rows = np.take(coef.table, pidx, axis=1)  # (coefficients, rows)
     mean_feats = feats.mean(axis=0)
-    part_means = [mean_feats @ rows[i * u:(i + 1) * u] for i in range(6)]
+    part_means = [mean_feats @ rows[i * u:(i + 1) * u] for i in range(_P)]
     work, comm, reduce, gather, optimizer = (feats @ rows[b * u:(b + 1) * u]
                                              for b in (_WORK, _COMM, _REDUCE, _GATHER, _OPT))
-    pp_send, reduce_fixed, gather_fixed = rows[11 * u], rows[11 * u + 1], rows[11 * u + 2]
+    pp_send, reduce_fixed, gather_fixed = (rows[_BLOCKS * u], rows[_BLOCKS * u + 1],
+                                           rows[_BLOCKS * u + 2])
     # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
     # for them; with interleaving Megatron overlaps them with the next chunk's compute
     # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
