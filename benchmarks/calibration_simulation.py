@@ -98,11 +98,11 @@ from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import calibrate, predict, prepare_rows
+from parsearch.validation.joint_fit import FactorFit
 from parsearch.validation.measurements import Measurement
 from parsearch.validation.network_calibration import NETWORK_FACTOR, with_cluster_factors
 from parsearch.validation.plan_profiling import FIT_WEIGHT, plan_profiling
 from parsearch.validation.user_calibration import (
-    FactorFit,
     fit_user_profile,
     prepare_measurements,
 )

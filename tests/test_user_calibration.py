@@ -27,6 +27,7 @@ from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import predict
+from parsearch.validation.joint_fit import FactorFit
 from parsearch.validation.measurements import Defaults, Measurement, load_measurements
 from parsearch.validation.network_calibration import (
     MIN_NETWORK_SENSITIVITY,
@@ -43,7 +44,6 @@ from parsearch.validation.plan_profiling import (
     plan_profiling,
 )
 from parsearch.validation.user_calibration import (
-    FactorFit,
     calibrate_user,
     factor_limit,
     prepare_measurements,

@@ -78,7 +78,9 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
         description="Among the best predicted layouts (one per shape), pick K whose "
         "measurement, once `parsearch calibrate` fits the factors they move, leaves the "
         "fewest expected misordered pairs in the top of the ranking plus the least "
-        "prediction error over the candidates (greedy choice, then exchange).  Gives the "
+        "prediction error over the candidates (greedy choice, then exchange).  The cluster's "
+        "delivered network bandwidth counts as one more loose factor, so a set that pins it "
+        "(layouts whose groups cross nodes) is preferred when it matters.  Gives the "
         "iterations each needs and, with --launch-dir, a launch script per layout.")
     add_model_option(parser)
     add_cluster_option(parser)

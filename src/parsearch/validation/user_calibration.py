@@ -4,17 +4,25 @@ Each measurement (:mod:`parsearch.validation.measurements`) becomes a
 :class:`~parsearch.validation.calibration.PreparedRow`: its model, cluster,
 layout, batch, precision and the features it ran with.  The fit is the cost
 model's own bounded, regularised procedure
-(:func:`~parsearch.validation.calibration.calibrate`) with two choices made
+(:func:`~parsearch.validation.calibration.calibrate`, here
+:func:`~parsearch.validation.joint_fit.fit_factors`) with three choices made
 for a handful of runs of one cluster:
 
 * the shipped profile is the starting point: every factor starts at (and is
   pulled toward) its shipped value, which was fitted to the published runs,
   inside the cited range, which stays the bound;
+* the cluster's delivered bandwidth is a factor too
+  (:mod:`parsearch.validation.network_calibration`: inter-node and NVLink
+  bandwidth over what the cluster file says, pulled toward 1.0), fitted only
+  for runs of one cluster file;
 * only factors the measurements can inform are fitted: those whose whole cited
   range moves the runs' predicted throughput by at least
-  :data:`MIN_SENSITIVITY` (in log), most sensitive first, at most one per
+  :data:`MIN_SENSITIVITY` (in log; the cluster's bandwidth
+  :data:`~parsearch.validation.network_calibration.MIN_NETWORK_SENSITIVITY`),
+  most sensitive first, at most one per
   :data:`~parsearch.validation.calibration.ROWS_PER_FACTOR` runs, rounded up
-  (one factor from a single run).  The report says how many were fitted and why.
+  (one factor from a single run).  The report says which were fitted, and why
+  the others were not.
 
 Accuracy is reported as leave-one-run-out: each run predicted by the shipped
 profile (which has never seen it) and by a profile calibrated on the other
@@ -29,7 +37,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from parsearch.constraints import check_layout
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, layout_columns
@@ -40,15 +47,14 @@ from parsearch.published_runs import PublishedRun
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import (
-    BOUND_TOLERANCE,
     FIT_ORDER,
-    LOSS_SCALE,
     PRIOR_WEIGHT,
     ROWS_PER_FACTOR,
     PreparedRow,
     predict,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
+from parsearch.validation.joint_fit import FactorFit, fit_factors
 from parsearch.validation.measurements import Measurement, one_line
 from parsearch.validation.network_calibration import (
     CLUSTER_FACTORS,
@@ -62,8 +68,6 @@ from parsearch.workload import ModelSpec, TrainingSpec
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
 #: (mean over the runs) cannot be informed by them and is not fitted.
 MIN_SENSITIVITY = 0.01
-#: Evaluations allowed to one fit (a few runs converge in far fewer).
-MAX_EVALUATIONS = 100
 #: Runs needed before the leave-one-run-out errors replace the shipped error band.
 MIN_RUNS_FOR_BAND = 5
 
@@ -232,75 +236,6 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                     f"{cluster_priors[name].low:.2f}-{cluster_priors[name].high:.2f} moves them "
                     f"{sens[name]:.3f} < {MIN_NETWORK_SENSITIVITY}), the cluster file is kept")
     return chosen, sens, why
-
-
-@dataclass(frozen=True)
-class FactorFit:
-    """A fitted profile and cluster factors (only those fitted; the rest stay 1.0)."""
-
-    profile: EfficiencyProfile
-    cluster: dict[str, float]
-    cluster_priors: dict[str, Prior]
-    fitted: tuple[str, ...]
-    on_bound: tuple[str, ...]
-    sensitivity: dict[str, float]
-    why: str
-
-    def predict(self, rows: Sequence[PreparedRow]) -> np.ndarray:
-        """Predicted tokens/s/GPU of ``rows`` under the fitted profile and cluster factors."""
-        return predict(rows_with_cluster_factors(rows, self.cluster), self.profile)
-
-
-def _unit(prior: Prior, value: float) -> float:
-    """Position in the range, 0..1; log scale for ranges of a decade or more (as
-    :mod:`parsearch.validation.calibration` maps its factors)."""
-    if prior.high / max(prior.low, 1e-30) >= 10.0:
-        return math.log(value / prior.low) / math.log(prior.high / prior.low)
-    return (value - prior.low) / (prior.high - prior.low)
-
-
-def _from_unit(prior: Prior, u: float) -> float:
-    if prior.high / max(prior.low, 1e-30) >= 10.0:
-        return prior.low * (prior.high / prior.low) ** float(u)
-    return prior.low + float(u) * (prior.high - prior.low)
-
-
-def fit_factors(rows: Sequence[PreparedRow], start: EfficiencyProfile, names: Sequence[str],
-                cluster_priors: Mapping[str, Prior], *, prior_weight: float = PRIOR_WEIGHT,
-                ) -> tuple[EfficiencyProfile, dict[str, float], tuple[str, ...]]:
-    """(profile, cluster factors, on_bound): profile and cluster factors fitted together.
-
-    The cost model's procedure (:func:`~parsearch.validation.calibration.calibrate`):
-    soft-L1 loss on the log ratios (scale :data:`LOSS_SCALE`), each factor pulled
-    toward its prior by ``prior_weight * LOSS_SCALE`` per range unit, bounded by
-    its range; a cluster factor's prior is 1.0 (the cluster file's word).
-    """
-    start = start.with_values({n: p.value for n, p in start.priors.items()})
-    if not names:
-        return start, {}, ()
-    priors = [cluster_priors[n] if n in CLUSTER_FACTORS else start.priors[n] for n in names]
-    u_prior = np.array([_unit(p, p.value) for p in priors])
-    measured = np.array([r.measured for r in rows])
-
-    def split(u: np.ndarray) -> tuple[EfficiencyProfile, dict[str, float]]:
-        values = {n: _from_unit(p, x) for n, p, x in zip(names, priors, u, strict=True)}
-        cluster = {n: v for n, v in values.items() if n in CLUSTER_FACTORS}
-        profile = start.with_values({n: v for n, v in values.items() if n not in cluster})
-        return profile, cluster
-
-    def residuals(u: np.ndarray) -> np.ndarray:
-        profile, cluster = split(u)
-        pred = predict(rows_with_cluster_factors(rows, cluster), profile)
-        logs = np.log(np.maximum(pred, 1e-9) / measured)
-        return np.concatenate([logs, prior_weight * LOSS_SCALE * (u - u_prior)])
-
-    fit = least_squares(residuals, np.clip(u_prior, 0.02, 0.98), bounds=(0.0, 1.0),
-                        loss="soft_l1", f_scale=LOSS_SCALE, max_nfev=MAX_EVALUATIONS,
-                        diff_step=1e-3)
-    profile, cluster = split(fit.x)
-    on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
-                     if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
-    return profile, cluster, on_bound
 
 
 @dataclass(frozen=True)

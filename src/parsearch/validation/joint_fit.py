@@ -1,0 +1,101 @@
+"""Profile and cluster factors fitted together to measured runs.
+
+The cost model's procedure (:func:`~parsearch.validation.calibration.calibrate`:
+soft-L1 loss on ``log(predicted / measured)`` with scale
+:data:`~parsearch.validation.calibration.LOSS_SCALE`, each factor pulled toward
+its prior by ``prior_weight * LOSS_SCALE`` per unit of its cited range, bounded
+by the range), extended to the cluster's delivered bandwidth
+(:mod:`parsearch.validation.network_calibration`), whose prior is 1.0: the
+cluster file taken at its word.  A slow network and a slow GEMM move different
+layouts differently (the network only those whose groups cross nodes), so the
+two are fitted in one least-squares problem, not one after the other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from parsearch.cost.efficiency import EfficiencyProfile, Prior
+from parsearch.validation.calibration import (
+    BOUND_TOLERANCE,
+    LOSS_SCALE,
+    PRIOR_WEIGHT,
+    PreparedRow,
+    predict,
+)
+from parsearch.validation.network_calibration import CLUSTER_FACTORS, rows_with_cluster_factors
+
+#: Evaluations allowed to one fit (a few runs converge in far fewer).
+MAX_EVALUATIONS = 100
+
+
+@dataclass(frozen=True)
+class FactorFit:
+    """A fitted profile and cluster factors (only those fitted; the rest stay 1.0)."""
+
+    profile: EfficiencyProfile
+    cluster: dict[str, float]
+    cluster_priors: dict[str, Prior]
+    fitted: tuple[str, ...]
+    on_bound: tuple[str, ...]
+    sensitivity: dict[str, float]
+    why: str
+
+    def predict(self, rows: Sequence[PreparedRow]) -> np.ndarray:
+        """Predicted tokens/s/GPU of ``rows`` under the fitted profile and cluster factors."""
+        return predict(rows_with_cluster_factors(rows, self.cluster), self.profile)
+
+
+def _unit(prior: Prior, value: float) -> float:
+    """Position in the range, 0..1; log scale for ranges of a decade or more (as
+    :mod:`parsearch.validation.calibration` maps its factors)."""
+    if prior.high / max(prior.low, 1e-30) >= 10.0:
+        return math.log(value / prior.low) / math.log(prior.high / prior.low)
+    return (value - prior.low) / (prior.high - prior.low)
+
+
+def _from_unit(prior: Prior, u: float) -> float:
+    if prior.high / max(prior.low, 1e-30) >= 10.0:
+        return prior.low * (prior.high / prior.low) ** float(u)
+    return prior.low + float(u) * (prior.high - prior.low)
+
+
+def fit_factors(rows: Sequence[PreparedRow], start: EfficiencyProfile, names: Sequence[str],
+                cluster_priors: Mapping[str, Prior], *, prior_weight: float = PRIOR_WEIGHT,
+                ) -> tuple[EfficiencyProfile, dict[str, float], tuple[str, ...]]:
+    """(profile, cluster factors, on_bound): the factors ``names`` fitted to ``rows``.
+
+    Every factor starts at its prior's value (``start``'s priors: the shipped values
+    once anchored); ``on_bound``: fitted factors that ended on their range's bound.
+    """
+    start = start.with_values({n: p.value for n, p in start.priors.items()})
+    if not names:
+        return start, {}, ()
+    priors = [cluster_priors[n] if n in CLUSTER_FACTORS else start.priors[n] for n in names]
+    u_prior = np.array([_unit(p, p.value) for p in priors])
+    measured = np.array([r.measured for r in rows])
+
+    def split(u: np.ndarray) -> tuple[EfficiencyProfile, dict[str, float]]:
+        values = {n: _from_unit(p, x) for n, p, x in zip(names, priors, u, strict=True)}
+        cluster = {n: v for n, v in values.items() if n in CLUSTER_FACTORS}
+        profile = start.with_values({n: v for n, v in values.items() if n not in cluster})
+        return profile, cluster
+
+    def residuals(u: np.ndarray) -> np.ndarray:
+        profile, cluster = split(u)
+        pred = predict(rows_with_cluster_factors(rows, cluster), profile)
+        logs = np.log(np.maximum(pred, 1e-9) / measured)
+        return np.concatenate([logs, prior_weight * LOSS_SCALE * (u - u_prior)])
+
+    fit = least_squares(residuals, np.clip(u_prior, 0.02, 0.98), bounds=(0.0, 1.0),
+                        loss="soft_l1", f_scale=LOSS_SCALE, max_nfev=MAX_EVALUATIONS,
+                        diff_step=1e-3)
+    profile, cluster = split(fit.x)
+    on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
+                     if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
+    return profile, cluster, on_bound
