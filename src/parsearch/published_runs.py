@@ -138,8 +138,9 @@ CLUSTER_BY_GPU: dict[str, str] = {
 NO_PROFILE_REASONS: dict[str, str] = {
     "H100-SXM-96GB (Grand Teton, 500W)": (
         "no hardware profile for a 500 W-capped H100 96 GB: NVIDIA's datasheet peaks are "
-        "for the 700 W H100 SXM 80 GB, and no published peak, clock or HBM bandwidth for "
-        "this part at 500 W was found (torchtitan's own footnote says its peak is lower)"
+        "for the 700 W H100 SXM 80 GB; torchtitan's benchmark file gives 2.4 TB/s HBM2e "
+        "but says the peak is 'between SXM and NVL, and we don't know its exact value', "
+        "and no published peak for the part was found"
     ),
 }
 
