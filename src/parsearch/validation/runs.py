@@ -160,6 +160,13 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # Both papers predate FlashAttention (arXiv 2205.14135, May 2022): Megatron ran
         # attention as batched GEMMs with a fused scale-mask-softmax kernel.
         return training, replace(options, flash_attention=False)
+    if run.source_tag == "MEGASCALE":
+        # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
+        # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
+        # all-gather / reduce-scatter with the GEMMs as MegaScale's own additions, so
+        # the baseline ran them exposed.
+        return training, replace(options, tp_comm_overlap=False, overlap_grad_reduce=False,
+                                 overlap_param_gather=False)
     if run.source_tag != "MBRIDGE":
         return training, options
     low_precision = run.precision != "bf16"
