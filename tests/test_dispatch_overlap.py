@@ -184,3 +184,18 @@ def test_a2a_overlap_slots_cannot_pool_compute() -> None:
     hidden = float(a2a_overlap_hidden(np.array([9.0]), unit, np.array([9.0]), np.array([1]),
                                       None)[0])
     assert hidden == pytest.approx(1.0 + 2.0 + 2.0 + 2.25)
+
+
+@given(per_domain=st.sampled_from([1, 2, 4, 8, 72]), domains=st.integers(1, 16),
+       top_k=st.integers(1, 16))
+def test_flex_sends_a_token_once_per_rank_and_never_more_copies_in_all(
+        per_domain: int, domains: int, top_k: int) -> None:
+    """DeepEP/HybridEP send a token once per destination rank: inside one NVLink domain
+    (n-1)(1-(1-1/n)^k) copies instead of k(n-1)/n; over all links never more copies
+    than one per routed expert."""
+    n = per_domain * domains
+    a_intra, a_inter = dispatch_copies(per_domain, n, top_k, "alltoall")
+    f_intra, f_inter = dispatch_copies(per_domain, n, top_k, "flex")
+    assert float(f_intra + f_inter) <= float(a_intra + a_inter) + 1e-9
+    if domains == 1:
+        assert float(f_intra) == pytest.approx((n - 1) * (1 - (1 - 1 / n) ** top_k))

@@ -143,12 +143,20 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
     * ``flex``: once to each remote domain that hosts a chosen expert
       (:func:`domains_reached`, group-limited routing included), fanned out on
       NVLink there [derived; DeepEP README: "forwarding from NVLink to RDMA"];
+      on NVLink once per destination *rank*, not per expert (DeepEP / HybridEP
+      dispatch a token to a rank with all its local top-k slots): a rank is hit
+      with ``p = 1 - (1 - 1/n)^top_k``, so ``(k-1) p`` copies to the own domain's
+      ranks plus the forwarding of the tokens that arrive from other domains,
+      ``(M-1) k p - reached`` (each reached domain's landing rank needs none)
+      [derived];
     * ``allgather``: every token to every other rank: ``k-1`` and ``n-k`` copies.
 
     >>> [float(x) for x in dispatch_copies(8, 64, 4, "alltoall")]  # 8 domains of 8, top-4
     [0.4375, 3.5]
     >>> round(float(dispatch_copies(8, 64, 4, "flex")[1]), 3)      # 7 * (1 - (7/8)**4)
     2.897
+    >>> round(float(dispatch_copies(8, 8, 8, "flex")[0]), 3)       # 7 * (1 - (7/8)**8), not 7
+    4.595
     """
     k = np.asarray(members_per_domain, dtype=np.float64)
     n = np.asarray(group_size, dtype=np.float64)
@@ -158,6 +166,9 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
     intra = top_k * (k - 1.0) / np.maximum(n, 1.0)
     if dispatcher == "flex":
         inter = domains_reached(k, n, top_k, groups)
+        hit = 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** top_k
+        domains = n / k
+        intra = (k - 1.0) * hit + np.maximum(0.0, (domains - 1.0) * k * hit - inter)
     else:
         inter = top_k * (n - k) / np.maximum(n, 1.0)
     return intra, inter
