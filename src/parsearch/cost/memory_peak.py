@@ -28,9 +28,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsearch.cost.activation_terms import LAYER_KINDS, stage_terms, term_bytes
+from parsearch.cost.activation_terms import HELD_TERMS, LAYER_KINDS, stage_terms, term_bytes
 from parsearch.cost.activations import ActDegrees, chunk_in_flight, num_microbatches
 from parsearch.cost.memory_options import MemoryOptions
+from parsearch.cost.memory_rows import RowOrder, Tables, Term, score_rows
 from parsearch.cost.memory_states import StageCounts, stage_model_state, stage_params
 from parsearch.cost.stages import StageContent, effective_split, stage_contents
 from parsearch.workload import ModelSpec, TrainingSpec
@@ -78,7 +79,7 @@ def _state_key(content: StageContent) -> tuple[int, ...]:
             int(content.has_output))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity (memoised per list of splits)
 class _Candidates:
     """The candidate stages of a list of splits, as flat arrays (``C`` stages in all).
 
@@ -92,7 +93,10 @@ class _Candidates:
     first: np.ndarray
     count: np.ndarray
     rank: np.ndarray  # (C,)
-    state_key: np.ndarray  # (C, 7): _state_key
+    state_keys: np.ndarray  # (K, 7): the distinct _state_key, sorted (by pp first)
+    key_pps: np.ndarray  # the distinct pp among them, and where each one's keys start
+    key_start: np.ndarray
+    key_offset: np.ndarray  # (C,): the candidate's key, counted from its pp's first
     entry_start: np.ndarray  # (C,)
     entry_rank: np.ndarray  # (E,) ... the chunk's rank, pp, vpp and chunk index
     entry_pp: np.ndarray
@@ -101,6 +105,20 @@ class _Candidates:
     entry_held: np.ndarray  # (E, len(HELD_TERMS))
     offloaded: np.ndarray  # (C, LAYER_KINDS)
     output: np.ndarray  # (C, 2): output_norm, logits heads
+    held_present: np.ndarray  # (len(HELD_TERMS), C): the candidate holds the term
+
+
+@lru_cache(maxsize=64)
+def _held_copies(cands: _Candidates,
+                 m_values: tuple[float, ...]) -> tuple[np.ndarray | None, ...]:
+    """Per held term: copies each candidate holds with each micro-batch count, flattened
+    ``m * C + c`` (``None`` where no candidate holds the term; memoised)."""
+    in_flight = chunk_in_flight(cands.entry_rank, cands.entry_pp, cands.entry_vpp,
+                                cands.entry_chunk, np.asarray(m_values)[:, None])
+    return tuple(
+        np.add.reduceat(in_flight * cands.entry_held[:, j], cands.entry_start,
+                        axis=1).reshape(-1) if cands.held_present[j].any() else None
+        for j in range(len(HELD_TERMS)))
 
 
 @lru_cache(maxsize=64)
@@ -108,6 +126,8 @@ def _candidates(model: ModelSpec, splits: tuple[tuple[int, int, str], ...],
                 term_options: tuple[int | None, int, bool, bool]) -> _Candidates:
     """:class:`_Candidates` of ``(pp, vpp, split)`` splits (memoised per list)."""
     per_split = [peak_candidates(model, pp, vpp, split) for pp, vpp, split in splits]
+    if not per_split:
+        raise ValueError("no pipeline splits")
     order = sorted(range(len(splits)), key=lambda i: -len(per_split[i]))  # stable
     stages = [c for i in order for c in per_split[i]]
     count = np.array([len(per_split[i]) for i in order], dtype=np.int64)
@@ -116,22 +136,32 @@ def _candidates(model: ModelSpec, splits: tuple[tuple[int, int, str], ...],
     entry_start = np.concatenate(([0], np.cumsum(chunks)[:-1])).astype(np.int64)
 
     def per_entry(values: list[int]) -> np.ndarray:
-        return np.repeat(np.asarray(values, dtype=np.float64), chunks)
+        return np.repeat(np.asarray(values, dtype=np.int64), chunks)
 
+    keys, key_of_cand = np.unique(np.array([_state_key(c) for c in stages], dtype=np.int64),
+                                  axis=0, return_inverse=True)
+    key_pps, key_start = np.unique(keys[:, 0], return_index=True)
+    key_offset = (np.arange(len(keys)) - key_start[np.searchsorted(key_pps, keys[:, 0])])
+
+    entry_held = np.array([row for t in terms for row in t.held], dtype=np.float64)
     return _Candidates(
         split_order=np.asarray(order, dtype=np.int64),
         first=np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64),
         count=count,
         rank=np.array([c.rank for c in stages], dtype=np.int64),
-        state_key=np.array([_state_key(c) for c in stages], dtype=np.int64),
+        state_keys=keys,
+        key_pps=key_pps,
+        key_start=key_start.astype(np.int64),
+        key_offset=key_offset[key_of_cand.reshape(-1)],
         entry_start=entry_start,
         entry_rank=per_entry([c.rank for c in stages]),
         entry_pp=per_entry([c.pp for c in stages]),
         entry_vpp=per_entry([c.vpp for c in stages]),
-        entry_chunk=np.concatenate([np.arange(n, dtype=np.float64) for n in chunks]),
-        entry_held=np.array([row for t in terms for row in t.held], dtype=np.float64),
+        entry_chunk=np.concatenate([np.arange(n, dtype=np.int64) for n in chunks]),
+        entry_held=entry_held,
         offloaded=np.array([t.offloaded for t in terms], dtype=np.float64),
         output=np.array([(t.output_norm, t.logits) for t in terms], dtype=np.float64),
+        held_present=np.add.reduceat(entry_held, entry_start, axis=0).T > 0,
     )
 
 
@@ -193,21 +223,14 @@ def _state_table(model: ModelSpec, training: TrainingSpec, options: MemoryOption
     base position in it, and each candidate's offset from that base.
     """
     reps, s_of_rep = _group(deg.pp, deg.tp, deg.ep, deg.etp, deg.dp, deg.cp, deg.edp)
-    s_pp = deg.pp[reps]
-    # Distinct counts of each pp, numbered within their pp.
-    keys, key_of_cand = np.unique(cands.state_key, axis=0, return_inverse=True)
-    key_of_cand = key_of_cand.reshape(-1)
-    _, pp_rank = _dense_rank(np.concatenate((keys[:, 0], s_pp)))
-    key_pp, s_pp_rank = pp_rank[:len(keys)], pp_rank[len(keys):]
-    per_pp = np.bincount(key_pp, minlength=int(pp_rank.max()) + 1)
-    local = np.arange(len(keys)) - np.concatenate(([0], np.cumsum(per_pp)[:-1]))[key_pp]
-    offset_of_cand = local[key_of_cand]
-    width = per_pp[s_pp_rank]  # table entries per state representative
+    # Each state representative gets one entry per distinct stage counts of its pp.
+    pp_of_s = np.searchsorted(cands.key_pps, deg.pp[reps])
+    per_pp = np.diff(np.append(cands.key_start, len(cands.state_keys)))
+    width = per_pp[pp_of_s]
     base = np.concatenate(([0], np.cumsum(width)[:-1])).astype(np.int64)
     s_of_entry = np.repeat(np.arange(len(reps)), width)
-    local_of_entry = np.arange(s_of_entry.size) - base[s_of_entry]
-    key_start = np.concatenate(([0], np.cumsum(per_pp)[:-1]))
-    key_of_entry = key_start[s_pp_rank[s_of_entry]] + local_of_entry
+    key_of_entry = (cands.key_start[pp_of_s] - base)[s_of_entry] + np.arange(s_of_entry.size)
+    keys = cands.state_keys
     k = keys[key_of_entry]
     counts = StageCounts(pp=k[:, 0], num_dense_layers=k[:, 1], num_moe_layers=k[:, 2],
                          num_mtp_layers=k[:, 3], mtp_is_moe=k[:, 4].astype(bool),
@@ -224,7 +247,7 @@ def _state_table(model: ModelSpec, training: TrainingSpec, options: MemoryOption
     table = {name: np.broadcast_to(np.asarray(getattr(state, name), dtype=np.float64), shape)
              for name in ("weights", "gradients", "optimizer")}
     table["sum"] = table["weights"] + table["gradients"] + table["optimizer"]
-    return table, base[s_of_rep], offset_of_cand
+    return table, base[s_of_rep], cands.key_offset
 
 
 def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions,
@@ -246,9 +269,10 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
                     options.activation_model == "korthikanti", options.fp32_logits)
     cands = _candidates(model, tuple((pp, vpp, effective_split(training, pp, vpp))
                                      for pp, vpp, _ in splits), term_options)
-    sizes = np.array([splits[i][2].size for i in cands.split_order], dtype=np.int64)
-    order = np.concatenate([splits[i][2] for i in cands.split_order])
-    rep = order if row_rep is None else row_rep[order]
+    sizes = [splits[i][2].size for i in cands.split_order]
+    rows = RowOrder(order=np.concatenate([splits[i][2] for i in cands.split_order]),
+                    row_start=np.concatenate(([0], np.cumsum(sizes))).astype(np.int64),
+                    first=cands.first, count=cands.count)
 
     # Per representative: bytes of each activation term, micro-batch count, state base.
     tp, mbs = deg.tp.astype(np.float64), deg.mbs.astype(np.float64)
@@ -260,78 +284,28 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
     m_count, m_of_rep = _dense_rank(m.astype(np.int64))
     m_values = np.zeros(m_count)
     m_values[m_of_rep] = m
-    state, base_of_rep, state_offset = _state_table(model, training, options, deg, cands)
+    state, base_of_rep, key_offset = _state_table(model, training, options, deg, cands)
 
-    # Copies held per (candidate, micro-batch count), flattened c * m_count + m.
-    in_flight = chunk_in_flight(cands.entry_rank[:, None], cands.entry_pp[:, None],
-                                cands.entry_vpp[:, None], cands.entry_chunk[:, None],
-                                m_values[None, :])
-    terms: list[tuple[np.ndarray, np.ndarray]] = []  # (copies, bytes per row), summed in order
-    for j, per_copy in enumerate(arrays.held):
-        if per_copy is not None and cands.entry_held[:, j].any():
-            copies = np.add.reduceat(in_flight * cands.entry_held[:, j, None],
-                                     cands.entry_start, axis=0)
-            terms.append((copies.reshape(-1), _per_row(per_copy, rep)))
-    output_terms = [(np.repeat(cands.output[:, i], m_count), _per_row(values, rep))
-                    for i, values in enumerate((arrays.output_norm, arrays.logits))
-                    if cands.output[:, i].any()]
-    offload = [(cands.offloaded[:, k], _per_row(arrays.held[k], rep))
-               for k in range(LAYER_KINDS) if cands.offloaded[:, k].any()]
-    base = base_of_rep[rep]
-    m_row = m_of_rep[rep]
-    other = options.framework_overhead_bytes
+    def per_rep(values: object) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64),
+                                                    tp.shape))
 
-    best_total = best_act = best_cand = np.zeros(0)
-    for k in range(int(cands.count[0])):
-        splits_k = int(np.count_nonzero(cands.count > k))
-        rows = int(sizes[:splits_k].sum())
-        cand = np.repeat(cands.first[:splits_k] + k, sizes[:splits_k])
-        at = cand * m_count + m_row[:rows]
-        act = _activations(terms, output_terms, offload, cand, at, rows)
-        total = state["sum"][base[:rows] + state_offset[cand]] + act + other
-        if k == 0:
-            best_total, best_act, best_cand = total, act, cand
-            continue
-        better = total > best_total[:rows]  # ties: the lower rank, evaluated first
-        np.copyto(best_total[:rows], total, where=better)
-        np.copyto(best_act[:rows], act, where=better)
-        np.copyto(best_cand[:rows], cand, where=better)
-
-    at_state = base + state_offset[best_cand]
-    offloaded = np.zeros(n)
-    for counts, per_row in offload:
-        offloaded = offloaded + counts[best_cand] * per_row
-    peak = {"weights": state["weights"][at_state], "gradients": state["gradients"][at_state],
-            "optimizer": state["optimizer"][at_state], "activations": best_act,
-            "other": np.full(n, float(other)), "total": best_total,
-            "offloaded_bytes": offloaded, "peak_stage": cands.rank[best_cand]}
-    out = {}
-    for name, values in peak.items():
-        out[name] = np.empty_like(values)
-        out[name][order] = values
+    tables = Tables(
+        held=[Term(copies, per_rep(per_copy), cands.held_present[j])
+              for j, (copies, per_copy) in enumerate(zip(_held_copies(cands, tuple(m_values)),
+                                                         arrays.held, strict=True))
+              if copies is not None and per_copy is not None],
+        offload=[Term(cands.offloaded[:, k], per_rep(arrays.held[k]), cands.offloaded[:, k] > 0)
+                 for k in range(LAYER_KINDS) if cands.offloaded[:, k].any()],
+        output=[Term(np.tile(cands.output[:, i], m_count), per_rep(values),
+                     cands.output[:, i] > 0)
+                for i, values in enumerate((arrays.output_norm, arrays.logits))
+                if cands.output[:, i].any()],
+        state=state, base_of_rep=base_of_rep, key_offset=key_offset, m_of_rep=m_of_rep,
+        rank=cands.rank, other=float(options.framework_overhead_bytes))
+    out = {name: np.empty(n) for name in PEAK_FIELDS}
+    out["other"][:] = tables.other
+    out["offloaded_bytes"][:] = 0.0
+    out["peak_stage"] = np.empty(n, dtype=np.int64)
+    score_rows(tables, rows, row_rep, cands.rank.size, out)
     return out
-
-
-def _per_row(values: object, rep: np.ndarray) -> np.ndarray:
-    """Per-representative ``values`` (or a number) for each row in ``rep``."""
-    values = np.asarray(values, dtype=np.float64)
-    return np.full(rep.size, float(values)) if values.ndim == 0 else values[rep]
-
-
-def _activations(terms: list[tuple[np.ndarray, np.ndarray]],
-                 output_terms: list[tuple[np.ndarray, np.ndarray]],
-                 offload: list[tuple[np.ndarray, np.ndarray]], cand: np.ndarray,
-                 at: np.ndarray, rows: int) -> np.ndarray:
-    """HBM activations of candidate ``cand`` of the first ``rows`` rows
-    (:func:`~parsearch.cost.activation_terms.stage_activations`' order)."""
-    act = np.zeros(rows)
-    for copies, per_row in terms:
-        act += copies[at] * per_row[:rows]
-    if offload:  # one offloaded layer in flight: the largest kind the stage offloads
-        largest = np.zeros(rows)
-        for counts, per_row in offload:
-            np.maximum(largest, np.where(counts[cand] > 0, per_row[:rows], 0.0), out=largest)
-        act += largest
-    for copies, per_row in output_terms:
-        act += copies[at] * per_row[:rows]
-    return act

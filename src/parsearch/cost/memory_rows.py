@@ -1,0 +1,237 @@
+"""Peak-stage search over rows, block by block: the inner loop of
+:mod:`parsearch.cost.memory_peak`.
+
+Rows are taken in the order of :class:`RowOrder` (by pipeline split, splits by
+falling number of candidate stages), so candidate ``k`` of every row that has
+one is a prefix of the rows.  They are scored in blocks (:data:`BLOCK_COUNT`)
+with buffers allocated once per call and reused by every block: fresh
+memory costs more than the arithmetic on it (first-touch page faults), so the
+only arrays the size of the input are the results.
+
+Per candidate: activations are the terms of
+:func:`~parsearch.cost.activation_terms.stage_activations`, in its order
+(copies held × bytes per copy), model state is looked up, and the total is
+``weights + gradients + optimizer + activations + other`` as in
+:class:`~parsearch.cost.memory.MemoryBreakdown`; the strictly larger total
+wins, so ties go to the lower rank (evaluated first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Rows per block: about ``n / BLOCK_COUNT``, within these bounds (small buffers are
+#: cheap to touch, but each block costs some Python; measured on the bench cases).
+BLOCK_COUNT = 32
+BLOCK_ROWS_MIN, BLOCK_ROWS_MAX = 1 << 12, 1 << 16
+
+
+@dataclass(frozen=True)
+class Term:
+    """One activation term: ``copies`` held by candidate ``c`` with micro-batch count
+    ``m`` at ``m * C + c`` (offloaded layers: at ``c``), the bytes of one copy per
+    representative row, and which candidates hold it at all."""
+
+    copies: np.ndarray
+    per_rep: np.ndarray
+    present: np.ndarray
+
+
+@dataclass(frozen=True)
+class Tables:
+    """What rows look up: activation terms (held per micro-batch in flight, offloaded
+    layers, output layer), the model-state table (``weights``, ``gradients``,
+    ``optimizer`` and ``sum``, their sum) at ``base_of_rep[rep] + key_offset[c]``, each
+    representative's micro-batch count index, each candidate's rank."""
+
+    held: list[Term]
+    offload: list[Term]
+    output: list[Term]
+    state: dict[str, np.ndarray]
+    base_of_rep: np.ndarray
+    key_offset: np.ndarray
+    m_of_rep: np.ndarray
+    rank: np.ndarray
+    other: float
+
+
+@dataclass(frozen=True)
+class RowOrder:
+    """Rows by split: ``order[row_start[i]:row_start[i + 1]]`` are split ``i``'s rows,
+    its candidates ``first[i] .. first[i] + count[i]`` (``count`` falling)."""
+
+    order: np.ndarray
+    row_start: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+
+
+@dataclass
+class _Buffers:
+    """Scratch arrays of one block, reused by every block."""
+
+    size: int
+    slots: int
+    terms: int
+    rep_type: np.dtype
+    ints: dict[str, np.ndarray] = field(default_factory=dict)
+    floats: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("base", "cand0", "at0", "at", "cand", "index", "k_row"):
+            self.ints[name] = np.empty(self.size, dtype=np.int64)
+        self.ints["rep"] = np.empty(self.size, dtype=self.rep_type)
+        for name in ("tmp", "total", "best_total", "largest"):
+            self.floats[name] = np.empty(self.size)
+        self.per_row = np.empty((self.terms, self.size))
+        self.acts = np.empty((self.slots, self.size))
+        self.better = np.empty(self.size, dtype=bool)
+        self.k_type = np.int8 if self.slots < 128 else np.int32
+        self.best_k = np.empty(self.size, dtype=self.k_type)
+        self.k_of_better = np.empty(self.size, dtype=self.k_type)
+        self.arange = np.arange(self.size, dtype=np.int64)
+
+
+def _spans(rows: RowOrder, term: Term, k: int) -> tuple[int, int] | None:
+    """The rows whose candidate ``k`` holds ``term``: one run ``(first, stop)`` (all rows
+    with a candidate ``k`` when they are not one run), or ``None``."""
+    splits = int(np.count_nonzero(rows.count > k))
+    holds = np.flatnonzero(term.present[rows.first[:splits] + k])
+    if holds.size == 0:
+        return None
+    first, last = int(holds[0]), int(holds[-1])
+    if last - first + 1 != holds.size:
+        return 0, int(rows.row_start[splits])
+    return int(rows.row_start[first]), int(rows.row_start[last + 1])
+
+
+def score_rows(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None,
+               n_cands: int, out: dict[str, np.ndarray]) -> None:
+    """Write each row's peak stage (``out``: the :data:`~parsearch.cost.memory_peak.PEAK_FIELDS`
+    and ``peak_stage``, indexed by row) block by block."""
+    n = rows.order.size
+    slots = int(rows.count[0])
+    terms = [*tables.held, *tables.offload, *tables.output]
+    spans = [[_spans(rows, term, k) for term in terms] for k in range(slots)]
+    slot_rows = [int(rows.row_start[np.count_nonzero(rows.count > k)]) for k in range(slots)]
+    size = min(n, max(BLOCK_ROWS_MIN, min(BLOCK_ROWS_MAX, n // BLOCK_COUNT)))
+    buf = _Buffers(size, slots, len(terms),
+                   row_rep.dtype if row_rep is not None else np.dtype(np.int64))
+    for start in range(0, n, size):
+        _score_block(tables, rows, row_rep, n_cands, terms, spans, slot_rows, buf,
+                     start, min(n, start + size), out)
+
+
+def _score_block(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None, n_cands: int,
+                 terms: list[Term], spans: list[list[tuple[int, int] | None]],
+                 slot_rows: list[int], buf: _Buffers, start: int, stop: int,
+                 out: dict[str, np.ndarray]) -> None:
+    size = stop - start
+    ints, floats = buf.ints, buf.floats
+    where = rows.order[start:stop]
+    rep = where if row_rep is None else np.take(row_rep, where, out=ints["rep"][:size],
+                                                mode="clip")
+    base = np.take(tables.base_of_rep, rep, out=ints["base"][:size], mode="clip")
+    cand0 = ints["cand0"][:size]
+    first_split = int(np.searchsorted(rows.row_start, start, side="right")) - 1
+    for split in range(first_split, rows.first.size):
+        a, b = int(rows.row_start[split]), int(rows.row_start[split + 1])
+        if a >= stop:
+            break
+        cand0[max(a, start) - start:min(b, stop) - start] = rows.first[split]
+    at0 = np.take(tables.m_of_rep, rep, out=ints["at0"][:size], mode="clip")
+    at0 *= n_cands
+    at0 += cand0
+    for i, term in enumerate(terms):
+        np.take(term.per_rep, rep, out=buf.per_row[i, :size], mode="clip")
+
+    best_total, best_k = floats["best_total"][:size], buf.best_k[:size]
+    best_k[:] = 0
+    for k in range(len(slot_rows)):
+        r = min(slot_rows[k], stop) - start
+        if r <= 0:
+            break
+        at = np.add(at0[:r], k, out=ints["at"][:r])
+        cand = np.add(cand0[:r], k, out=ints["cand"][:r])
+        act = buf.acts[k, :r]
+        _activations(act, tables, terms, spans[k], buf, at, cand, start, r)
+        total = floats["total"][:r] if k else best_total[:r]
+        index = np.take(tables.key_offset, cand, out=ints["index"][:r], mode="clip")
+        index += base[:r]
+        np.take(tables.state["sum"], index, out=total, mode="clip")
+        total += act
+        total += tables.other
+        if k:
+            better = np.greater(total, best_total[:r], out=buf.better[:r])
+            np.maximum(best_total[:r], total, out=best_total[:r])
+            # best_k < k wherever set so far: the maximum sets k exactly where better.
+            k_of_better = np.multiply(better.view(np.int8), buf.k_type(k),
+                                      out=buf.k_of_better[:r])
+            np.maximum(best_k[:r], k_of_better, out=best_k[:r])
+
+    k_row = ints["k_row"][:size]
+    k_row[:] = best_k
+    cand = np.add(cand0, k_row, out=ints["cand"][:size])
+    index = np.multiply(k_row, buf.size, out=ints["index"][:size])
+    index += buf.arange[:size]
+    out["activations"][where] = np.take(buf.acts.reshape(-1), index,
+                                        out=floats["tmp"][:size], mode="clip")
+    out["total"][where] = best_total
+    out["peak_stage"][where] = np.take(tables.rank, cand, out=ints["at"][:size], mode="clip")
+    index = np.take(tables.key_offset, cand, out=ints["index"][:size], mode="clip")
+    index += base
+    for name in ("weights", "gradients", "optimizer"):
+        out[name][where] = np.take(tables.state[name], index, out=floats["tmp"][:size],
+                                   mode="clip")
+    if tables.offload:
+        offloaded = floats["largest"][:size]
+        offloaded[:] = 0.0
+        first = len(tables.held)
+        for i, term in enumerate(tables.offload):
+            tmp = np.take(term.copies, cand, out=floats["tmp"][:size], mode="clip")
+            tmp *= buf.per_row[first + i, :size]
+            offloaded += tmp
+        out["offloaded_bytes"][where] = offloaded
+
+
+def _activations(act: np.ndarray, tables: Tables, terms: list[Term],
+                 spans: list[tuple[int, int] | None], buf: _Buffers, at: np.ndarray,
+                 cand: np.ndarray, start: int, rows: int) -> None:
+    """Write into ``act`` the HBM activations of candidate ``cand`` of ``rows`` rows: the
+    held terms, the largest offloaded layer, the output terms (a term a row's candidate
+    does not hold would add an exact 0: outside its span it is skipped)."""
+    act[:] = 0.0
+    n_held, n_off = len(tables.held), len(tables.offload)
+    for i in range(n_held):
+        _add_term(act, terms[i], spans[i], buf.per_row[i], buf.floats["tmp"], at, start, rows)
+    if n_off:
+        _add_largest_offloaded(act, tables, buf, cand, rows, n_held)
+    for i in range(n_held + n_off, len(terms)):
+        _add_term(act, terms[i], spans[i], buf.per_row[i], buf.floats["tmp"], at, start, rows)
+
+
+def _add_term(act: np.ndarray, term: Term, span: tuple[int, int] | None, per_row: np.ndarray,
+              tmp: np.ndarray, at: np.ndarray, start: int, rows: int) -> None:
+    """``act += copies × bytes`` of ``term`` on the block's rows within its span."""
+    if span is None:
+        return
+    a, b = max(span[0] - start, 0), min(span[1] - start, rows)
+    if a < b:
+        part = np.take(term.copies, at[a:b], out=tmp[a:b], mode="clip")
+        part *= per_row[a:b]
+        act[a:b] += part
+
+
+def _add_largest_offloaded(act: np.ndarray, tables: Tables, buf: _Buffers, cand: np.ndarray,
+                           rows: int, first: int) -> None:
+    """One offloaded layer is in flight in HBM: the largest kind the stage offloads."""
+    largest = buf.floats["largest"][:rows]
+    largest[:] = 0.0
+    tmp, holds = buf.floats["tmp"][:rows], buf.better[:rows]
+    for i, term in enumerate(tables.offload):
+        np.greater(np.take(term.copies, cand, out=tmp, mode="clip"), 0.0, out=holds)
+        np.multiply(holds, buf.per_row[first + i, :rows], out=tmp)  # exact: 0 or the bytes
+        np.maximum(largest, tmp, out=largest)
+    act += largest
