@@ -20,9 +20,9 @@ import sys
 import warnings
 
 from parsearch.cost.efficiency import efficiency_dir, load_efficiency_profile, profile_to_yaml
-from parsearch.published_runs import load_published_runs
 from parsearch.validation.calibration import prepare_rows
 from parsearch.validation.crossval import cross_validate
+from parsearch.validation.published_runs import load_published_runs
 
 HEADER = """# Efficiency profile for NVIDIA {title} GPUs.
 # Every value is a physical quantity with a prior and a cited range (`priors`; sources

@@ -92,7 +92,6 @@ import yaml
 from parsearch.cost.analytic import CostModel, build_cost_model, score_columns
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.model_files import resolve_model
-from parsearch.published_runs import load_published_runs
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
@@ -102,6 +101,7 @@ from parsearch.validation.joint_fit import FactorFit
 from parsearch.validation.measurements import Measurement
 from parsearch.validation.network_calibration import NETWORK_FACTOR, with_cluster_factors
 from parsearch.validation.plan_profiling import FIT_WEIGHT, plan_profiling
+from parsearch.validation.published_runs import load_published_runs
 from parsearch.validation.user_calibration import (
     fit_user_profile,
     prepare_measurements,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 import warnings
 
-from parsearch.published_runs import load_published_runs
 from parsearch.ranking import rank_published_layouts
+from parsearch.validation.published_runs import load_published_runs
 
 TARGET = 0.60
 

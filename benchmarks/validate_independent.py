@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.cost.analytic import CostOptions, estimate
-from parsearch.published_runs import PublishedRun, read_published_runs
 from parsearch.strict_json import strict_json
+from parsearch.validation.published_runs import PublishedRun, read_published_runs
 from parsearch.validation.runs import (
     ValidationRow,
     fabric_for,

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from parsearch.published_runs import (
+from parsearch.topology.cluster import load_cluster
+from parsearch.validation.published_runs import (
     CLUSTER_BY_GPU,
+    PublishedRun,
+    load_published_runs,
+    read_published_runs,
+)
+from parsearch.validation.run_conventions import (
     CONV_MEGASCALE,
     CONV_PALM,
     CONV_REPORTED,
@@ -22,11 +28,7 @@ from parsearch.published_runs import (
     LLAMA3,
     MEGASCALE,
     TORCHTITAN,
-    PublishedRun,
-    load_published_runs,
-    read_published_runs,
 )
-from parsearch.topology.cluster import load_cluster
 from parsearch.validation.runs import validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"

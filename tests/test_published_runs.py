@@ -1,4 +1,4 @@
-"""Tests of the published-runs dataset loader (``parsearch.published_runs``)."""
+"""Tests of the published-runs dataset loader (``parsearch.validation.published_runs``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from parsearch.published_runs import (
+from parsearch.validation.published_runs import (
     CLUSTER_BY_GPU,
+    PublishedRun,
+    dedupe,
+    dev_rows,
+    group_key,
+    load_published_runs,
+    training_spec,
+)
+from parsearch.validation.run_conventions import (
     CONV_KOR22,
     CONV_MCORE_2025,
     CONV_NAR21,
@@ -21,17 +29,10 @@ from parsearch.published_runs import (
     KOR22,
     MBRIDGE,
     NAR21,
-    PublishedRun,
-    dedupe,
-    dev_rows,
-    group_key,
-    layout_problems,
-    load_published_runs,
-    normalise_precision,
     padded_vocab,
     release_of,
-    training_spec,
 )
+from parsearch.validation.run_layouts import layout_problems, normalise_precision
 
 SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_dev.csv"
 NEMOTRON_SKIP = "architecture unknown (hybrid Mamba: Nemotron 3)"

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from parsearch.published_runs import load_published_runs
 from parsearch.validation import memory_saving_candidates, validate_runs
+from parsearch.validation.published_runs import load_published_runs
 from parsearch.validation.recipes import load_run_setups
 
 
@@ -116,7 +116,7 @@ def test_recipe_recompute_layers_count_only_with_the_block_method() -> None:
 
 
 def _training(run):  # type: ignore[no-untyped-def]
-    from parsearch.published_runs import training_spec
+    from parsearch.validation.published_runs import training_spec
 
     return training_spec(run)
 

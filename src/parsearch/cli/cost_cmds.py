@@ -126,8 +126,8 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from parsearch.published_runs import read_published_runs
     from parsearch.validation import validate_runs
+    from parsearch.validation.published_runs import read_published_runs
 
     data = read_published_runs(args.data)
     runs = data.runs

@@ -26,7 +26,7 @@ from scipy.optimize import least_squares
 from parsearch.cost.analytic import CostModel, CostOptions, layout_columns, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, Prior, efficiency_for_gpu
 from parsearch.errors import ParsearchError
-from parsearch.published_runs import PublishedRun, dedupe, dev_rows
+from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows
 from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
 
 #: Factors in the order they are fitted when the data allow only some of them.

@@ -24,9 +24,9 @@ from parsearch.constraints import check_layout
 from parsearch.cost.analytic import CostModel, CostOptions, Estimate, build_cost_model, estimate
 from parsearch.errors import ParsearchError
 from parsearch.layout import Layout
-from parsearch.published_runs import PublishedRun, dedupe, dev_rows, training_spec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
+from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows, training_spec
 from parsearch.validation.recipes import apply_setup, load_run_setups
 from parsearch.workload import TrainingSpec
 

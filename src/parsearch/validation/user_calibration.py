@@ -43,7 +43,6 @@ from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, lay
 from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
 from parsearch.errors import ParsearchError
 from parsearch.model_files import resolve_model
-from parsearch.published_runs import PublishedRun
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import (
@@ -63,6 +62,7 @@ from parsearch.validation.network_calibration import (
     network_priors,
     rows_with_cluster_factors,
 )
+from parsearch.validation.published_runs import PublishedRun
 from parsearch.workload import ModelSpec, TrainingSpec
 
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
