@@ -3,7 +3,7 @@
 The plan models what ``parsearch calibrate`` will do with the measurements,
 linearised.  A layout's log-throughput error is
 
-    error = g . du + n * dN + e
+    error = g . du + e
 
 * ``du``: how far each factor really is from its current value, in units of
   its cited range (``g``: the change in log throughput from the low to the high
@@ -19,8 +19,8 @@ linearised.  A layout's log-throughput error is
   independent between layouts; a measurement adds :data:`NOISE_SD`.
 
 The calibration fits only the ``factor_limit(n)`` factors the measured layouts
-are most sensitive to (each above its threshold:
-:func:`~parsearch.validation.user_calibration.threshold`), by penalised least
+say most about (largest root-mean-square ``g``, each with mean ``|g|`` above its
+threshold: :func:`~parsearch.validation.user_calibration.threshold`), by penalised least
 squares (penalty ``PRIOR_WEIGHT * LOSS_SCALE`` per range unit,
 :mod:`parsearch.validation.calibration`), and leaves the others at the shipped
 values.  Linearised, that is a ridge estimate, and the covariance of the
@@ -208,7 +208,7 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     targets; ``own``: the target each measured layout is (None: not a target);
     ``thresholds``: the least sensitivity at which the fit takes each factor (``inf``:
     never; default :data:`MIN_SENSITIVITY`).  The fit takes the ``n_factors`` factors
-    the measured layouts are most sensitive to, above their thresholds (as
+    above their thresholds (mean |g|) with the largest root-mean-square gradient (as
     :func:`~parsearch.validation.user_calibration.choose_factors` does), and solves
     ``min |J d - y|^2 + lam^2 |d|^2`` (``lam = PRIOR_WEIGHT * LOSS_SCALE``), so a
     target's error is ``b . y - g_F . d_F - g_U . d_U - e_t`` with
@@ -219,7 +219,8 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     if thresholds is None:
         thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
     sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
-    ordered = [int(j) for j in np.argsort(-sens, kind="stable")
+    rms = np.sqrt((g_measured**2).mean(axis=0)) if len(g_measured) else sens
+    ordered = [int(j) for j in np.argsort(-rms, kind="stable")
                if sens[j] >= thresholds[j]][:n_factors]
     rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
     jf = g_measured[:, ordered]

@@ -154,10 +154,10 @@ def anchored(profile: EfficiencyProfile) -> EfficiencyProfile:
     return replace(profile, priors=priors)
 
 
-def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                   names: Sequence[str] | None = None,
-                  cluster_priors: Mapping[str, Prior] | None = None) -> dict[str, float]:
-    """Mean |log throughput change| of the rows when a factor goes from its low to high bound.
+                  cluster_priors: Mapping[str, Prior] | None = None) -> dict[str, np.ndarray]:
+    """Each row's log throughput change when a factor goes from its low to high bound.
 
     Profile factors (``names``, default :data:`FIT_ORDER`) and the cluster factors
     of ``cluster_priors`` (:mod:`parsearch.validation.network_calibration`).
@@ -169,12 +169,20 @@ def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
             continue
         low = predict(rows, profile.with_values({name: prior.low}))
         high = predict(rows, profile.with_values({name: prior.high}))
-        out[name] = float(np.mean(np.abs(np.log(high / low))))
+        out[name] = np.log(high / low)
     for name, prior in (cluster_priors or {}).items():
         low = predict(rows_with_cluster_factors(rows, {name: prior.low}), profile)
         high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
-        out[name] = float(np.mean(np.abs(np.log(high / low))))
+        out[name] = np.log(high / low)
     return out
+
+
+def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                  names: Sequence[str] | None = None,
+                  cluster_priors: Mapping[str, Prior] | None = None) -> dict[str, float]:
+    """Mean |log throughput change| of the rows when a factor goes from its low to high bound."""
+    return {n: float(np.mean(np.abs(g)))
+            for n, g in range_effects(rows, profile, names, cluster_priors).items()}
 
 
 def factor_limit(n_rows: int, rows_per_factor: int = ROWS_PER_FACTOR) -> int:
@@ -213,12 +221,18 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                    ) -> tuple[list[str], dict[str, float], str]:
     """The factors to fit, every factor's sensitivity, and a sentence saying why.
 
-    Profile factors and cluster factors compete on one list, most sensitive first;
-    a factor enters when its whole range moves the runs by :func:`threshold`.
+    A factor is informed when its whole range moves the runs by :func:`threshold`
+    (mean |d log throughput|).  Profile and cluster factors compete on one list,
+    ordered by how much the runs say about them: the root-mean-square change, the
+    square root of the diagonal of the linearised fit's normal matrix ``J'J / n``
+    (a factor that moves two of five runs a lot is better determined than one that
+    moves all five a little).
     """
-    sens = sensitivities(rows, profile, cluster_priors=cluster_priors)
+    effects = range_effects(rows, profile, cluster_priors=cluster_priors)
+    sens = {n: float(np.mean(np.abs(g))) for n, g in effects.items()}
+    rms = {n: float(np.sqrt(np.mean(g * g))) for n, g in effects.items()}
     informative = sorted((n for n, s in sens.items() if s >= threshold(n)),
-                         key=lambda n: -sens[n])
+                         key=lambda n: -rms[n])
     limit = factor_limit(len(rows), rows_per_factor)
     chosen = informative[:limit]
     why = (f"fitted {len(chosen)} of the {len(informative)} factors these runs inform "
