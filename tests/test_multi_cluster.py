@@ -14,9 +14,10 @@ from parsearch.constraints import check_layout
 from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
 from parsearch.search import pareto_front, pareto_mask
-from parsearch.search.api import ParetoResult, gpu_counts_by_cluster
+from parsearch.search.arguments import gpu_counts_by_cluster
 from parsearch.search.optuna_search import run_study
 from parsearch.search.plot import html_page
+from parsearch.search.results import ParetoResult
 from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 from parsearch.workload import ModelSpec, TrainingSpec

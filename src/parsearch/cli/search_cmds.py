@@ -33,7 +33,8 @@ from parsearch.cli.search_output import (
 )
 from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.errors import ParsearchError, SpecError
-from parsearch.search.api import METHODS, ParetoResult, SearchResult
+from parsearch.search.api import METHODS
+from parsearch.search.results import ParetoResult, SearchResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -211,7 +212,7 @@ def _multi_cost_inputs(args: argparse.Namespace, model: Any, training: Any,
     decides), so each cluster fills them from its own GPU's profile; the
     profile is ``None`` unless ``--efficiency`` names one for all clusters.
     """
-    from parsearch.search.api import gpu_counts_by_cluster
+    from parsearch.search.arguments import gpu_counts_by_cluster
     from parsearch.topology.cluster import load_cluster
 
     clusters = [load_cluster(name) for name in names]
@@ -227,7 +228,8 @@ def _multi_cost_inputs(args: argparse.Namespace, model: Any, training: Any,
 
 
 def run_pareto(args: argparse.Namespace) -> int:
-    from parsearch.search.api import gpu_counts_for, pareto_front
+    from parsearch.search.api import pareto_front
+    from parsearch.search.arguments import gpu_counts_for
     from parsearch.search.plot import PLOT_SUFFIXES, write_plot
 
     if args.plot is not None and not args.plot.lower().endswith(PLOT_SUFFIXES):

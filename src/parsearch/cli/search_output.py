@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from parsearch.launch import FP8_RECIPE_CHOICES, launch_for_cluster
 from parsearch.launch.export import check_export_dir, export_shortlist
-from parsearch.search.api import SearchEntry, SearchResult
+from parsearch.search.results import SearchEntry, SearchResult
 from parsearch.strict_json import strict_json
 
 SEARCH_FORMATS: tuple[str, ...] = ("table", "json", "csv", "jsonl")

@@ -7,19 +7,11 @@ optuna method runs.
 """
 
 from parsearch.launch import LaunchSettings, launch_settings
-from parsearch.search.api import (
-    METHODS,
-    ParetoPoint,
-    ParetoResult,
-    SearchEntry,
-    SearchResult,
-    gpu_counts_by_cluster,
-    gpu_counts_for,
-    pareto_front,
-    search_layouts,
-)
+from parsearch.search.api import METHODS, pareto_front, search_layouts
+from parsearch.search.arguments import gpu_counts_by_cluster, gpu_counts_for
 from parsearch.search.pareto import hypervolume, pareto_mask
 from parsearch.search.plot import write_plot
+from parsearch.search.results import ParetoPoint, ParetoResult, SearchEntry, SearchResult
 
 __all__ = [
     "METHODS",

@@ -1,8 +1,11 @@
 """Public search API: the best layouts on N GPUs, and throughput against GPU count.
 
-Everything the ``search`` and ``pareto`` commands do is here, as two
-keyword-only functions returning frozen dataclasses whose ``to_dict()`` is
-the CLI's JSON (``shared/spec/cli.md``):
+Everything the ``search`` and ``pareto`` commands do starts here, as two
+keyword-only functions returning frozen dataclasses
+(:mod:`~parsearch.search.results`) whose ``to_dict()`` is the CLI's JSON
+(``shared/spec/cli.md``).  Their arguments are checked in
+:mod:`~parsearch.search.arguments`; a front's best layout per GPU count is
+found by :mod:`~parsearch.search.front_methods`:
 
 >>> from parsearch.workload import ModelSpec, TrainingSpec
 >>> toy = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
@@ -26,12 +29,9 @@ cluster, and how many GPUs):
 from __future__ import annotations
 
 import math
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import numpy as np
 
@@ -40,286 +40,52 @@ from parsearch.cost.analytic import (
     CostOptions,
     Estimate,
     build_cost_model,
-    estimate,
     wide_columns,
 )
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
-from parsearch.launch import LaunchSettings, launch_for_cluster
-from parsearch.layout import Layout
+from parsearch.launch import launch_for_cluster
+from parsearch.search.arguments import (
+    ClusterLike,
+    as_cluster,
+    as_clusters,
+    as_model,
+    check_precision,
+    check_size,
+    default_profile,
+    gpu_counts_by_cluster,
+    gpu_counts_for,
+    positive,
+    progress_bar,
+    search_query,
+)
 from parsearch.search.exhaustive import (
-    SHAPE_AXES,
     considered_count,
     estimates_for_rows,
     rank_feasible,
     scan_bounded,
 )
+from parsearch.search.front_methods import (
+    Found,
+    StudyArgs,
+    auto_method,
+    exhaustive_found,
+    optuna_found,
+)
 from parsearch.search.pareto import hypervolume, pareto_mask
+from parsearch.search.results import ParetoPoint, ParetoResult, SearchEntry, SearchResult
 from parsearch.soft_rules import soft_rule_flags
-from parsearch.space import enumerate_layouts, require_layouts
-from parsearch.topology.cluster import ClusterSpec, load_cluster
+from parsearch.space import require_layouts
+from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.summary import fabric_from_spec
 from parsearch.workload import ModelSpec, TrainingSpec
 
 Method = Literal["exhaustive", "optuna", "auto"]
-#: A cluster: a preset name, a cluster file path, or a :class:`ClusterSpec`.
-ClusterLike = ClusterSpec | str
 METHODS: tuple[str, ...] = ("exhaustive", "optuna", "auto")
 #: ``method="auto"`` scans exhaustively (exact, with bounds) unless given a limit on the valid
 #: layouts over all GPU counts; above a given limit it runs optuna and says so in the result.
 DEFAULT_EXHAUSTIVE_LIMIT: int | None = None
-#: GPU counts per cluster where an optuna front is seeded with the exact best layout.
-SEED_COUNTS = 3
-
-
-# --- results ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SearchEntry:
-    """One ranked layout: its estimate and how to launch it."""
-
-    rank: int
-    estimate: Estimate
-    launch: LaunchSettings
-    flags: tuple[str, ...] = ()  # soft rules of the layout spec it breaks
-
-    @property
-    def layout(self) -> Layout:
-        return self.estimate.layout
-
-    @property
-    def headroom_bytes(self) -> float:
-        """GPU memory left free on the most loaded GPU."""
-        return self.estimate.capacity_bytes - self.estimate.memory_bytes["total"]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"rank": self.rank, **self.estimate.to_dict()}
-        out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
-                   headroom_gib_per_gpu=self.headroom_bytes / GIB, nodes=self.launch.nodes,
-                   launch=self.launch.to_dict(), flags=list(self.flags))
-        return out
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """The best layouts on one GPU count, with how much of the space was covered."""
-
-    query: dict[str, Any]
-    considered: int
-    valid: int
-    feasible: int
-    entries: tuple[SearchEntry, ...]
-    elapsed_s: float
-    smallest_memory_gib: float | None = None
-    examined: int | None = None  # valid layouts checked (None: all of them)
-
-    @property
-    def best(self) -> SearchEntry | None:
-        return self.entries[0] if self.entries else None
-
-    @property
-    def pruned(self) -> int:
-        """Valid layouts never scored: their shape's bound proves they cannot enter."""
-        return 0 if self.examined is None else self.valid - self.examined
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"query": dict(self.query), "considered": self.considered, "valid": self.valid,
-                "feasible": self.feasible,
-                "examined": self.valid if self.examined is None else self.examined,
-                "pruned": self.pruned, "exact": True,
-                "results": [e.to_dict() for e in self.entries], "elapsed_s": self.elapsed_s}
-
-
-@dataclass(frozen=True)
-class ParetoPoint:
-    """The best layout found on one GPU count (of one cluster, when several are compared).
-
-    ``cluster`` names the cluster in a result over several clusters; it is
-    ``None`` (and absent from ``to_dict()``) in a single-cluster result.
-    """
-
-    num_gpus: int
-    estimate: Estimate
-    launch: LaunchSettings
-    on_front: bool
-    scaling_efficiency: float
-    speedup: float
-    cluster: str | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.estimate.tokens_per_s
-
-    @property
-    def layout(self) -> Layout:
-        return self.estimate.layout
-
-    def to_dict(self) -> dict[str, Any]:
-        out = self.estimate.to_dict()
-        out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
-                   on_front=self.on_front, scaling_efficiency=self.scaling_efficiency,
-                   speedup=self.speedup, nodes=self.launch.nodes, launch=self.launch.to_dict())
-        if self.cluster is not None:
-            out["cluster"] = self.cluster
-        return out
-
-    def summary(self) -> dict[str, Any]:
-        """The short form listed under ``"points"``."""
-        out: dict[str, Any] = {"num_gpus": self.num_gpus, "tokens_per_s": self.tokens_per_s,
-                               "on_front": self.on_front, "key": self.layout.key()}
-        if self.cluster is not None:
-            out["cluster"] = self.cluster
-        return out
-
-
-@dataclass(frozen=True)
-class ParetoResult:
-    """Throughput against GPU count: the non-dominated front and the best per count.
-
-    ``front`` holds the GPU counts whose best layout beats every smaller
-    count (sorted by GPU count); ``points`` the best layout found at every
-    GPU count where one fits.  Scaling efficiency and speedup are against
-    the smallest point of the front.
-
-    Over several clusters, ``points`` holds the best layout of every
-    (cluster, GPU count) pair, ``front`` the overall front (each point names
-    its cluster), ``clusters`` the cluster names and ``per_cluster`` one
-    single-cluster result per cluster, in the same order.
-    """
-
-    query: dict[str, Any]
-    method: str
-    gpu_counts: tuple[int, ...]
-    points: tuple[ParetoPoint, ...]
-    considered: int
-    valid: int
-    feasible: int
-    evaluations: int
-    hypervolume: float
-    hypervolume_reference: tuple[float, float]
-    elapsed_s: float
-    study: dict[str, Any] | None = None
-    clusters: tuple[str, ...] = ()
-    per_cluster: tuple[ParetoResult, ...] = ()
-    exact: bool = True  # every point is the proven best of its GPU count
-    examined: int | None = None  # valid layouts scored (exhaustive; None: not counted)
-    coverage: float | None = None  # share of the valid layouts scored (optuna)
-    note: str | None = None  # why the answer is not exact, when it is not
-    front: tuple[ParetoPoint, ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "front", tuple(p for p in self.points if p.on_front))
-
-    @property
-    def multi_cluster(self) -> bool:
-        """True for a result over several clusters."""
-        return len(self.per_cluster) > 1
-
-    @property
-    def by_cluster(self) -> dict[str, ParetoResult]:
-        """The single-cluster result of each cluster, by name (empty for one cluster)."""
-        return {r.clusters[0]: r for r in self.per_cluster}
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "query": dict(self.query), "method": self.method, "considered": self.considered,
-            "valid": self.valid, "feasible": self.feasible, "evaluations": self.evaluations,
-            "front": [p.to_dict() for p in self.front],
-            "points": [p.summary() for p in self.points],
-            "hypervolume": self.hypervolume,
-            "hypervolume_reference": {"num_gpus": self.hypervolume_reference[0],
-                                      "tokens_per_s": self.hypervolume_reference[1]},
-            "elapsed_s": self.elapsed_s,
-            "exact": self.exact,
-        }
-        if self.examined is not None:
-            out.update(examined=self.examined, pruned=self.valid - self.examined)
-        if self.coverage is not None:
-            out["coverage"] = self.coverage
-        if self.note is not None:
-            out["note"] = self.note
-        if self.multi_cluster:
-            out["by_cluster"] = {name: _cluster_dict(r) for name, r in self.by_cluster.items()}
-        if self.study is not None:
-            out["study"] = dict(self.study)
-        return out
-
-
-def _cluster_dict(result: ParetoResult) -> dict[str, Any]:
-    """One cluster's part of a multi-cluster document (its run time is the whole run's)."""
-    out = result.to_dict()
-    out.pop("elapsed_s", None)
-    out.pop("study", None)
-    out["gpu_counts"] = list(result.gpu_counts)
-    return out
-
-
-# --- helpers ------------------------------------------------------------------------------------
-
-
-def _model(model: ModelSpec | str) -> ModelSpec:
-    if isinstance(model, ModelSpec):
-        return model
-    if isinstance(model, str):
-        from parsearch.model_files import resolve_model
-
-        return resolve_model(model)
-    raise SpecError(f"model must be a ModelSpec or a preset name/path, got {type(model).__name__}")
-
-
-def _cluster(cluster: ClusterSpec | str) -> ClusterSpec:
-    if isinstance(cluster, ClusterSpec):
-        return cluster
-    if isinstance(cluster, str):
-        return load_cluster(cluster)
-    raise SpecError(f"cluster must be a ClusterSpec or a preset name/path, "
-                    f"got {type(cluster).__name__}")
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _check_size(cluster: ClusterSpec, num_gpus: int, option: str) -> None:
-    if cluster.max_gpus is not None and num_gpus > cluster.max_gpus:
-        raise SpecError(f"{option} {num_gpus} exceeds the {cluster.max_gpus} GPUs cluster "
-                        f"{cluster.name} supports (max_gpus); use at most {cluster.max_gpus}")
-
-
-def _query(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec | str,
-           **extra: Any) -> dict[str, Any]:
-    name = cluster.name if isinstance(cluster, ClusterSpec) else cluster
-    return {
-        "model": model.name, "cluster": name, **extra,
-        "global_batch": training.global_batch, "seq_len": training.seq_len,
-        "precision": training.precision,
-        "micro_batch_sizes": list(training.micro_batch_sizes),
-        "recompute": list(training.recompute_modes),
-        "pipeline_split": training.pipeline_split,
-        "sequence_parallel": training.sequence_parallel, "max_vpp": training.max_vpp,
-        "distributed_optimizer": training.distributed_optimizer,
-    }
-
-
-@contextmanager
-def _progress_bar(enabled: bool, total: int, unit: str,
-                  desc: str) -> Iterator[Callable[[int], None]]:
-    """A tqdm bar on stderr when ``enabled``; yields ``advance(k)``."""
-    if not enabled:
-        yield lambda _k: None
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, dynamic_ncols=True,
-               leave=False, unit_scale=True)
-    try:
-        yield bar.update
-    finally:
-        bar.close()
 
 
 # --- search -------------------------------------------------------------------------------------
@@ -337,14 +103,14 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     leanest valid layout needs per GPU.
     """
     start = time.perf_counter()
-    model, cluster = _model(model), _cluster(cluster)
-    _positive("num_gpus", num_gpus)
-    _positive("top", top)
-    _check_size(cluster, num_gpus, "--gpus")
+    model, cluster = as_model(model), as_cluster(cluster)
+    positive("num_gpus", num_gpus)
+    positive("top", top)
+    check_size(cluster, num_gpus, "--gpus")
     table = require_layouts(model, training, num_gpus)
     cm = build_cost_model(model, training, fabric_from_spec(cluster, num_gpus), profile=profile,
                           options=options)
-    with _progress_bar(progress, len(table), "layouts", f"search {num_gpus} GPUs") as advance:
+    with progress_bar(progress, len(table), "layouts", f"search {num_gpus} GPUs") as advance:
         scan = scan_bounded(cm, table, top=top, diverse=diverse,
                             considered=considered_count(model, training, num_gpus),
                             on_rows=advance)
@@ -360,7 +126,7 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     if not scan.feasible:
         smallest = _smallest_memory_gib(cm, table)
     return SearchResult(
-        query=_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
+        query=search_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
         considered=scan.considered, valid=scan.valid, feasible=scan.feasible, entries=entries,
         elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest,
         examined=scan.checked)
@@ -398,102 +164,6 @@ def _smallest_memory_gib(cm: Any, table: Any) -> float:
 # --- pareto -------------------------------------------------------------------------------------
 
 
-def gpu_counts_for(*, cluster: ClusterSpec | str, max_gpus: int, min_gpus: int | None = None,
-                   gpu_step: int | None = None) -> tuple[int, ...]:
-    """The GPU counts a front is computed on: ``min_gpus..max_gpus`` by ``gpu_step``.
-
-    Defaults: whole nodes (``gpu_step`` = GPUs per node, ``min_gpus`` = one step).
-
-    >>> gpu_counts_for(cluster="dgx-h100", max_gpus=32)
-    (8, 16, 24, 32)
-    """
-    cluster = _cluster(cluster)
-    step = cluster.gpus_per_node if gpu_step is None else _positive("gpu_step", gpu_step)
-    low = step if min_gpus is None else _positive("min_gpus", min_gpus)
-    _positive("max_gpus", max_gpus)
-    if max_gpus < low:
-        raise SpecError(f"--max-gpus {max_gpus} is below --min-gpus {low}; "
-                        f"give --max-gpus >= {low}")
-    _check_size(cluster, max_gpus, "--max-gpus")
-    return tuple(range(low, max_gpus + 1, step))
-
-
-def gpu_counts_by_cluster(*, clusters: Sequence[ClusterLike], max_gpus: int,
-                          min_gpus: int | None = None,
-                          gpu_step: int | None = None) -> dict[str, tuple[int, ...]]:
-    """The GPU counts of each cluster of a multi-cluster front, by cluster name.
-
-    Each cluster steps by ``gpu_step`` (default: its own GPUs per node) from
-    ``min_gpus`` (default: one step) and stops at ``max_gpus`` or at its own
-    ``max_gpus``, whichever is smaller.
-
-    >>> gpu_counts_by_cluster(clusters=["dgx-h100", "gb200-nvl72"], max_gpus=16)
-    {'dgx-h100': (8, 16), 'gb200-nvl72': (4, 8, 12, 16)}
-    """
-    specs = _clusters(clusters)
-    _positive("max_gpus", max_gpus)
-    out: dict[str, tuple[int, ...]] = {}
-    for c in specs:
-        step = c.gpus_per_node if gpu_step is None else _positive("gpu_step", gpu_step)
-        low = step if min_gpus is None else _positive("min_gpus", min_gpus)
-        top = max_gpus if c.max_gpus is None else min(max_gpus, c.max_gpus)
-        if max_gpus < low:
-            raise SpecError(f"--max-gpus {max_gpus} is below --min-gpus {low}; "
-                            f"give --max-gpus >= {low}")
-        if top < low:
-            raise SpecError(f"cluster {c.name} supports at most {c.max_gpus} GPUs (max_gpus), "
-                            f"below --min-gpus {low}; lower --min-gpus or drop {c.name} "
-                            "from --cluster")
-        out[c.name] = tuple(range(low, top + 1, step))
-    return out
-
-
-def _clusters(cluster: ClusterLike | Sequence[ClusterLike]) -> tuple[ClusterSpec, ...]:
-    """One cluster or a non-empty sequence of distinct clusters, loaded."""
-    if isinstance(cluster, ClusterSpec | str):
-        return (_cluster(cluster),)
-    if not isinstance(cluster, Sequence):
-        raise SpecError(f"cluster must be a ClusterSpec, a preset name/path or a sequence of "
-                        f"them, got {type(cluster).__name__}")
-    if not cluster:
-        raise SpecError("cluster: give at least one cluster")
-    specs = tuple(_cluster(c) for c in cluster)
-    names = [c.name for c in specs]
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if twice is not None:
-        raise SpecError(f"--cluster names {twice} twice; give each cluster once")
-    return specs
-
-
-class _StudyArgs(NamedTuple):
-    n_trials: int | None
-    seed: int | None
-    storage: str | None
-    study_name: str | None
-    sampler: str
-    stop_after: int | None
-
-
-class _Stats(NamedTuple):
-    considered: int
-    valid: int
-    feasible: int
-    evaluations: int
-    examined: int | None = None  # valid layouts checked (exhaustive); None: unknown
-
-
-class _Found(NamedTuple):
-    """What a method found: the best estimate per cluster and GPU count, and the counts."""
-
-    best: dict[str, dict[int, Estimate]]
-    stats: dict[str, _Stats]
-    evaluations: int
-    study: dict[str, Any] | None
-    exact: bool = True
-    coverage: float | None = None
-    note: str | None = None
-
-
 def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
                  cluster: ClusterLike | Sequence[ClusterLike], max_gpus: int,
                  min_gpus: int | None = None, gpu_step: int | None = None,
@@ -527,7 +197,7 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
     applies to every cluster.
     """
     start = time.perf_counter()
-    model, clusters = _model(model), _clusters(cluster)
+    model, clusters = as_model(model), as_clusters(cluster)
     if method not in METHODS:
         raise SpecError(f"--method must be one of {', '.join(METHODS)}; got {method!r}")
     if len(clusters) == 1:
@@ -537,21 +207,21 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
         counts_by = gpu_counts_by_cluster(clusters=clusters, max_gpus=max_gpus,
                                           min_gpus=min_gpus, gpu_step=gpu_step)
     if exhaustive_limit is not None:
-        _positive("exhaustive_limit", exhaustive_limit)
+        positive("exhaustive_limit", exhaustive_limit)
     for c in clusters:
-        _check_precision(training, c)
+        check_precision(training, c)
     # resolve once per cluster, not once per GPU count
-    profiles = {c.name: profile if profile is not None else _default_profile(c)
+    profiles = {c.name: profile if profile is not None else default_profile(c)
                 for c in clusters}
     note = None
     if method == "auto":
-        method, note = _auto_method(model, training, counts_by, exhaustive_limit)
+        method, note = auto_method(model, training, counts_by, exhaustive_limit)
     if method == "exhaustive":
-        found = _exhaustive_found(model, training, clusters, counts_by, profiles, options,
-                                  progress)
+        found = exhaustive_found(model, training, clusters, counts_by, profiles, options,
+                                 progress)
     else:
-        found = _optuna_found(model, training, clusters, counts_by, profiles, options,
-                              progress, _StudyArgs(n_trials, seed, storage, study_name,
+        found = optuna_found(model, training, clusters, counts_by, profiles, options,
+                             progress, StudyArgs(n_trials, seed, storage, study_name,
                                                    sampler, stop_after))
     if note is not None:
         found = found._replace(note=note)
@@ -565,191 +235,6 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
                          max_gpus=max_gpus, gpu_step=gpu_step, start=start, priced=priced)
 
 
-def _default_profile(cluster: ClusterSpec) -> EfficiencyProfile:
-    from parsearch.cost.efficiency import efficiency_for_gpu
-
-    return efficiency_for_gpu(load_gpu_profile(cluster.gpu).name)
-
-
-def _check_precision(training: TrainingSpec, cluster: ClusterSpec) -> None:
-    gpu = load_gpu_profile(cluster.gpu)
-    if training.precision not in gpu.peak_flops:
-        have = ", ".join(sorted(gpu.peak_flops))
-        raise SpecError(f"precision {training.precision} is not supported by {gpu.name} "
-                        f"(cluster {cluster.name}); it supports {have}")
-
-
-def _auto_method(model: ModelSpec, training: TrainingSpec,
-                 counts_by: dict[str, tuple[int, ...]], limit: int | None,
-                 ) -> tuple[str, str | None]:
-    """``(method, note)``: ``exhaustive`` (exact) unless more than ``limit`` valid layouts.
-
-    The note says why the answer is not exact when ``auto`` picks optuna.
-    """
-    if limit is None:
-        return "exhaustive", None
-    sizes: dict[int, int] = {}  # the valid layouts of a count do not depend on the cluster
-    total = 0
-    for counts in counts_by.values():
-        for n in counts:
-            if n not in sizes:
-                sizes[n] = len(enumerate_layouts(model, training, n, explain=False))
-            total += sizes[n]
-            if total > limit:
-                return "optuna", (
-                    f"auto: more than {limit:,} valid layouts (--exhaustive-limit), so optuna "
-                    "searched instead of the exact scan; points are the best layouts it "
-                    "tried, not proven best (see coverage); use --method exhaustive for the "
-                    "exact answer")
-    return "exhaustive", None
-
-
-def _exhaustive_found(model: ModelSpec, training: TrainingSpec,
-                      clusters: tuple[ClusterSpec, ...], counts_by: dict[str, tuple[int, ...]],
-                      profiles: dict[str, EfficiencyProfile], options: CostOptions | None,
-                      progress: bool) -> _Found:
-    best: dict[str, dict[int, Estimate]] = {}
-    stats: dict[str, _Stats] = {}
-    for c in clusters:
-        desc = "pareto (exhaustive)" if len(clusters) == 1 else f"pareto (exhaustive, {c.name})"
-        best[c.name], stats[c.name] = _exhaustive_bests(
-            model, training, c, counts_by[c.name], profiles[c.name], options, progress, desc)
-    return _Found(best, stats, sum(s.evaluations for s in stats.values()), None)
-
-
-def _exhaustive_bests(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                      counts: Sequence[int], profile: EfficiencyProfile | None,
-                      options: CostOptions | None, progress: bool,
-                      desc: str = "pareto (exhaustive)",
-                      ) -> tuple[dict[int, Estimate], _Stats]:
-    """The exact best layout at each GPU count (bounded scans: :func:`scan_bounded`)."""
-    best: dict[int, Estimate] = {}
-    considered = valid = feasible = examined = 0
-    gpu = load_gpu_profile(cluster.gpu)
-    with _progress_bar(progress, len(counts), "counts", desc) as advance:
-        for n in counts:
-            table = enumerate_layouts(model, training, n, explain=False)
-            considered += considered_count(model, training, n)
-            valid += len(table)
-            if len(table):
-                cm = build_cost_model(model, training, fabric_from_spec(cluster, n, gpu=gpu),
-                                      profile=profile, options=options)
-                scan = scan_bounded(cm, table, top=1)
-                feasible += scan.feasible
-                examined += scan.checked
-                if scan.feasible:
-                    pick = rank_feasible(scan, top=1)
-                    best[n] = estimates_for_rows(cm, table, scan.feasible_rows[pick])[0]
-            advance(1)
-    return best, _Stats(considered, valid, feasible, examined, examined)
-
-
-def _optuna_found(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
-                  counts_by: dict[str, tuple[int, ...]],
-                  profiles: dict[str, EfficiencyProfile], options: CostOptions | None,
-                  progress: bool, study_args: _StudyArgs) -> _Found:
-    """One study over every cluster (a ``cluster`` axis when there are several)."""
-    from parsearch.search.optuna_search import run_study
-
-    a = study_args
-    budget = 2000 if a.n_trials is None else _positive("n_trials", a.n_trials)
-    single = len(clusters) == 1
-    with _progress_bar(progress, budget, "trials", "pareto (optuna)") as advance:
-        outcome = run_study(
-            model=model, training=training, cluster=clusters[0] if single else clusters,
-            gpu_counts=counts_by[clusters[0].name] if single else counts_by, n_trials=budget,
-            seed=a.seed, storage=a.storage, study_name=a.study_name, sampler=a.sampler,
-            profile=profiles[clusters[0].name] if single else profiles, options=options,
-            on_trials=advance, stop_after=a.stop_after)
-    best: dict[str, dict[int, Estimate]] = {}
-    stats: dict[str, _Stats] = {}
-    sizes: dict[int, int] = {}  # valid layouts per GPU count (the same on every cluster)
-    scored = total = 0
-    seeded: dict[str, list[int]] = {}
-    for c in clusters:
-        records = [r for r in outcome.records if r.cluster == c.name]
-        best[c.name] = _best_of_records(model, training, c, records, profiles[c.name], options)
-        # exact answers at a few GPU counts: the front is anchored where they are known
-        seeds, seed_stats = _exhaustive_bests(model, training, c, _seed_counts(counts_by[c.name]),
-                                              profiles[c.name], options, False)
-        for n, e in seeds.items():
-            if n not in best[c.name] or e.tokens_per_s > best[c.name][n].tokens_per_s:
-                best[c.name][n] = e
-        seeded[c.name] = sorted(seeds)
-        polished = _polish(model, training, c, best[c.name], set(seeds), profiles[c.name],
-                           options)
-        evaluations = (outcome.evaluations_by_cluster.get(c.name, 0) + seed_stats.evaluations
-                       + polished)
-        stats[c.name] = _Stats(len(records), sum(r.valid for r in records),
-                               sum(r.valid and r.fits for r in records), evaluations)
-        for n in counts_by[c.name]:
-            if n not in sizes:
-                sizes[n] = len(enumerate_layouts(model, training, n, explain=False))
-            total += sizes[n]
-        scored += evaluations
-    coverage = min(1.0, scored / total) if total else 1.0
-    study = outcome.to_dict() | {"seeded_exact": seeded if not single
-                                 else seeded[clusters[0].name]}
-    return _Found(best, stats, sum(s.evaluations for s in stats.values()), study, exact=False,
-                  coverage=coverage)
-
-
-def _polish(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-            best: dict[int, Estimate], exact: set[int], profile: EfficiencyProfile,
-            options: CostOptions | None, rounds: int = 3) -> int:
-    """Improve each GPU count's best by exact scans of its neighbourhood (in place).
-
-    The neighbourhood of a layout: every valid layout of its GPU count whose
-    (tp, pp, cp, ep, etp) differs from it in at most one axis.  Repeated while
-    it improves (at most ``rounds`` times).  Returns the layouts scored.
-    """
-    scored = 0
-    for n in sorted(set(best) - exact):
-        table = enumerate_layouts(model, training, n, explain=False)
-        cm = build_cost_model(model, training, fabric_from_spec(cluster, n), profile=profile,
-                              options=options)
-        for _ in range(rounds):
-            lay, c = best[n].layout, table.columns
-            differ = sum((c[a] != getattr(lay, a)).astype(np.int64) for a in SHAPE_AXES)
-            near = table.select(differ <= 1)
-            scan = scan_bounded(cm, near, top=1)
-            scored += scan.checked
-            if not scan.feasible:
-                break
-            found = estimates_for_rows(cm, near, scan.feasible_rows[rank_feasible(scan, top=1)])
-            if found[0].tokens_per_s <= best[n].tokens_per_s:
-                break
-            best[n] = found[0]
-    return scored
-
-
-def _seed_counts(counts: Sequence[int]) -> tuple[int, ...]:
-    """The smallest, the largest and a middle GPU count (geometrically), at most SEED_COUNTS."""
-    if len(counts) <= SEED_COUNTS:
-        return tuple(counts)
-    middle = math.sqrt(counts[0] * counts[-1])
-    mid = min(counts, key=lambda n: abs(n - middle))
-    return tuple(sorted({counts[0], mid, counts[-1]}))[:SEED_COUNTS]
-
-
-def _best_of_records(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                     records: Sequence[Any], profile: EfficiencyProfile,
-                     options: CostOptions | None) -> dict[int, Estimate]:
-    """The full estimate of the fastest fitting layout tried at each GPU count."""
-    chosen: dict[int, Layout] = {}
-    tokens: dict[int, float] = {}
-    for rec in records:
-        if rec.valid and rec.fits and rec.tokens_per_s > tokens.get(rec.layout.num_gpus, 0.0):
-            chosen[rec.layout.num_gpus] = rec.layout
-            tokens[rec.layout.num_gpus] = rec.tokens_per_s
-    best: dict[int, Estimate] = {}
-    for n, lay in chosen.items():
-        cm = build_cost_model(model, training, fabric_from_spec(cluster, n), profile=profile,
-                              options=options)
-        best[n] = estimate(cm, lay)
-    return best
-
-
 def _reference_gpus(counts: tuple[int, ...]) -> float:
     """One step past the largest count: the GPU side of the hypervolume reference."""
     step = counts[1] - counts[0] if len(counts) > 1 else counts[0]
@@ -757,7 +242,7 @@ def _reference_gpus(counts: tuple[int, ...]) -> float:
 
 
 def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                    counts: tuple[int, ...], found: _Found, *, method: str, max_gpus: int,
+                    counts: tuple[int, ...], found: Found, *, method: str, max_gpus: int,
                     gpu_step: int | None, start: float, label: bool,
                     priced: dict[str, CostOptions]) -> ParetoResult:
     """The front of one cluster (the whole result when there is one cluster)."""
@@ -767,8 +252,8 @@ def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
     points, hv, ref = _points(model, training, items, _reference_gpus(counts), label=label,
                               priced=priced)
     top = max_gpus if cluster.max_gpus is None or not label else min(max_gpus, cluster.max_gpus)
-    query = _query(model, training, cluster, min_gpus=counts[0], max_gpus=top,
-                   gpu_step=counts[1] - counts[0] if len(counts) > 1 else (gpu_step or 0))
+    query = search_query(model, training, cluster, min_gpus=counts[0], max_gpus=top,
+                         gpu_step=counts[1] - counts[0] if len(counts) > 1 else (gpu_step or 0))
     return ParetoResult(query=query, method=method, gpu_counts=counts, points=points,
                         considered=stats.considered, valid=stats.valid,
                         feasible=stats.feasible,
@@ -781,7 +266,7 @@ def _cluster_result(model: ModelSpec, training: TrainingSpec, cluster: ClusterSp
 
 
 def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[ClusterSpec, ...],
-                  counts_by: dict[str, tuple[int, ...]], found: _Found, *, method: str,
+                  counts_by: dict[str, tuple[int, ...]], found: Found, *, method: str,
                   max_gpus: int, gpu_step: int | None, start: float,
                   priced: dict[str, CostOptions]) -> ParetoResult:
     """Per-cluster fronts and the overall front (which cluster, and how many GPUs)."""
@@ -794,9 +279,9 @@ def _multi_result(model: ModelSpec, training: TrainingSpec, clusters: tuple[Clus
     reference = max(_reference_gpus(counts) for counts in counts_by.values())
     points, hv, ref = _points(model, training, items, reference, label=True, priced=priced)
     names = tuple(c.name for c in clusters)
-    query = _query(model, training, ",".join(names), clusters=list(names),
-                   min_gpus=min(counts[0] for counts in counts_by.values()),
-                   max_gpus=max_gpus, gpu_step=gpu_step)
+    query = search_query(model, training, ",".join(names), clusters=list(names),
+                         min_gpus=min(counts[0] for counts in counts_by.values()),
+                         max_gpus=max_gpus, gpu_step=gpu_step)
     union = tuple(sorted({n for counts in counts_by.values() for n in counts}))
     return ParetoResult(
         query=query, method=method, gpu_counts=union, points=points,
@@ -841,13 +326,6 @@ def _points(model: ModelSpec, training: TrainingSpec,
 __all__ = [
     "DEFAULT_EXHAUSTIVE_LIMIT",
     "METHODS",
-    "ClusterLike",
-    "ParetoPoint",
-    "ParetoResult",
-    "SearchEntry",
-    "SearchResult",
-    "gpu_counts_by_cluster",
-    "gpu_counts_for",
     "pareto_front",
     "search_layouts",
 ]

@@ -22,7 +22,7 @@ from parsearch.errors import SpecError
 from parsearch.files import write_atomically
 
 if TYPE_CHECKING:  # pragma: no cover
-    from parsearch.search.api import ParetoPoint, ParetoResult
+    from parsearch.search.results import ParetoPoint, ParetoResult
 
 PLOT_SUFFIXES: tuple[str, ...] = (".png", ".html", ".htm")
 #: One colour per cluster series (cycled when there are more clusters).
