@@ -31,7 +31,7 @@ import numpy as np
 from parsearch.cost.activation_terms import HELD_TERMS, LAYER_KINDS, stage_terms, term_bytes
 from parsearch.cost.activations import ActDegrees, chunk_in_flight, num_microbatches
 from parsearch.cost.memory_options import MemoryOptions
-from parsearch.cost.memory_rows import RowOrder, Tables, Term, score_rows
+from parsearch.cost.memory_rows import RowOrder, Tables, Term, carve, score_rows
 from parsearch.cost.memory_states import StageCounts, stage_model_state, stage_params
 from parsearch.cost.stages import StageContent, effective_split, stage_contents
 from parsearch.workload import ModelSpec, TrainingSpec
@@ -303,9 +303,9 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
                 if cands.output[:, i].any()],
         state=state, base_of_rep=base_of_rep, key_offset=key_offset, m_of_rep=m_of_rep,
         rank=cands.rank, other=float(options.framework_overhead_bytes))
-    out = {name: np.empty(n) for name in PEAK_FIELDS}
+    out = carve({name: ((n,), np.dtype(np.int64 if name == "peak_stage" else np.float64))
+                 for name in (*PEAK_FIELDS, "peak_stage")})
     out["other"][:] = tables.other
     out["offloaded_bytes"][:] = 0.0
-    out["peak_stage"] = np.empty(n, dtype=np.int64)
     score_rows(tables, rows, row_rep, cands.rank.size, out)
     return out

@@ -3,10 +3,11 @@
 
 Rows are taken in the order of :class:`RowOrder` (by pipeline split, splits by
 falling number of candidate stages), so candidate ``k`` of every row that has
-one is a prefix of the rows.  They are scored in blocks (:data:`BLOCK_COUNT`)
-with buffers allocated once per call and reused by every block: fresh
-memory costs more than the arithmetic on it (first-touch page faults), so the
-only arrays the size of the input are the results.
+one is a prefix of the rows.  They are scored in blocks of :data:`BLOCK_ROWS`
+with buffers allocated once per call and reused by every block: fresh memory
+costs more than the arithmetic on it (first-touch page faults), so the only
+arrays the size of the input are the results, and buffers and results are
+each carved from one huge-page-backed arena (:func:`carve`).
 
 Per candidate: activations are the terms of
 :func:`~parsearch.cost.activation_terms.stage_activations`, in its order
@@ -18,14 +19,34 @@ wins, so ties go to the lower rank (evaluated first).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-#: Rows per block: about ``n / BLOCK_COUNT``, within these bounds (small buffers are
-#: cheap to touch, but each block costs some Python; measured on the bench cases).
-BLOCK_COUNT = 32
-BLOCK_ROWS_MIN, BLOCK_ROWS_MAX = 1 << 12, 1 << 16
+#: Rows per block (each block costs some Python; a block's buffers stay small).
+BLOCK_ROWS = 1 << 16
+
+#: numpy backs an allocation of at least 4 MiB with transparent huge pages where the
+#: kernel offers them (``numpy/_core/src/multiarray/alloc.c``: ``madvise(MADV_HUGEPAGE)``):
+#: arrays carved from one such arena fault in a few 2 MiB pages, not one per 4 KiB.
+ARENA_MIN_BYTES = 1 << 22
+_ALIGN = 64
+
+
+def carve(shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
+    """Empty arrays of the given shapes and dtypes, all views of one allocation of at
+    least :data:`ARENA_MIN_BYTES` (the arrays keep it alive)."""
+    offsets, total = {}, 0
+    for name, (shape, dtype) in shapes.items():
+        offsets[name] = total
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        total += -(-nbytes // _ALIGN) * _ALIGN
+    arena = np.empty(max(total, ARENA_MIN_BYTES), dtype=np.uint8)
+    out = {}
+    for name, (shape, dtype) in shapes.items():
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        out[name] = arena[offsets[name]:offsets[name] + nbytes].view(dtype).reshape(shape)
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,30 +89,28 @@ class RowOrder:
     count: np.ndarray
 
 
-@dataclass
 class _Buffers:
-    """Scratch arrays of one block, reused by every block."""
+    """Scratch arrays of one block, reused by every block (carved from one arena)."""
 
-    size: int
-    slots: int
-    terms: int
-    rep_type: np.dtype
-    ints: dict[str, np.ndarray] = field(default_factory=dict)
-    floats: dict[str, np.ndarray] = field(default_factory=dict)
+    INTS = ("base", "cand0", "at0", "index", "k_row", "arange")
+    FLOATS = ("tmp", "total", "best_total", "largest")
 
-    def __post_init__(self) -> None:
-        for name in ("base", "cand0", "at0", "at", "cand", "index", "k_row"):
-            self.ints[name] = np.empty(self.size, dtype=np.int64)
-        self.ints["rep"] = np.empty(self.size, dtype=self.rep_type)
-        for name in ("tmp", "total", "best_total", "largest"):
-            self.floats[name] = np.empty(self.size)
-        self.per_row = np.empty((self.terms, self.size))
-        self.acts = np.empty((self.slots, self.size))
-        self.better = np.empty(self.size, dtype=bool)
-        self.k_type = np.int8 if self.slots < 128 else np.int32
-        self.best_k = np.empty(self.size, dtype=self.k_type)
-        self.k_of_better = np.empty(self.size, dtype=self.k_type)
-        self.arange = np.arange(self.size, dtype=np.int64)
+    def __init__(self, size: int, slots: int, terms: int, rep_type: np.dtype) -> None:
+        self.size = size
+        self.k_type = np.int8 if slots < 128 else np.int32
+        i8, f8 = np.dtype(np.int64), np.dtype(np.float64)
+        shapes = {name: ((size,), i8) for name in self.INTS}
+        shapes.update({name: ((size,), f8) for name in self.FLOATS})
+        shapes.update(rep=((size,), np.dtype(rep_type)), per_row=((terms, size), f8),
+                      acts=((slots, size), f8), better=((size,), np.dtype(bool)),
+                      best_k=((size,), np.dtype(self.k_type)),
+                      k_of_better=((size,), np.dtype(self.k_type)))
+        arrays = carve(shapes)
+        self.ints = {name: arrays[name] for name in (*self.INTS, "rep")}
+        self.floats = {name: arrays[name] for name in self.FLOATS}
+        self.per_row, self.acts, self.better = arrays["per_row"], arrays["acts"], arrays["better"]
+        self.best_k, self.k_of_better = arrays["best_k"], arrays["k_of_better"]
+        self.ints["arange"][:] = np.arange(size)
 
 
 def _spans(rows: RowOrder, term: Term, k: int) -> tuple[int, int] | None:
@@ -116,7 +135,7 @@ def score_rows(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None,
     terms = [*tables.held, *tables.offload, *tables.output]
     spans = [[_spans(rows, term, k) for term in terms] for k in range(slots)]
     slot_rows = [int(rows.row_start[np.count_nonzero(rows.count > k)]) for k in range(slots)]
-    size = min(n, max(BLOCK_ROWS_MIN, min(BLOCK_ROWS_MAX, n // BLOCK_COUNT)))
+    size = min(n, BLOCK_ROWS)
     buf = _Buffers(size, slots, len(terms),
                    row_rep.dtype if row_rep is not None else np.dtype(np.int64))
     for start in range(0, n, size):
@@ -153,12 +172,12 @@ def _score_block(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None, n_c
         r = min(slot_rows[k], stop) - start
         if r <= 0:
             break
-        at = np.add(at0[:r], k, out=ints["at"][:r])
-        cand = np.add(cand0[:r], k, out=ints["cand"][:r])
+        # Candidate k of a row is its first plus k: tables indexed by candidate are read
+        # from k on (``table[k:][first] == table[first + k]``).
         act = buf.acts[k, :r]
-        _activations(act, tables, terms, spans[k], buf, at, cand, start, r)
+        _activations(act, tables, terms, spans[k], buf, at0[:r], cand0[:r], k, start)
         total = floats["total"][:r] if k else best_total[:r]
-        index = np.take(tables.key_offset, cand, out=ints["index"][:r], mode="clip")
+        index = np.take(tables.key_offset[k:], cand0[:r], out=ints["index"][:r], mode="clip")
         index += base[:r]
         np.take(tables.state["sum"], index, out=total, mode="clip")
         total += act
@@ -171,15 +190,17 @@ def _score_block(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None, n_c
                                       out=buf.k_of_better[:r])
             np.maximum(best_k[:r], k_of_better, out=best_k[:r])
 
+    # The best candidate's activations (acts[k, row]), rank, state; into the results.
     k_row = ints["k_row"][:size]
     k_row[:] = best_k
-    cand = np.add(cand0, k_row, out=ints["cand"][:size])
-    index = np.multiply(k_row, buf.size, out=ints["index"][:size])
-    index += buf.arange[:size]
-    out["activations"][where] = np.take(buf.acts.reshape(-1), index,
+    cand = np.add(cand0, k_row, out=ints["at0"][:size])
+    k_row *= buf.size
+    k_row += ints["arange"][:size]
+    out["activations"][where] = np.take(buf.acts.reshape(-1), k_row,
                                         out=floats["tmp"][:size], mode="clip")
     out["total"][where] = best_total
-    out["peak_stage"][where] = np.take(tables.rank, cand, out=ints["at"][:size], mode="clip")
+    out["peak_stage"][where] = np.take(tables.rank, cand, out=ints["index"][:size],
+                                       mode="clip")
     index = np.take(tables.key_offset, cand, out=ints["index"][:size], mode="clip")
     index += base
     for name in ("weights", "gradients", "optimizer"):
@@ -197,41 +218,60 @@ def _score_block(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None, n_c
 
 
 def _activations(act: np.ndarray, tables: Tables, terms: list[Term],
-                 spans: list[tuple[int, int] | None], buf: _Buffers, at: np.ndarray,
-                 cand: np.ndarray, start: int, rows: int) -> None:
-    """Write into ``act`` the HBM activations of candidate ``cand`` of ``rows`` rows: the
-    held terms, the largest offloaded layer, the output terms (a term a row's candidate
-    does not hold would add an exact 0: outside its span it is skipped)."""
-    act[:] = 0.0
+                 spans: list[tuple[int, int] | None], buf: _Buffers, at0: np.ndarray,
+                 cand0: np.ndarray, k: int, start: int) -> None:
+    """Write into ``act`` the HBM activations of candidate ``k`` of the block's first
+    ``act.size`` rows: the held terms, the largest offloaded layer, the output terms
+    (a term a row's candidate does not hold would add an exact 0: outside its span it
+    is skipped; the first term written over every row is stored, ``0 + x == x``)."""
     n_held, n_off = len(tables.held), len(tables.offload)
-    for i in range(n_held):
-        _add_term(act, terms[i], spans[i], buf.per_row[i], buf.floats["tmp"], at, start, rows)
+    blank = _add_terms(act, terms, range(n_held), spans, buf, at0, k, start, True)
     if n_off:
-        _add_largest_offloaded(act, tables, buf, cand, rows, n_held)
-    for i in range(n_held + n_off, len(terms)):
-        _add_term(act, terms[i], spans[i], buf.per_row[i], buf.floats["tmp"], at, start, rows)
+        if blank:
+            act[:] = 0.0
+        _add_largest_offloaded(act, tables, buf, cand0, k, n_held)
+        blank = False
+    if _add_terms(act, terms, range(n_held + n_off, len(terms)), spans, buf, at0, k, start,
+                  blank):
+        act[:] = 0.0
 
 
-def _add_term(act: np.ndarray, term: Term, span: tuple[int, int] | None, per_row: np.ndarray,
-              tmp: np.ndarray, at: np.ndarray, start: int, rows: int) -> None:
-    """``act += copies × bytes`` of ``term`` on the block's rows within its span."""
-    if span is None:
-        return
-    a, b = max(span[0] - start, 0), min(span[1] - start, rows)
-    if a < b:
-        part = np.take(term.copies, at[a:b], out=tmp[a:b], mode="clip")
-        part *= per_row[a:b]
-        act[a:b] += part
+def _add_terms(act: np.ndarray, terms: list[Term], which: range,
+               spans: list[tuple[int, int] | None], buf: _Buffers, at0: np.ndarray, k: int,
+               start: int, blank: bool) -> bool:
+    """``act += copies × bytes`` of the terms ``which`` on the rows within their spans;
+    returns whether ``act`` is still unwritten."""
+    rows = act.size
+    for i in which:
+        span = spans[i]
+        if span is None:
+            continue
+        a, b = max(span[0] - start, 0), min(span[1] - start, rows)
+        if a >= b:
+            continue
+        copies = terms[i].copies[k:]
+        if blank and (a, b) == (0, rows):
+            np.take(copies, at0, out=act, mode="clip")
+            act *= buf.per_row[i, :rows]
+        else:
+            if blank:
+                act[:] = 0.0
+            part = np.take(copies, at0[a:b], out=buf.floats["tmp"][a:b], mode="clip")
+            part *= buf.per_row[i, a:b]
+            act[a:b] += part
+        blank = False
+    return blank
 
 
-def _add_largest_offloaded(act: np.ndarray, tables: Tables, buf: _Buffers, cand: np.ndarray,
-                           rows: int, first: int) -> None:
+def _add_largest_offloaded(act: np.ndarray, tables: Tables, buf: _Buffers, cand0: np.ndarray,
+                           k: int, first: int) -> None:
     """One offloaded layer is in flight in HBM: the largest kind the stage offloads."""
+    rows = act.size
     largest = buf.floats["largest"][:rows]
     largest[:] = 0.0
     tmp, holds = buf.floats["tmp"][:rows], buf.better[:rows]
     for i, term in enumerate(tables.offload):
-        np.greater(np.take(term.copies, cand, out=tmp, mode="clip"), 0.0, out=holds)
+        np.greater(np.take(term.copies[k:], cand0, out=tmp, mode="clip"), 0.0, out=holds)
         np.multiply(holds, buf.per_row[first + i, :rows], out=tmp)  # exact: 0 or the bytes
         np.maximum(largest, tmp, out=largest)
     act += largest
