@@ -347,6 +347,85 @@ def test_memory_arrays_equal_scalar(name: str, split: str) -> None:
             assert getattr(arr, part)[i] == getattr(est.peak, part), (layout, part)
 
 
+def _interleaved_moe() -> ModelSpec:
+    """Mixtral 8x7B with one dense layer, then MoE every other layer (MoE layer frequency)."""
+    base = get_preset("mixtral-8x7b")
+    assert base.moe is not None
+    return replace(base, name="mixtral-interleaved",
+                   moe=replace(base.moe, first_k_dense=1, layer_freq=2))
+
+
+# Variants that reach every branch of a stage's assembly: block recompute, offload
+# (the largest offloaded kind in HBM), several selective modules, interleaved dense/MoE
+# layers, MTP, FSDP with FP8 copies, KOR22 with its embedding term, no fp32 logits, and a
+# Megatron pipeline-layout string with embedding-only and loss-only virtual stages.
+OPTION_CASES = [
+    ("mixtral-8x7b", {"recompute_num_layers": 2, "activation_offload_layers": 1,
+                      "recompute_modules": ("core_attn", "moe_act", "layernorm")},
+     MemoryOptions()),
+    ("interleaved", {"recompute_num_layers": 1, "activation_offload_layers": 2},
+     MemoryOptions(moe_imbalance=1.25)),
+    ("deepseek-v3", {"fsdp": True, "precision": "fp8", "activation_offload_layers": 1,
+                     "recompute_modules": ("mla_up_proj", "moe", "shared_experts")},
+     MemoryOptions(fp8_param_gather=True, fp32_logits=False)),
+    ("llama3.1-405b", {"pipeline_layout": "E|(t|)*126L", "recompute_num_layers": 3},
+     MemoryOptions()),
+    ("gpt3-175b", {"activation_offload_layers": 2}, KOR),
+]
+
+
+@pytest.mark.parametrize(("name", "settings", "options"), OPTION_CASES,
+                         ids=[case[0] for case in OPTION_CASES])
+def test_memory_arrays_equal_scalar_with_options(name: str, settings: dict,
+                                                 options: MemoryOptions,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory_arrays == estimate_memory on every row, exactly; also with rows grouped by
+    all degrees but vpp (``degree_rows``) and in blocks far smaller than the splits."""
+    from parsearch.cost import memory_rows
+
+    monkeypatch.setattr(memory_rows, "BLOCK_ROWS", 7)
+    model = _interleaved_moe() if name == "interleaved" else get_preset(name)
+    training = TrainingSpec(seq_len=4096, global_batch=512, **settings)
+    rng = random.Random(name)
+    layouts: list[Layout] = []
+    while len(layouts) < 90:
+        moe = model.is_moe
+        pp, vpp = rng.choice([(1, 1), (2, 1), (2, 3), (4, 2), (8, 1), (8, 4), (16, 8)])
+        layout = Layout(
+            num_gpus=rng.choice([256, 512]), tp=rng.choice([1, 2, 8]), cp=rng.choice([1, 2]),
+            pp=pp, vpp=vpp, ep=rng.choice([1, 8]) if moe else 1,
+            etp=rng.choice([1, 2]) if moe else 1, mbs=rng.choice([1, 2, 4]),
+            sp=rng.choice([True, False]), recompute=rng.choice(["none", "selective", "full"]))
+        if layout.dp and layout.edp and pp * vpp <= model.num_layers + 2:
+            layouts.append(layout)
+    # A second copy of each layout with another vpp shares all other degrees with it.
+    layouts += [replace(x, vpp=1 if x.vpp > 1 else 2) for x in layouts if x.pp > 1]
+
+    def col(attr: str) -> np.ndarray:
+        return np.array([getattr(x, attr) for x in layouts])
+
+    args = (model, training, col("tp"), col("cp"), col("pp"), col("ep"), col("etp"),
+            col("vpp"), col("mbs"), col("dp"), col("edp"),
+            np.array([RECOMPUTE_CODES[x.recompute] for x in layouts]), col("sp"), options)
+    groups: dict[tuple, int] = {}
+    position = np.array([groups.setdefault((replace(x, vpp=1).key(), x.num_gpus), len(groups))
+                         for x in layouts])
+    representatives = np.zeros(len(groups), dtype=np.int64)
+    representatives[position] = np.arange(len(layouts))
+    arr = memory_arrays(*args)
+    grouped = memory_arrays(*args, degree_rows=(representatives, position))
+    parts = ("weights", "gradients", "optimizer", "activations", "other", "total",
+             "offloaded_bytes")
+    for i, layout in enumerate(layouts):
+        est = estimate_memory(model, training, layout, options)
+        assert arr.peak_stage[i] == grouped.peak_stage[i] == est.peak_stage, layout
+        for part in parts:
+            expected = getattr(est.peak, part)
+            assert getattr(arr, part)[i] == getattr(grouped, part)[i] == expected, (layout, part)
+    if training.activation_offload_layers:
+        assert arr.offloaded_bytes.min() > 0
+
+
 # --- published runs ----------------------------------------------------------------
 
 # Verified H100/A100 rows of shared/data/published_runs_dev.csv (copied with their ids):
