@@ -17,7 +17,8 @@ import pytest
 from parsearch.constraints import check_layout
 from parsearch.errors import SpecError
 from parsearch.search import pareto_front
-from parsearch.search.optuna_search import candidate_sets, run_study
+from parsearch.search.optuna_search import run_study
+from parsearch.search.study_space import candidate_sets
 from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec

@@ -22,6 +22,7 @@ from parsearch.errors import SpecError
 from parsearch.search import optuna_search
 from parsearch.search import storage as storage_mod
 from parsearch.search.optuna_search import run_study
+from parsearch.search.study_space import candidate_sets
 from parsearch.sweep.cells import CellSolver
 from parsearch.sweep.grid import MAX_CELLS, grid_from, load_grid_file
 from parsearch.sweep.queue import CELL_PARAM, CellQueue
@@ -263,7 +264,7 @@ def test_trials_of_a_dead_study_worker_are_retried(tmp_path: Path) -> None:
     storage = storage_mod.make_storage(url, heartbeat_s=1)
     # a worker asked three trials, beat once and died
     dists = {a: optuna.distributions.CategoricalDistribution(v)
-             for a, v in optuna_search.candidate_sets(TOY, SETUP, (8, 16)).items()}
+             for a, v in candidate_sets(TOY, SETUP, (8, 16)).items()}
     dead = [storage_mod.ask(study, dists) for _ in range(3)]
     for trial in dead:
         storage.record_heartbeat(trial._trial_id)
