@@ -301,7 +301,8 @@ def slow_network_result(slow_network_runs):
 
 def test_slower_network_is_recovered_and_held_out_error_drops(slow_network_result) -> None:
     result = slow_network_result
-    assert NETWORK_FACTOR in result.fitted and NETWORK_FACTOR not in result.on_bound
+    # GEMM stays on the bound its shipped value sits on, and the runs agree: not a failure.
+    assert NETWORK_FACTOR in result.fitted and result.on_bound == ()
     assert abs(result.cluster[NETWORK_FACTOR] - TRUE_NETWORK) < 0.05
     # The profile is the truth here: the network factor must not push GEMM off it.
     gemm = "gemm_efficiency.bf16"
@@ -316,10 +317,22 @@ def test_slower_network_is_recovered_and_held_out_error_drops(slow_network_resul
     assert before.mean() > 0.05 and after.mean() < before.mean() / 10
 
 
+def test_a_network_slower_than_the_cited_range_is_reported_on_its_bound() -> None:
+    nominal = load_cluster(CLUSTER)
+    far_slower = replace(nominal, network_efficiency=nominal.network_efficiency * 0.1)
+    shipped = efficiency_for_gpu("h100-sxm")
+    rows, _ = prepare_measurements([_measured(text, shipped, NET_GPUS, far_slower)
+                                    for text in NET_MEASURED])
+    result = calibrate_user(rows, leave_one_out=False)
+    low = network_priors(nominal)[NETWORK_FACTOR].low
+    assert result.cluster[NETWORK_FACTOR] == pytest.approx(low, abs=0.01)
+    assert NETWORK_FACTOR in result.on_bound
+
+
 def test_without_the_network_factor_the_same_runs_fit_worse(slow_network_runs,
                                                            slow_network_result) -> None:
     rows, _ = prepare_measurements(slow_network_runs)
-    profile_only = calibrate_user(rows, network=False)
+    profile_only = calibrate_user(rows, network=False, leave_one_out=False)
     assert not set(profile_only.fitted) & {NETWORK_FACTOR, NVLINK_FACTOR}
     assert slow_network_result.mape_in_sample < profile_only.mape_in_sample / 5
 
