@@ -7,14 +7,19 @@ Sources (``shared/reference/formulas.md``) and the jobs, one module each:
   fp32 or BF16 main gradients) and optimizer state, §5.1/§5.2, FP8 §7.7;
 * :mod:`parsearch.cost.activations` — activations per layer (§5.3, KOR22 or
   the FlashAttention form), micro-batches in flight per model chunk (§5.4),
-  partial (block) and per-module (selective) recompute, host offload;
+  per-module (selective) recompute;
+* :mod:`parsearch.cost.activation_terms` — a stage's activations as terms
+  (per-layer bytes × copies held), partial (block) recompute, host offload;
+* :mod:`parsearch.cost.memory_peak` / :mod:`parsearch.cost.memory_rows` —
+  the peak stage of many layouts at once (:func:`memory_arrays`);
 * :mod:`parsearch.cost.memory_options` — constants and :class:`MemoryOptions`.
 
 Every pipeline stage is evaluated and the most loaded one is reported.
 The arithmetic core (:func:`stage_memory_core`) is elementwise: the layout
 degrees may be Python numbers or numpy arrays; :func:`estimate_memory`
-(scalar) and :func:`memory_arrays` (vectorised) both call it, so they give
-identical numbers.
+(scalar) calls it per stage, :func:`memory_arrays` (vectorised) evaluates
+the same terms in the same order for all layouts and candidate stages at
+once, so the two give identical numbers (``tests/test_memory.py``).
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ from parsearch.cost.memory_states import StageCounts, stage_model_state, stage_p
 from parsearch.cost.stages import StageContent, effective_split, stage_contents
 from parsearch.workload import ModelSpec, TrainingSpec
 
+#: Up to this many representative rows, model state is evaluated per row, not grouped.
+SMALL_GROUP = 256
+
 #: The per-GPU quantities of the peak stage, in ``peak_memory``'s result.
 PEAK_FIELDS = ("weights", "gradients", "optimizer", "activations", "other", "total",
                "offloaded_bytes")
@@ -222,7 +225,10 @@ def _state_table(model: ModelSpec, training: TrainingSpec, options: MemoryOption
     in :class:`~parsearch.cost.memory.MemoryBreakdown` order), each representative's
     base position in it, and each candidate's offset from that base.
     """
-    reps, s_of_rep = _group(deg.pp, deg.tp, deg.ep, deg.etp, deg.dp, deg.cp, deg.edp)
+    if deg.pp.size > SMALL_GROUP:
+        reps, s_of_rep = _group(deg.pp, deg.tp, deg.ep, deg.etp, deg.dp, deg.cp, deg.edp)
+    else:  # few rows: grouping them costs more than it saves
+        reps = s_of_rep = np.arange(deg.pp.size)
     # Each state representative gets one entry per distinct stage counts of its pp.
     pp_of_s = np.searchsorted(cands.key_pps, deg.pp[reps])
     per_pp = np.diff(np.append(cands.key_start, len(cands.state_keys)))

@@ -19,6 +19,7 @@ wins, so ties go to the lower rank (evaluated first).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,24 +30,24 @@ BLOCK_ROWS = 1 << 16
 #: numpy backs an allocation of at least 4 MiB with transparent huge pages where the
 #: kernel offers them (``numpy/_core/src/multiarray/alloc.c``: ``madvise(MADV_HUGEPAGE)``):
 #: arrays carved from one such arena fault in a few 2 MiB pages, not one per 4 KiB.
+#: Arenas of at least a quarter of that are padded up to it; smaller ones are not.
 ARENA_MIN_BYTES = 1 << 22
 _ALIGN = 64
 
 
 def carve(shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
-    """Empty arrays of the given shapes and dtypes, all views of one allocation of at
-    least :data:`ARENA_MIN_BYTES` (the arrays keep it alive)."""
-    offsets, total = {}, 0
+    """Empty arrays of the given shapes and dtypes, all views of one allocation (of at
+    least :data:`ARENA_MIN_BYTES` when they need a quarter of it; the arrays keep it
+    alive)."""
+    layout, total = {}, 0
     for name, (shape, dtype) in shapes.items():
-        offsets[name] = total
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        layout[name] = (total, nbytes)
         total += -(-nbytes // _ALIGN) * _ALIGN
-    arena = np.empty(max(total, ARENA_MIN_BYTES), dtype=np.uint8)
-    out = {}
-    for name, (shape, dtype) in shapes.items():
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        out[name] = arena[offsets[name]:offsets[name] + nbytes].view(dtype).reshape(shape)
-    return out
+    arena = np.empty(max(total, ARENA_MIN_BYTES) if 4 * total >= ARENA_MIN_BYTES else total,
+                     dtype=np.uint8)
+    return {name: arena[at:at + nbytes].view(shapes[name][1]).reshape(shapes[name][0])
+            for name, (at, nbytes) in layout.items()}
 
 
 @dataclass(frozen=True)
