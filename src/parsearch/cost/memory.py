@@ -312,6 +312,7 @@ def memory_arrays(
     is computed once per group.
     Degrees must describe valid layouts (``dp, edp >= 1``; in ``even`` split
     mode ``L % (pp*vpp) == 0``, else :class:`SpecError`): filter first.
+    The result's arrays are views of one allocation (keeping one keeps all).
     """
     arrays = np.broadcast_arrays(
         *(np.asarray(x) for x in (tp, cp, pp, ep, etp, vpp, mbs, dp, edp, recompute_code, sp))
