@@ -129,8 +129,7 @@ def _candidates(model: ModelSpec, splits: tuple[tuple[int, int, str], ...],
                 term_options: tuple[int | None, int, bool, bool]) -> _Candidates:
     """:class:`_Candidates` of ``(pp, vpp, split)`` splits (memoised per list)."""
     per_split = [peak_candidates(model, pp, vpp, split) for pp, vpp, split in splits]
-    if not per_split:
-        raise ValueError("no pipeline splits")
+    assert per_split, "peak_memory returns before scoring no rows"
     order = sorted(range(len(splits)), key=lambda i: -len(per_split[i]))  # stable
     stages = [c for i in order for c in per_split[i]]
     count = np.array([len(per_split[i]) for i in order], dtype=np.int64)
