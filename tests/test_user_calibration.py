@@ -317,6 +317,21 @@ def test_slower_network_is_recovered_and_held_out_error_drops(slow_network_resul
     assert before.mean() > 0.05 and after.mean() < before.mean() / 10
 
 
+def test_slower_nvlink_is_recovered_from_tensor_parallel_runs_on_one_node() -> None:
+    # NVLink at 0.85 of the file (ring busbw 0.70 of line rate instead of 0.82): runs on
+    # one node whose TP groups talk a lot show it; the inter-node factor stays unfitted.
+    nominal = load_cluster(CLUSTER)
+    truth = replace(nominal, nvlink_efficiency=nominal.nvlink_efficiency * 0.85)
+    shipped = efficiency_for_gpu("h100-sxm")
+    texts = ("tp=8,mbs=8,sp=true", "tp=8,mbs=4,sp=true", "tp=8,mbs=2,sp=true",
+             "tp=4,mbs=4,sp=true", "tp=2,mbs=2,sp=true")
+    rows, _ = prepare_measurements([_measured(text, shipped, 8, truth) for text in texts])
+    result = calibrate_user(rows, leave_one_out=False)
+    assert NVLINK_FACTOR in result.fitted and NETWORK_FACTOR not in result.fitted
+    assert abs(result.cluster[NVLINK_FACTOR] - 0.85) < 0.03
+    assert result.mape_in_sample < result.mape_before / 10
+
+
 def test_a_network_slower_than_the_cited_range_is_reported_on_its_bound() -> None:
     nominal = load_cluster(CLUSTER)
     far_slower = replace(nominal, network_efficiency=nominal.network_efficiency * 0.1)
