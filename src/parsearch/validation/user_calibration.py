@@ -177,14 +177,6 @@ def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     return out
 
 
-def sensitivities(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                  names: Sequence[str] | None = None,
-                  cluster_priors: Mapping[str, Prior] | None = None) -> dict[str, float]:
-    """Mean |log throughput change| of the rows when a factor goes from its low to high bound."""
-    return {n: float(np.mean(np.abs(g)))
-            for n, g in range_effects(rows, profile, names, cluster_priors).items()}
-
-
 def factor_limit(n_rows: int, rows_per_factor: int = ROWS_PER_FACTOR) -> int:
     """Factors ``n_rows`` runs may fit: one per ``ROWS_PER_FACTOR``, rounded up, at least one.
 
