@@ -153,6 +153,33 @@ class StageSettings:
     step_overhead_s: float
 
 
+def distinct_stages(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, first, count)``: the distinct unit-count rows of a split's stages in order
+    of first appearance, the first stage holding each, and how many stages do.
+
+    Stages with the same units have the same times, so the per-stage arithmetic runs
+    once per distinct row (a 16-stage split has 2-4); an argmax over the distinct rows
+    in this order names the same stage as one over all stages.
+
+    >>> rows, first, count = distinct_stages(np.array([[1, 0], [2, 0], [2, 0], [2, 1]]))
+    >>> rows.tolist(), first.tolist(), count.tolist()
+    ([[1, 0], [2, 0], [2, 1]], [0, 1, 3], [1.0, 2.0, 1.0])
+    """
+    seen: dict[bytes, int] = {}
+    first: list[int] = []
+    count: list[float] = []
+    for i, row in enumerate(feats):
+        key = row.tobytes()
+        if key in seen:
+            count[seen[key]] += 1.0
+        else:
+            seen[key] = len(first)
+            first.append(i)
+            count.append(1.0)
+    index = np.asarray(first, dtype=np.int64)
+    return feats[index], index, np.asarray(count)
+
+
 def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vpp: int,
                 m: np.ndarray, settings: StageSettings) -> dict[str, np.ndarray]:
     """Time breakdown of rows sharing one (pp, vpp) split (``feats``: unit counts per stage).
@@ -162,15 +189,17 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
     so the parts add up to the step and the bottleneck is named truthfully.
     ``pidx``: the rows' price rows; ``m``: their micro-batch counts (float).
-    Per-stage arrays are (stages, rows); a stage's times are the dot product of its
-    unit counts with the rows' coefficients.
+    Per-stage arrays are (distinct stages, rows) (:func:`distinct_stages`); a stage's
+    times are the dot product of its unit counts with the rows' coefficients.
     """
     stages = feats.shape[0]
     u = coef.units
+    kinds, first, count = distinct_stages(feats)
     rows = np.take(coef.table, pidx, axis=1)  # (coefficients, rows)
+    r = len(pidx)
     mean_feats = feats.mean(axis=0)
     part_means = [mean_feats @ rows[i * u:(i + 1) * u] for i in range(_P)]
-    work, comm, reduce, gather, optimizer = (feats @ rows[b * u:(b + 1) * u]
+    work, comm, reduce, gather, optimizer = (kinds @ rows[b * u:(b + 1) * u]
                                              for b in (_WORK, _COMM, _REDUCE, _GATHER, _OPT))
     pp_send, reduce_fixed, gather_fixed = (rows[_BLOCKS * u], rows[_BLOCKS * u + 1],
                                            rows[_BLOCKS * u + 2])
@@ -180,7 +209,7 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     p2p_total = 2.0 * float(vpp) * pp_send
     if vpp > 1:
         p2p = np.maximum(0.0, p2p_total - work)
-        p2p_mean = p2p.sum(axis=0) / stages
+        p2p_mean = (count @ p2p) / stages
         stage_time = work + comm + p2p
     else:
         p2p_mean = p2p_total
@@ -188,14 +217,14 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     out = {f"time_{k}": m * part_means[i] for i, k in enumerate(STAGE_PARTS)}
     out["time_pp_p2p"] = m * p2p_mean
     worst = np.argmax(stage_time, axis=0)
-    n = np.arange(len(pidx))
+    n = np.arange(r)
     slowest = stage_time[worst, n]
-    total_stage = stage_time.sum(axis=0)
+    total_stage = count @ stage_time
     # Pipeline bubble (parsearch.cost.schedule.pipeline_time; NAR21 §2.2.1/§2.2.2):
     # (sum_r t_r - max_r t_r) / v.
     out["time_pp_bubble"] = (total_stage - slowest) / float(vpp)
     out["time_stage_imbalance"] = m * (slowest - total_stage / stages)
-    out["slowest_stage"] = worst
+    out["slowest_stage"] = first[worst]
     # DP traffic overlap is a bound (Megatron DDP): with --overlap-grad-reduce the
     # reduction runs beside the last micro-batch's backward (2/3 of its compute), with
     # --overlap-param-gather the gather beside the first forward (1/3); a switched-off
