@@ -62,8 +62,11 @@ def _register_search(subparsers: argparse._SubParsersAction) -> None:
                         help="number of GPUs (world size)")
     parser.add_argument("--top", type=positive_int, default=10, metavar="K",
                         help="how many layouts to list (default 10)")
-    parser.add_argument("--diverse", action="store_true",
-                        help="at most one layout per (tp, pp, cp, ep, etp) shape")
+    parser.add_argument("--diverse", action=argparse.BooleanOptionalAction, default=True,
+                        help="at most one layout per (tp, pp, cp, ep, etp) shape: the best of "
+                             "its vpp / micro-batch / recompute variants (default; "
+                             "--no-diverse lists every variant, which often differ by "
+                             "less than the model's error)")
     for action in parser._actions:  # search also writes CSV and JSON lines
         if action.dest == "format":
             action.choices = SEARCH_FORMATS
