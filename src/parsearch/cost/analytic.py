@@ -337,10 +337,18 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     slowest_stage = np.zeros(n, dtype=np.int64)
     m_all = cols["m"]
     splits = list(rows_by_split(cols["pp"], cols["vpp"]))
+    # The mean stage (all units / pp) is shared by every split of a pp: its part times
+    # are computed once per distinct mean stage.
+    mean_parts: dict[bytes, np.ndarray] = {}
     for pp, vpp, idx in splits:
         feats = stage_features(model, pp, vpp, effective_split(training, pp, vpp))
         pidx = idx if price_of is None else price_of[1][idx]
-        part = score_split(coef, pidx, feats, vpp, m_all[idx].astype(np.float64), settings)
+        mean_feats = feats.mean(axis=0)
+        key = mean_feats.tobytes()
+        if key not in mean_parts:
+            mean_parts[key] = coef.mean_stage_parts(mean_feats)
+        part = score_split(coef, pidx, feats, vpp, m_all[idx].astype(np.float64), settings,
+                           mean_parts[key])
         slowest_stage[idx] = part.pop("slowest_stage")
         for key, values in part.items():
             out[key][idx] = values

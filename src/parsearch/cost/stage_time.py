@@ -68,6 +68,16 @@ class StageCoefficients:
     table: np.ndarray  # (_BLOCKS * units + 3, price rows)
     units: int
 
+    def mean_stage_parts(self, mean_feats: np.ndarray) -> np.ndarray:
+        """``(parts, price rows)``: each stage part's time at the mean stage.
+
+        A split's stages hold all units between them, so the mean stage is
+        ``totals / pp`` for every split of one ``pp``: computed once per mean stage and
+        gathered by the rows, instead of gathering all the part coefficients per split.
+        """
+        u = self.units
+        return np.stack([mean_feats @ self.table[i * u:(i + 1) * u] for i in range(_P)])
+
 
 # Block indices into StageCoefficients.table
 _P = len(STAGE_PARTS)
@@ -181,28 +191,31 @@ def distinct_stages(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vpp: int,
-                m: np.ndarray, settings: StageSettings) -> dict[str, np.ndarray]:
+                m: np.ndarray, settings: StageSettings,
+                mean_parts: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Time breakdown of rows sharing one (pp, vpp) split (``feats``: unit counts per stage).
 
     Step = m x (slowest stage's micro-batch time) + fill/drain bubble + exposed DP
     traffic + optimizer.  The per-part times are reported at the mean stage, and
     ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
     so the parts add up to the step and the bottleneck is named truthfully.
-    ``pidx``: the rows' price rows; ``m``: their micro-batch counts (float).
+    ``pidx``: the rows' price rows; ``m``: their micro-batch counts (float);
+    ``mean_parts``: :meth:`StageCoefficients.mean_stage_parts` of this ``pp``, if known.
     Per-stage arrays are (distinct stages, rows) (:func:`distinct_stages`); a stage's
     times are the dot product of its unit counts with the rows' coefficients.
     """
     stages = feats.shape[0]
     u = coef.units
     kinds, first, count = distinct_stages(feats)
-    rows = np.take(coef.table, pidx, axis=1)  # (coefficients, rows)
+    if mean_parts is None:
+        mean_parts = coef.mean_stage_parts(feats.mean(axis=0))
+    part_means = np.take(mean_parts, pidx, axis=1)
+    rows = np.take(coef.table[_WORK * u:], pidx, axis=1)  # (per-stage coefficients, rows)
     r = len(pidx)
-    mean_feats = feats.mean(axis=0)
-    part_means = [mean_feats @ rows[i * u:(i + 1) * u] for i in range(_P)]
-    work, comm, reduce, gather, optimizer = (kinds @ rows[b * u:(b + 1) * u]
+    work, comm, reduce, gather, optimizer = (kinds @ rows[(b - _WORK) * u:(b - _WORK + 1) * u]
                                              for b in (_WORK, _COMM, _REDUCE, _GATHER, _OPT))
-    pp_send, reduce_fixed, gather_fixed = (rows[_BLOCKS * u], rows[_BLOCKS * u + 1],
-                                           rows[_BLOCKS * u + 2])
+    base = (_BLOCKS - _WORK) * u
+    pp_send, reduce_fixed, gather_fixed = rows[base], rows[base + 1], rows[base + 2]
     # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
     # for them; with interleaving Megatron overlaps them with the next chunk's compute
     # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
