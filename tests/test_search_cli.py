@@ -91,3 +91,21 @@ def test_pareto_errors_are_one_line(tmp_path: Path) -> None:
                           "--method optuna")
     assert_one_line_error(run_cli("pareto", *COMMON, "--max-gpus", "16", "--method", "optuna",
                                   "--storage", "nowhere"), "storage")
+
+
+def test_search_lists_one_layout_per_shape_unless_asked_for_every_variant() -> None:
+    """The default shortlist has distinct (tp, pp, cp, ep, etp) shapes; --no-diverse keeps
+    the variants (vpp, micro-batch, recompute) of one shape."""
+    shapes = ("tp", "pp", "cp", "ep", "etp")
+
+    def listed(*extra: str) -> list[dict]:
+        result = run_cli("search", "--model", "llama3-70b", "--cluster", "dgx-h100",
+                         "--gpus", "64", "--global-batch", "128", "--seq-len", "8192",
+                         "--top", "8", "--format", "json", *extra)
+        assert result.code == 0, result.err
+        return [r["layout"] for r in json.loads(result.out)["results"]]
+
+    default = listed()
+    assert len({tuple(r[k] for k in shapes) for r in default}) == len(default)
+    every = listed("--no-diverse")
+    assert len({tuple(r[k] for k in shapes) for r in every}) < len(every)
