@@ -110,3 +110,25 @@ def test_memory_margin_turns_a_tight_layout_infeasible() -> None:
     assert strict["memory_gib_per_gpu"]["total"] == tight["memory_gib_per_gpu"]["total"]
     assert strict["memory_gib_per_gpu"]["capacity"] == pytest.approx(
         0.8 * tight["memory_gib_per_gpu"]["capacity"])
+
+
+def test_the_likely_range_says_when_no_run_like_it_was_calibrated() -> None:
+    """The shipped Hopper dense band comes from FP8 runs only: an FP8 dense prediction
+    gets it, a BF16 one gets the union of the generation's bands, flagged as such."""
+    def explain(precision: str) -> dict:
+        result = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision",
+                         precision, "--format", "json")
+        assert result.code == 0, result.err
+        return json.loads(result.out)
+
+    fp8, bf16 = explain("fp8"), explain("bf16")
+    assert fp8["tokens_per_s_per_gpu_range_basis"] == "leave-one-family-out"
+    assert bf16["tokens_per_s_per_gpu_range_basis"].startswith("no dense bf16 run")
+
+    def width(doc: dict) -> float:
+        low, high = doc["tokens_per_s_per_gpu_range"]
+        return high / low
+
+    assert width(bf16) > width(fp8)
+    table = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision", "bf16")
+    assert "no dense bf16 run in the calibration set" in table.out

@@ -106,8 +106,10 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
           f"model TFLOP/s per GPU, MFU {d['mfu']:.1%} of the BF16 peak")
     if d.get("tokens_per_s_per_gpu_range"):
         low, high = d["tokens_per_s_per_gpu_range"]
-        print(f"  likely {low:,.0f} .. {high:,.0f} tokens/s per GPU (out-of-sample error band "
-              "of this kind of prediction)")
+        basis = d.get("tokens_per_s_per_gpu_range_basis") or ""
+        kind = (basis if basis.startswith("no ") else
+                "out-of-sample error band of this kind of prediction")
+        print(f"  likely {low:,.0f} .. {high:,.0f} tokens/s per GPU ({kind})")
     total = d["step_time_s"]
     print_table(("time per step", "seconds", "share"),
                 [(k, f"{v:.4f}", f"{v / total:.1%}") for k, v in d["time_s"].items()])

@@ -32,7 +32,7 @@ from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.collectives import LinkArrays, p2p_time
 from parsearch.cost.communication import Groups, unit_comm
 from parsearch.cost.compute import ACT_BYTES, is_moe_unit, unit_compute
-from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
+from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.offload import offload_exposed
@@ -405,6 +405,8 @@ class Estimate:
     slowest_stage: int
     peak_memory_stage: int
     tokens_per_s_per_gpu_range: tuple[float, float] | None = None
+    #: How the range was made: the band's method, or why it is an extrapolation.
+    range_basis: str = ""
 
     @property
     def bottleneck(self) -> str:
@@ -430,6 +432,7 @@ class Estimate:
             # prediction (the profile's `uncertainty`), applied to this prediction.
             "tokens_per_s_per_gpu_range": (list(self.tokens_per_s_per_gpu_range)
                                            if self.tokens_per_s_per_gpu_range else None),
+            "tokens_per_s_per_gpu_range_basis": self.range_basis or None,
         }
 
 
@@ -446,7 +449,7 @@ def layout_columns(layouts: list[Layout]) -> dict[str, np.ndarray]:
 def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
                       layout: Layout) -> Estimate:
     """Row ``i`` of :func:`score_columns` output as an :class:`Estimate`."""
-    band = cm.profile.uncertainty.get("moe" if cm.model.is_moe else "dense")
+    band, _ = band_for(cm.profile.uncertainty, cm.model.is_moe, cm.training.precision)
     predicted = float(scores["tokens_per_s_per_gpu"][i])
     return Estimate(
         layout=layout,
@@ -463,6 +466,7 @@ def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
         slowest_stage=int(scores["slowest_stage"][i]),
         peak_memory_stage=int(scores["peak_memory_stage"][i]),
         tokens_per_s_per_gpu_range=band.interval(predicted) if band else None,
+        range_basis=band.method if band else "",
     )
 
 

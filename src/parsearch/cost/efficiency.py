@@ -54,15 +54,46 @@ class ErrorBand:
     high: float
     n: int
     method: str = ""
+    #: Precisions of the runs behind the band (empty: not recorded).
+    precisions: tuple[str, ...] = ()
 
     def interval(self, predicted: float) -> tuple[float, float]:
         """Range of the measurement implied by the band: ``pred / e^high .. pred / e^low``."""
         return predicted / math.exp(self.high), predicted / math.exp(self.low)
 
+    def covers(self, precision: str) -> bool:
+        """Whether runs of ``precision`` were behind the band (or it does not say)."""
+        return not self.precisions or precision in self.precisions
+
     @property
     def relative_halfwidth(self) -> float:
         """Half the band's width as a fraction (``0.1`` = about ±10 %)."""
         return (math.exp(self.high - self.low) - 1.0) / 2.0
+
+
+def band_for(bands: dict[str, ErrorBand], moe: bool,
+             precision: str) -> tuple[ErrorBand | None, bool]:
+    """The error band of a prediction of this kind, and whether it is an extrapolation.
+
+    The band of its kind (``dense`` / ``moe``) when runs of its precision were behind
+    it; otherwise no run like it was in the calibration set, and the band is the
+    union of every kind's band (the widest error seen on this generation), flagged.
+
+    >>> dense = ErrorBand(-0.2, -0.1, 5, precisions=("fp8",))
+    >>> moe = ErrorBand(-0.2, 0.2, 38, precisions=("bf16", "fp8"))
+    >>> band_for({"dense": dense, "moe": moe}, False, "fp8") == (dense, False)
+    True
+    >>> pooled, extrapolated = band_for({"dense": dense, "moe": moe}, False, "bf16")
+    >>> (pooled.low, pooled.high, extrapolated)
+    (-0.2, 0.2, True)
+    """
+    band = bands.get("moe" if moe else "dense")
+    if band is None or band.covers(precision):
+        return band, False
+    return ErrorBand(min(b.low for b in bands.values()), max(b.high for b in bands.values()),
+                     sum(b.n for b in bands.values()),
+                     f"no {'MoE' if moe else 'dense'} {precision} run in the calibration "
+                     "set: the union of this generation's bands"), True
 
 
 @dataclass(frozen=True)
@@ -226,7 +257,8 @@ def _bands(where: str, raw: Any) -> dict[str, ErrorBand]:
     for kind, spec in raw.items():
         try:
             band = ErrorBand(float(spec["low"]), float(spec["high"]), int(spec["n"]),
-                             str(spec.get("method", "")))
+                             str(spec.get("method", "")),
+                             tuple(str(x) for x in spec.get("precisions") or ()))
         except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: n = .inf
             raise SpecError(f"efficiency profile {where}: uncertainty.{kind} needs numbers "
                             "low, high and n") from None
@@ -293,7 +325,8 @@ def profile_to_yaml(profile: EfficiencyProfile, header: str = "") -> str:
     doc["priors"] = {name: {"value": p.value, "low": p.low, "high": p.high, "source": p.source}
                      for name, p in profile.priors.items()}
     doc["uncertainty"] = {kind: {"low": round(b.low, 4), "high": round(b.high, 4), "n": b.n,
-                                 "method": b.method}
+                                 "method": b.method,
+                                 **({"precisions": list(b.precisions)} if b.precisions else {})}
                           for kind, b in profile.uncertainty.items()}
     text = yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True)
     return (header.rstrip() + "\n" if header else "") + text

@@ -42,7 +42,7 @@ from parsearch.cost.analytic import (
     build_cost_model,
     wide_columns,
 )
-from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.efficiency import EfficiencyProfile, band_for
 from parsearch.errors import SpecError
 from parsearch.hardware import load_gpu_profile
 from parsearch.launch import launch_for_cluster
@@ -140,7 +140,7 @@ def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
     measured/predicted); the tool cannot tell such layouts apart, so the one
     least likely to run out of memory leads.  Without a band the order is unchanged.
     """
-    band = cm.profile.uncertainty.get("moe" if cm.model.is_moe else "dense")
+    band, _ = band_for(cm.profile.uncertainty, cm.model.is_moe, cm.training.precision)
     if band is None or not estimates:
         return list(estimates)
     best = max(e.tokens_per_s_per_gpu for e in estimates)

@@ -54,6 +54,7 @@ class RowPrediction:
     measured: float
     in_sample: float
     out_of_sample: float
+    precision: str = ""
 
     @property
     def ape_in(self) -> float:
@@ -179,7 +180,8 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
             RowPrediction(id=r.id, model=r.run.model, gpu=r.run.gpu, generation=generation,
                           family=r.family, source=r.run.source_tag, kind=r.kind,
                           layout=r.run.layout.key(), measured=r.measured,
-                          in_sample=float(a), out_of_sample=float(b))
+                          in_sample=float(a), out_of_sample=float(b),
+                          precision=r.run.precision)
             for r, a, b in zip(members, in_pred, oos, strict=True)]
         out_rows.extend(gen_rows)
         pairs, acc_out = _order(gen_rows, "out_of_sample")
@@ -197,11 +199,15 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
 def error_bands(rows: Sequence[RowPrediction], method: str) -> dict[str, ErrorBand]:
     """Per ``generation/kind`` (e.g. ``hopper/moe``) quantiles of the out-of-sample log ratio."""
     logs: dict[str, list[float]] = defaultdict(list)
+    precisions: dict[str, set[str]] = defaultdict(set)
     for r in rows:
         if r.out_of_sample > 0 and math.isfinite(r.out_of_sample):
             logs[f"{r.generation}/{r.kind}"].append(math.log(r.out_of_sample / r.measured))
+            if r.precision:
+                precisions[f"{r.generation}/{r.kind}"].add(r.precision)
     bands = {}
     for key, values in sorted(logs.items()):
         lo, hi = np.quantile(values, BAND_QUANTILES)
-        bands[key] = ErrorBand(float(lo), float(hi), len(values), f"leave-one-{method}-out")
+        bands[key] = ErrorBand(float(lo), float(hi), len(values), f"leave-one-{method}-out",
+                               tuple(sorted(precisions[key])))
     return bands
