@@ -257,11 +257,16 @@ def _bands(where: str, raw: Any) -> dict[str, ErrorBand]:
     for kind, spec in raw.items():
         try:
             band = ErrorBand(float(spec["low"]), float(spec["high"]), int(spec["n"]),
-                             str(spec.get("method", "")),
-                             tuple(str(x) for x in spec.get("precisions") or ()))
+                             str(spec.get("method", "")))
         except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: n = .inf
             raise SpecError(f"efficiency profile {where}: uncertainty.{kind} needs numbers "
                             "low, high and n") from None
+        precisions = spec.get("precisions") or []
+        if not (isinstance(precisions, list)
+                and all(p in ("bf16", "fp8", "fp4") for p in precisions)):
+            raise SpecError(f"efficiency profile {where}: uncertainty.{kind}.precisions must "
+                            f"be a list of bf16, fp8, fp4; got {precisions!r}")
+        band = replace(band, precisions=tuple(precisions))
         if not (math.isfinite(band.low) and math.isfinite(band.high) and band.low <= band.high):
             raise SpecError(f"efficiency profile {where}: uncertainty.{kind}: need finite "
                             f"low <= high, got {band.low}, {band.high}")
