@@ -1,6 +1,6 @@
 """Accuracy against published training runs: predicted vs measured tokens/s per GPU.
 
-Each usable run of the dataset (:mod:`parsearch.published_runs`) is scored
+Each usable run of the dataset (:mod:`parsearch.validation.published_runs`) is scored
 with the analytic cost model on its own cluster preset, precision, layout and
 batch, with the efficiency profile of its GPU generation (one set per
 generation, never per run).  The report gives each row's absolute percentage
