@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from parsearch.sweep.worker import run_worker
 from parsearch.topology.cluster import load_cluster
 from parsearch.workload import ModelSpec, TrainingSpec
 from tests.cli_helpers import assert_one_line_error, run_cli
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"models": ["gpt-1.7b"], "clusters": ["dgx-h100"], "gpus": [8, 16],
@@ -38,18 +38,6 @@ TOY = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
 SETUP = TrainingSpec(seq_len=4096, global_batch=64, micro_batch_sizes=(1, 2),
                      recompute_modes=("none", "full"))
 SECRET = "Sup3r-S3cret-pw"
-
-
-def wait_until(condition, what: str, timeout_s: float = 300.0, poll_s: float = 0.2):  # type: ignore[no-untyped-def]
-    """Poll ``condition`` until it returns a true value (generous timeout: loaded machines)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(poll_s)
 
 
 # --- grids -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from optuna.trial import TrialState
 
 from parsearch.search import storage as storage_mod
 from tests.pg_server import fresh_database, postgres_server, with_password
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -43,17 +44,6 @@ def pg_admin() -> Iterator[str]:
             yield url
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _wait(condition, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {TIMEOUT_S} s waiting for {what}")
-        time.sleep(0.1)
 
 
 GRID = ["--models", "gpt-1.7b,gpt-3.6b", "--clusters", "dgx-h100", "--gpus", "8,16,32",
@@ -90,7 +80,7 @@ def test_three_workers_share_a_sweep_and_survive_one_killed_mid_cell(pg_admin: s
                 return trial
         return None
 
-    held = _wait(victim_cell, "the victim worker to hold a cell")
+    held = wait_until(victim_cell, "the victim worker to hold a cell", TIMEOUT_S, 0.1)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=60)
     outputs = [p.communicate(timeout=TIMEOUT_S) for p in others]
