@@ -128,7 +128,7 @@ def base_command(rng: random.Random, model: str | None = None,
     return command, [command, *fmt]
 
 
-def _set_option(argv: list[str], option: str, value: str) -> list[str]:
+def set_option(argv: list[str], option: str, value: str) -> list[str]:
     """``argv`` with ``option`` set to ``value`` (replaced when present, else appended)."""
     out = list(argv)
     if option in out:
@@ -188,9 +188,9 @@ def numeric_case(rng: random.Random) -> Case:
     if option == "--micro-batch-sizes" and rng.random() < 0.5:
         value = ",".join(rng.choice(BAD_NUMBERS) for _ in range(rng.randint(1, 3)))
     if option in ("--seed", "--n-trials", "--min-gpus", "--gpu-step") and "--method" in argv:
-        argv = _set_option(argv, "--method", "optuna")
-        argv = _set_option(argv, "--n-trials", "16")
-    argv = _set_option(argv, option, value)
+        argv = set_option(argv, "--method", "optuna")
+        argv = set_option(argv, "--n-trials", "16")
+    argv = set_option(argv, option, value)
     return Case("numeric", argv)
 
 
@@ -205,7 +205,7 @@ def layout_case(rng: random.Random) -> Case:
     text = rng.choice((",", ";", " ", ",,")).join(parts)
     if rng.random() < 0.1:
         text = rng.choice(("", " ", "\x00", "tp=8" * 2000, "{}", "é=1", "tp=1,tp=2"))
-    return Case("layout", _set_option(argv, "--layout", text))
+    return Case("layout", set_option(argv, "--layout", text))
 
 
 def _mutate_mapping(rng: random.Random, data: dict[str, Any], keys: list[str]) -> dict[str, Any]:
@@ -268,10 +268,10 @@ def model_file_case(rng: random.Random) -> Case:
         name, data = "model.json", _json_bytes(own)
     else:
         name, data = "config.json", _json_bytes(_mutate_mapping(rng, config, numeric))
-    argv = _set_option(argv, "--model", name)
+    argv = set_option(argv, "--model", name)
     dirs: tuple[str, ...] = ()
     if rng.random() < 0.05:  # a folder where the file should be
-        argv, dirs, data = _set_option(argv, "--model", "adir.json"), ("adir.json",), b""
+        argv, dirs, data = set_option(argv, "--model", "adir.json"), ("adir.json",), b""
     return Case("model_file", argv, {name: data} if not dirs else {}, dirs)
 
 
@@ -293,7 +293,7 @@ def cluster_file_case(rng: random.Random) -> Case:
     if argv[0] == "cluster":
         argv = ["cluster", "show", name, *argv[3:]]
     else:
-        argv = _set_option(argv, "--cluster", name)
+        argv = set_option(argv, "--cluster", name)
     return Case("cluster_file", argv, {name: body})
 
 
@@ -301,7 +301,7 @@ def efficiency_file_case(rng: random.Random) -> Case:
     command, argv = base_command(rng)
     while command not in ("search", "explain", "pareto"):
         command, argv = base_command(rng, cluster="dgx-h100")
-    argv = _set_option(argv, "--cluster", "dgx-h100")
+    argv = set_option(argv, "--cluster", "dgx-h100")
     import yaml
 
     data = yaml.safe_load((EFFICIENCY / "hopper.yaml").read_text())
@@ -319,7 +319,7 @@ def efficiency_file_case(rng: random.Random) -> Case:
                                                         "abc", "99999999999999999999")) \
                     + text[hit.end():]
             body = text.encode()
-    return Case("efficiency_file", _set_option(argv, "--efficiency", "eff.yaml"),
+    return Case("efficiency_file", set_option(argv, "--efficiency", "eff.yaml"),
                 {"eff.yaml": body})
 
 
@@ -328,13 +328,13 @@ def storage_case(rng: random.Random) -> Case:
     while argv[0] not in ("pareto", "sweep"):
         _, argv = base_command(rng)
     if argv[0] == "pareto":
-        argv = _set_option(_set_option(argv, "--method", "optuna"), "--n-trials", "12")
+        argv = set_option(set_option(argv, "--method", "optuna"), "--n-trials", "12")
     elif rng.random() < 0.3:  # a worker naming only the storage
         argv = ["sweep", "--worker", "--storage", ""]
     url = rng.choice(STORAGE_URLS)
-    argv = _set_option(argv, "--storage", url)
+    argv = set_option(argv, "--storage", url)
     if rng.random() < 0.3:
-        argv = _set_option(argv, "--study-name" if argv[0] == "pareto" else "--name",
+        argv = set_option(argv, "--study-name" if argv[0] == "pareto" else "--name",
                            rng.choice(("s", "", "x" * 2000, "é", "\x00")))
     return Case("storage", argv, {"file.txt": b"not a database\n"}, ("dir.png",))
 
@@ -343,7 +343,7 @@ def plot_case(rng: random.Random) -> Case:
     _, argv = base_command(rng)
     while argv[0] not in ("pareto", "sweep"):
         _, argv = base_command(rng)
-    argv = _set_option(argv, "--plot", rng.choice(PLOT_PATHS))
+    argv = set_option(argv, "--plot", rng.choice(PLOT_PATHS))
     return Case("plot", argv, {"file.txt": b"x\n"}, ("dir.png",))
 
 

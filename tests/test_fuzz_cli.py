@@ -23,6 +23,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz_inputs import set_option
 from parsearch.strict_json import strict_json
 from tests.cli_helpers import CliResult, assert_one_line_error, run_cli
 
@@ -101,15 +102,6 @@ def _command(name: str, model: str) -> list[str]:
     }[name]
 
 
-def _with(argv: list[str], option: str, value: str) -> list[str]:
-    out = list(argv)
-    if option in out:
-        out[out.index(option) + 1] = value
-    else:
-        out += [option, value]
-    return out
-
-
 NUMERIC = [
     ("search", "--gpus"), ("search", "--global-batch"), ("search", "--seq-len"),
     ("search", "--top"), ("search", "--micro-batch-sizes"), ("search", "--weight-bytes"),
@@ -126,15 +118,16 @@ NUMERIC = [
 @given(target=st.sampled_from(NUMERIC), value=NUMBER_TEXT)
 def test_numeric_options(tiny_model: str, target: tuple[str, str], value: str) -> None:
     command, option = target
-    argv = _with(_command(command, tiny_model), option, value)
+    argv = set_option(_command(command, tiny_model), option, value)
     check_outcome(run_cli(*argv), check_cmd=command == "check")
 
 
 @settings(FUZZ, max_examples=25)
 @given(option=st.sampled_from(["--seed", "--n-trials"]), value=NUMBER_TEXT)
 def test_study_options(tiny_model: str, option: str, value: str) -> None:
-    argv = _with(_with(_command("pareto", tiny_model), "--method", "optuna"), "--n-trials", "3")
-    check_outcome(run_cli(*_with(argv, option, value)))
+    argv = set_option(set_option(_command("pareto", tiny_model), "--method", "optuna"),
+                      "--n-trials", "3")
+    check_outcome(run_cli(*set_option(argv, option, value)))
 
 
 LAYOUT_TEXT = st.lists(
@@ -152,7 +145,7 @@ LAYOUT_TEXT = st.lists(
 @FUZZ
 @given(command=st.sampled_from(["check", "explain", "placement"]), layout=LAYOUT_TEXT)
 def test_layout_strings(tiny_model: str, command: str, layout: str) -> None:
-    argv = _with(_command(command, tiny_model), "--layout", layout)
+    argv = set_option(_command(command, tiny_model), "--layout", layout)
     check_outcome(run_cli(*argv), check_cmd=command == "check")
 
 
@@ -196,7 +189,7 @@ def test_model_files(tmp_path: Path, data: st.DataObject, command: str, raw: boo
     else:
         path.write_text(json.dumps(_mutated(TINY_MODEL, data, [*TINY_MODEL, "head_dim",
                                                                 "num_query_groups"])))
-    argv = _with(_command(command, str(path)), "--gpus", "8")
+    argv = set_option(_command(command, str(path)), "--gpus", "8")
     check_outcome(run_cli(*argv), check_cmd=command == "check")
 
 
@@ -216,7 +209,7 @@ def test_cluster_files(tmp_path: Path, tiny_model: str, data: st.DataObject, com
                         .replace("Infinity", ".inf"))
     argv = _command(command, tiny_model)
     argv = ["cluster", "show", str(path), *argv[3:]] if command == "cluster" else \
-        _with(argv, "--cluster", str(path))
+        set_option(argv, "--cluster", str(path))
     check_outcome(run_cli(*argv))
 
 
@@ -245,7 +238,8 @@ def test_plot_paths(tmp_path: Path, tiny_model: str, index: int) -> None:
 ]), name=st.sampled_from([None, "s", ""]))
 def test_storage_urls(tmp_path: Path, tiny_model: str, url: str, name: str | None) -> None:
     _paths(tmp_path)
-    argv = _with(_with(_command("pareto", tiny_model), "--method", "optuna"), "--n-trials", "3")
+    argv = set_option(set_option(_command("pareto", tiny_model), "--method", "optuna"),
+                      "--n-trials", "3")
     argv += ["--storage", url.replace("{tmp}", str(tmp_path))]
     if name is not None:
         argv += ["--study-name", name]
@@ -287,7 +281,7 @@ SERVE_OPTIONS = ["--gpus", "--isl", "--osl", "--ttft-ms", "--tpot-ms", "--concur
 def test_serve_options(tiny_model: str, option: str, value: str) -> None:
     argv = ["serve", "--model", tiny_model, "--cluster", "dgx-h100", "--gpus", "8", "--isl",
             "128", "--osl", "64", "--top", "2", "--format", "json"]
-    check_outcome(run_cli(*_with(argv, option, value)))
+    check_outcome(run_cli(*set_option(argv, option, value)))
 
 
 @settings(FUZZ, max_examples=8)
@@ -298,7 +292,7 @@ def test_sweep_lists(tmp_path: Path, tiny_model: str, option: str, value: str) -
     argv = ["sweep", "--models", tiny_model, "--clusters", "dgx-h100", "--gpus", "8",
             "--global-batch", "16", "--seq-len", "512", "--top", "2", "--format", "json",
             "--storage", f"sqlite:///{tmp_path}/sweep.db"]
-    check_outcome(run_cli(*_with(argv, option, value)))
+    check_outcome(run_cli(*set_option(argv, option, value)))
 
 
 @settings(FUZZ, max_examples=8)
@@ -331,7 +325,7 @@ def test_float_options_refuse_nan_and_infinity(tiny_model: str) -> None:
 
 
 def test_sizes_name_their_bound(tiny_model: str, tmp_path: Path) -> None:
-    assert_one_line_error(run_cli(*_with(_command("search", tiny_model), "--gpus", "1048576")),
+    assert_one_line_error(run_cli(*set_option(_command("search", tiny_model), "--gpus", "1048576")),
                           "--gpus", "131,072")
     assert_one_line_error(run_cli(*_command("pareto", tiny_model), "--n-trials", "1000000000"),
                           "--n-trials", "100,000")
