@@ -344,11 +344,11 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
         feats = stage_features(model, pp, vpp, effective_split(training, pp, vpp))
         pidx = idx if price_of is None else price_of[1][idx]
         mean_feats = feats.mean(axis=0)
-        key = mean_feats.tobytes()
-        if key not in mean_parts:
-            mean_parts[key] = coef.mean_stage_parts(mean_feats)
+        mean_key = mean_feats.tobytes()
+        if mean_key not in mean_parts:
+            mean_parts[mean_key] = coef.mean_stage_parts(mean_feats)
         part = score_split(coef, pidx, feats, vpp, m_all[idx].astype(np.float64), settings,
-                           mean_parts[key])
+                           mean_parts[mean_key])
         slowest_stage[idx] = part.pop("slowest_stage")
         for key, values in part.items():
             out[key][idx] = values

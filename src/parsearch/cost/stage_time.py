@@ -192,7 +192,7 @@ def distinct_stages(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vpp: int,
                 m: np.ndarray, settings: StageSettings,
-                mean_parts: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                mean_parts: np.ndarray) -> dict[str, np.ndarray]:
     """Time breakdown of rows sharing one (pp, vpp) split (``feats``: unit counts per stage).
 
     Step = m x (slowest stage's micro-batch time) + fill/drain bubble + exposed DP
@@ -200,15 +200,13 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     ``stage_imbalance`` is what the slowest stage adds on top (m x (max - mean)),
     so the parts add up to the step and the bottleneck is named truthfully.
     ``pidx``: the rows' price rows; ``m``: their micro-batch counts (float);
-    ``mean_parts``: :meth:`StageCoefficients.mean_stage_parts` of this ``pp``, if known.
+    ``mean_parts``: :meth:`StageCoefficients.mean_stage_parts` of this split's mean stage.
     Per-stage arrays are (distinct stages, rows) (:func:`distinct_stages`); a stage's
     times are the dot product of its unit counts with the rows' coefficients.
     """
     stages = feats.shape[0]
     u = coef.units
     kinds, first, count = distinct_stages(feats)
-    if mean_parts is None:
-        mean_parts = coef.mean_stage_parts(feats.mean(axis=0))
     part_means = np.take(mean_parts, pidx, axis=1)
     rows = np.take(coef.table[_WORK * u:], pidx, axis=1)  # (per-stage coefficients, rows)
     r = len(pidx)
