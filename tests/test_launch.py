@@ -52,6 +52,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("grad reduce overlap off", {}, {"overlap_grad_reduce": False}),
     ("param gather overlap off", {}, {"overlap_param_gather": False}),
     ("cuda graphs", {}, {"cuda_graphs": True}),
+    ("cuda graph scope", {}, {"cuda_graphs": True, "cuda_graph_scope": ("attn",)}),
     ("unfused attention", {}, {"flash_attention": False}),
     ("moe imbalance", {}, {"moe_imbalance": 1.3}),
     ("grad reduce bf16", {}, {"grad_reduce_bytes": 2.0}),

@@ -136,6 +136,22 @@ def test_table_rows_with_bad_cells_give_one_line_each(tmp_path) -> None:
         assert fragment in problem
 
 
+def test_cuda_graph_scope_cells_are_read_or_named(tmp_path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(
+        "model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu,"
+        "cuda_graphs,cuda_graph_scope\n"
+        f"{MODEL},{CLUSTER},16,128,8192,bf16,\"tp=2,sp=true\",9000,true,attn mlp\n"
+        f"{MODEL},{CLUSTER},16,128,8192,bf16,\"tp=2,sp=true\",9000,true,experts\n"
+        f"{MODEL},{CLUSTER},16,128,8192,bf16,\"tp=2,sp=true\",9000,,attn\n", encoding="utf-8")
+    loaded = load_measurements([path])
+    (good,) = loaded.measurements
+    assert good.options == {"cuda_graphs": True, "cuda_graph_scope": ("attn", "mlp")}
+    unknown, without_graphs = loaded.problems
+    assert "unknown scope(s) experts" in unknown
+    assert "cuda_graphs is not true" in without_graphs
+
+
 def test_unknown_csv_column_is_one_line_for_the_file(tmp_path) -> None:
     path = tmp_path / "runs.csv"
     path.write_text("model,num_gpus,global_batch,seq_len,precision,layout,tokens,colour\n"

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.errors import SpecError
@@ -195,6 +196,11 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
                        help="price kernels replayed from CUDA graphs (no host launch cost; "
                        "default off)")
+    group.add_argument("--cuda-graph-scope", type=choice_list(CUDA_GRAPH_SCOPES), default=(),
+                       metavar="LIST",
+                       help="with --cuda-graphs: the parts of each layer captured, among "
+                       f"{','.join(CUDA_GRAPH_SCOPES)} (Megatron --cuda-graph-scope; "
+                       "default: the whole layer)")
     group.add_argument("--memory-margin", type=_fraction, default=DEFAULT_MEMORY_MARGIN,
                        metavar="F", help="share of GPU memory a layout must leave free to "
                        "count as fitting (default 0.05: allocator fragmentation and "
@@ -265,6 +271,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         cuda_graphs=args.cuda_graphs,
+        cuda_graph_scope=tuple(args.cuda_graph_scope),
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher,
         memory_margin=args.memory_margin,

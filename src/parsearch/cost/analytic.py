@@ -150,7 +150,8 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
     compute = unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
                            recompute=recompute, causal=opt.causal,
                            imbalance=float(opt.moe_imbalance or 1.0),
-                           cuda_graphs=opt.cuda_graphs, flash_attention=opt.flash_attention)
+                           cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
+                           flash_attention=opt.flash_attention)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute)
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,

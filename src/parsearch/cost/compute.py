@@ -57,6 +57,18 @@ KERNELS_PER_LOCAL_EXPERT = 6.0
 #: graph launches and the Python around them (CUDA C++ Programming Guide, "CUDA
 #: Graphs": work submitted as one unit removes per-kernel CPU launch overhead).
 CUDA_GRAPH_HOST_SHARE = 0.1
+#: The parts of a layer Megatron-Core's ``--cuda-graph-scope`` (``--cuda-graph-modules``)
+#: captures (``megatron/training/arguments.py``: "attn" = ``_forward_attention()``, "mlp" =
+#: a dense layer's ``_forward_mlp()``, "moe" = a MoE layer's ``_forward_mlp()``,
+#: "moe_router" = ``_forward_mlp()`` up to the router, "moe_preprocess" = the dispatcher's
+#: ``preprocess()``; an empty scope = the whole layer).  Our split of the kernel counts
+#: above: the attention sublayer (input norm + QKV, RoPE, core attention, projection,
+#: residual) holds 25 of the 45 per-layer kernels and half the FP8 casts (2 of 4 GEMMs);
+#: of the MoE layer's extra 150, the router holds 45 and the preprocessing 30.
+CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+KERNELS_ATTENTION_SUBLAYER = 25.0
+KERNELS_ROUTER = 45.0
+KERNELS_PREPROCESS = 30.0
 #: Backward FLOPs of fused attention relative to forward (FlashAttention-2 §3.2).
 ATTENTION_BACKWARD_RATIO = 2.5
 #: Unfused attention (Megatron before FlashAttention): HBM bytes per attention-score
@@ -86,6 +98,31 @@ def unit_content(model: ModelSpec, unit: str) -> StageContent:
 def is_moe_unit(model: ModelSpec, unit: str) -> bool:
     """Whether the unit holds routed experts (an MTP layer is MoE iff the last layer is)."""
     return unit == "moe" or (unit == "mtp" and model.is_moe_layer(model.num_layers - 1))
+
+
+def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bool,
+                    total: Any) -> Any:
+    """Kernels of one layer that CUDA graphs capture under ``scope`` (empty: all of them).
+
+    >>> graphed_kernels(("attn",), moe_unit=False, low_precision=False, total=45.0)
+    25.0
+    >>> graphed_kernels(("moe_router", "moe_preprocess"), moe_unit=True, low_precision=False,
+    ...                 total=200.0)
+    75.0
+    """
+    if not scope:
+        return total
+    casts = KERNELS_FP8_EXTRA / 2.0 if low_precision else 0.0
+    attention = KERNELS_ATTENTION_SUBLAYER + casts
+    captured = attention if "attn" in scope else 0.0
+    if moe_unit:
+        if "moe" in scope:  # the whole MLP part: all but the attention sublayer
+            return captured + (total - attention)
+        captured += KERNELS_ROUTER if "moe_router" in scope else 0.0
+        captured += KERNELS_PREPROCESS if "moe_preprocess" in scope else 0.0
+    elif "mlp" in scope:
+        captured += KERNELS_DENSE_LAYER - KERNELS_ATTENTION_SUBLAYER + casts
+    return captured + 0.0 * total
 
 
 def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any) -> Any:
@@ -186,7 +223,8 @@ class UnitCompute:
 def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  profile: EfficiencyProfile, cols: dict[str, np.ndarray], unit: str, *,
                  recompute: LayerShares, causal: bool, imbalance: float, cuda_graphs: bool,
-                 flash_attention: bool = True) -> UnitCompute:
+                 flash_attention: bool = True,
+                 cuda_graph_scope: tuple[str, ...] = ()) -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
@@ -284,8 +322,13 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         if moe_unit:
             kernels = kernels + KERNELS_PER_LOCAL_EXPERT * local_experts
     kernel_time = kernels * profile.kernel_overhead_s * (1.0 + recompute.elementwise / 3.0)
-    host = profile.host_time_per_layer_s * kernels / KERNELS_DENSE_LAYER
-    host = host * (CUDA_GRAPH_HOST_SHARE if cuda_graphs else 1.0)
+    # A graph launch replaces the per-kernel issue of what it captured; kernels outside
+    # the captured scope are still issued one by one.
+    graphed = (graphed_kernels(cuda_graph_scope, moe_unit=moe_unit,
+                               low_precision=precision != "bf16", total=kernels)
+               if cuda_graphs and is_layer else 0.0)
+    issued = kernels - (1.0 - CUDA_GRAPH_HOST_SHARE) * graphed
+    host = profile.host_time_per_layer_s * issued / KERNELS_DENSE_LAYER
     gpu_busy = gemm + routed + attention + logits + memory_bound + kernel_time
     # The layer takes about max(GPU work, host issue time); a smooth maximum (a 4-norm)
     # because the host runs ahead only partly (syncs, allocator): the wait is shared.

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.memory import MemoryOptions
 from parsearch.errors import SpecError
 
@@ -47,6 +48,9 @@ class CostOptions:
     * ``overlap_grad_reduce`` / ``overlap_param_gather``: Megatron DDP
       (``--overlap-grad-reduce``, ``--overlap-param-gather``).
     * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
+    * ``cuda_graph_scope``: what the graphs capture (Megatron-Core ``--cuda-graph-scope``:
+      ``attn``, ``mlp``, ``moe``, ``moe_router``, ``moe_preprocess``); empty = the whole
+      layer.  Kernels outside the scope are still issued one by one from the host.
     * ``flash_attention``: fused attention (FlashAttention / cuDNN); ``False`` prices
       Megatron's pre-2022 path (batched GEMMs over the full s x s scores plus the
       fused scale-mask-softmax and dropout kernels that read and write them).
@@ -65,6 +69,7 @@ class CostOptions:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     cuda_graphs: bool = False
+    cuda_graph_scope: tuple[str, ...] = ()
     flash_attention: bool = True
     moe_imbalance: float | None = None
     grad_reduce_bytes: float = 4.0
@@ -85,6 +90,17 @@ class CostOptions:
                 f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
                 f"got {self.moe_dispatcher!r}"
             )
+        unknown = [s for s in self.cuda_graph_scope if s not in CUDA_GRAPH_SCOPES]
+        if unknown:
+            raise SpecError(
+                f"cuda_graph_scope: unknown scope {unknown[0]!r}; choose from "
+                f"{', '.join(CUDA_GRAPH_SCOPES)} (or none for the whole layer)")
+        if self.cuda_graph_scope and not self.cuda_graphs:
+            raise SpecError("cuda_graph_scope is set but cuda_graphs is off: turn CUDA graphs "
+                            "on (--cuda-graphs) or drop the scope")
+        if "moe_preprocess" in self.cuda_graph_scope and "moe_router" not in self.cuda_graph_scope:
+            raise SpecError("cuda_graph_scope: moe_preprocess must come with moe_router "
+                            "(Megatron-Core captures the preprocessing only after the router)")
         if self.moe_imbalance is not None and not (
                 math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1.0):
             raise SpecError(f"moe_imbalance must be a number >= 1 (max/mean tokens per expert "

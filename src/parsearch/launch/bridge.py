@@ -138,6 +138,7 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         "comm_overlap": None,
         "model.tp_comm_overlap": plan.tp_comm_overlap,
         "model.cuda_graph_impl": "transformer_engine" if plan.cuda_graphs else "none",
+        "model.cuda_graph_scope": list(plan.cuda_graph_scope) if plan.cuda_graph_scope else None,
     }
     if plan.fsdp:
         fields["checkpoint.ckpt_format"] = "fsdp_dtensor"

@@ -142,6 +142,8 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
         args.append("--moe-router-force-load-balancing")
     if plan.cuda_graphs:
         args += ["--cuda-graph-impl", "transformer_engine"]
+        if plan.cuda_graph_scope:
+            args += ["--cuda-graph-scope", *plan.cuda_graph_scope]
     if not plan.flash_attention:
         args += ["--attention-backend", "unfused"]
     return args

@@ -66,6 +66,7 @@ class LaunchPlan:
     moe_a2a_overlap: bool
     force_balanced_routing: bool
     cuda_graphs: bool
+    cuda_graph_scope: tuple[str, ...]
     flash_attention: bool
     offload_layers: int
     optimizer: str
@@ -274,6 +275,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         # what Megatron's --moe-router-force-load-balancing benchmarks run.
         force_balanced_routing=moe and (opt.moe_imbalance is None or opt.moe_imbalance == 1.0),
         cuda_graphs=opt.cuda_graphs,
+        cuda_graph_scope=opt.cuda_graph_scope if opt.cuda_graphs else (),
         flash_attention=opt.flash_attention,
         offload_layers=offload,
         optimizer=training.optimizer,

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import MOE_DISPATCHERS
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.layout import Layout, parse_layout_string
@@ -39,6 +40,7 @@ from parsearch.validation.megatron_logs import (
     read_megatron_log,
     steady_states,
 )
+from parsearch.validation.recipes import graph_scope
 from parsearch.workload import PRECISIONS, RECOMPUTE_MODULES
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("num_gpus", "global_batch", "seq_len", "precision",
@@ -47,7 +49,8 @@ MEASURE_COLUMNS: tuple[str, ...] = ("tokens_per_s_per_gpu", "step_time_s")
 #: Optional columns that set :class:`~parsearch.cost.options.CostOptions` fields.
 OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "tp_comm_overlap", "moe_a2a_overlap",
                                    "overlap_grad_reduce", "overlap_param_gather", "cuda_graphs",
-                                   "grad_reduce_bytes", "param_gather_bytes", "moe_imbalance")
+                                   "cuda_graph_scope", "grad_reduce_bytes", "param_gather_bytes",
+                                   "moe_imbalance")
 #: Optional columns that set :class:`~parsearch.workload.TrainingSpec` fields.
 TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "distributed_optimizer", "recompute_num_layers",
                                      "recompute_modules", "pipeline_layout", "grad_bytes",
@@ -156,6 +159,14 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
                 raise SpecError(f"{where}: moe_dispatcher={value!r} is not one of "
                                 f"{', '.join(MOE_DISPATCHERS)}")
             target[name] = text
+        elif name == "cuda_graph_scope":
+            scopes = tuple(s for s in str(value).replace(",", " ").split() if s)
+            bad = [s for s in scopes if s not in CUDA_GRAPH_SCOPES]
+            if bad:
+                raise SpecError(f"{where}: cuda_graph_scope has unknown scope(s) "
+                                f"{', '.join(bad)}; known: {', '.join(CUDA_GRAPH_SCOPES)} "
+                                "(blank: the whole layer)")
+            target[name] = scopes
         elif name == "recompute_modules":
             modules = tuple(m for m in str(value).replace(",", " ").split() if m)
             bad = [m for m in modules if m not in RECOMPUTE_MODULES]
@@ -165,6 +176,9 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             target[name] = modules
         else:
             target[name] = str(value).strip()
+    if options.get("cuda_graph_scope") and not options.get("cuda_graphs"):
+        raise SpecError(f"{where}: cuda_graph_scope is set but cuda_graphs is not true; set "
+                        "cuda_graphs=true or leave the scope blank")
     return options, training
 
 
@@ -335,6 +349,9 @@ def _log_options(run: LogRun) -> tuple[dict[str, Any], dict[str, Any]]:
         options["cuda_graphs"] = graphs.lower() != "none"
     elif _arg_flag(run, "enable_cuda_graph") is not None:
         options["cuda_graphs"] = bool(_arg_flag(run, "enable_cuda_graph"))
+    scope = graph_scope(_arg(run, "cuda_graph_modules") or _arg(run, "cuda_graph_scope") or "")
+    if options.get("cuda_graphs") and scope:
+        options["cuda_graph_scope"] = scope
     distributed = _arg_flag(run, "use_distributed_optimizer")
     if distributed is not None:
         training["distributed_optimizer"] = distributed

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
+from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
 from parsearch.pipeline_layout import layout_layer_counts
@@ -40,6 +41,7 @@ class RunSetup:
     cpu_offloading_num_layers: int | None
     fsdp: bool | None
     cuda_graphs: bool | None
+    cuda_graph_scope: tuple[str, ...]
     fp8_param_gather: bool | None
     grad_reduce_in_fp32: bool | None
     pipeline_layout: str | None
@@ -60,6 +62,18 @@ def _int(text: str) -> int | None:
         return int(text.strip())
     except ValueError:
         return None
+
+
+def graph_scope(text: str) -> tuple[str, ...]:
+    """The Megatron-Core CUDA-graph scopes named in ``text`` (none named: the whole layer).
+
+    >>> graph_scope("attn moe_router moe_preprocess")
+    ('attn', 'moe_router', 'moe_preprocess')
+    >>> graph_scope("per-layer (enable_cuda_graph)"), graph_scope("full_iteration")
+    ((), ())
+    """
+    words = text.replace(",", " ").replace("[", " ").replace("]", " ").replace("'", " ").split()
+    return tuple(w for w in words if w in CUDA_GRAPH_SCOPES)
 
 
 def _setup(row: dict[str, str]) -> RunSetup:
@@ -83,6 +97,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         cpu_offloading_num_layers=_int(cell.get("cpu_offloading_num_layers", "")),
         fsdp=_flag(cell.get("fsdp", "")),
         cuda_graphs=(None if not graphs else graphs not in ("none", "false", "no")),
+        cuda_graph_scope=graph_scope(cell.get("cuda_graph_scope", "")),
         fp8_param_gather=_flag(cell.get("fp8_param_gather", "")),
         grad_reduce_in_fp32=_flag(cell.get("grad_reduce_in_fp32", "")),
         pipeline_layout=cell.get("pipeline_layout") or None,
@@ -114,6 +129,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         value = getattr(setup, name)
         if value is not None:
             changes[name] = value
+    if setup.cuda_graphs:
+        changes["cuda_graph_scope"] = setup.cuda_graph_scope
     if setup.grad_reduce_in_fp32 is not None:
         changes["grad_reduce_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
     if setup.fp8_param_gather is not None and precision != "bf16":
