@@ -57,6 +57,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("moe imbalance", {}, {"moe_imbalance": 1.3}),
     ("grad reduce bf16", {}, {"grad_reduce_bytes": 2.0}),
     ("fp8 dispatch", {}, {"fp8_dispatch": True}),
+    ("fp8 recipe", {"precision": "fp8"}, {"fp8_recipe": "delayed"}),
     ("fp8 param gather", {}, {"param_gather_bytes": 1.0,
                               "memory": MemoryOptions(fp8_param_gather=True)}),
 )

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
+from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.strict_json import strict_json
@@ -196,6 +197,10 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
                        help="price kernels replayed from CUDA graphs (no host launch cost; "
                        "default off)")
+    group.add_argument("--fp8-recipe", choices=FP8_RECIPE_CHOICES, default="auto",
+                       help="FP8 scaling priced and launched with --precision fp8 (default "
+                       "auto: mxfp8 on Blackwell, tensorwise current scaling before; "
+                       "tensorwise pays an extra amax read per cast)")
     group.add_argument("--cuda-graph-scope", type=choice_list(CUDA_GRAPH_SCOPES), default=(),
                        metavar="LIST",
                        help="with --cuda-graphs: the parts of each layer captured, among "
@@ -272,6 +277,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         overlap_param_gather=args.overlap_param_gather,
         cuda_graphs=args.cuda_graphs,
         cuda_graph_scope=tuple(args.cuda_graph_scope),
+        fp8_recipe=args.fp8_recipe,
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher,
         memory_margin=args.memory_margin,

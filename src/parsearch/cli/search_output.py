@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from parsearch.launch import FP8_RECIPE_CHOICES, launch_for_cluster
+from parsearch.launch import launch_for_cluster
 from parsearch.launch.export import check_export_dir, export_shortlist
 from parsearch.search.results import SearchEntry, SearchResult
 from parsearch.strict_json import strict_json
@@ -29,7 +29,7 @@ CSV_COLUMNS: tuple[str, ...] = (
 
 
 def add_launch_options(parser: argparse.ArgumentParser) -> None:
-    """``--launch``, ``--export DIR``, ``--recipe NAME`` and ``--fp8-recipe``."""
+    """``--launch``, ``--export DIR`` and ``--recipe NAME`` (``--fp8-recipe`` is a cost option)."""
     group = parser.add_argument_group("launch settings")
     group.add_argument("--launch", action="store_true",
                        help="table format: also print a ready shell snippet per layout "
@@ -41,9 +41,6 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
                        help="Megatron-Bridge recipe function the overrides start from, "
                        "e.g. llama3_70b_pretrain_32gpu_gb200_bf16_config (checked against "
                        "Bridge v0.6.0)")
-    group.add_argument("--fp8-recipe", choices=FP8_RECIPE_CHOICES, default="auto",
-                       help="FP8 scaling to launch with --precision fp8 (default auto: "
-                       "mxfp8 on Blackwell, tensorwise current scaling before)")
 
 
 def prepare_export(args: argparse.Namespace) -> None:

@@ -113,6 +113,14 @@ def build_cost_model(
     options = (options or CostOptions()).resolved(profile)
     if training.precision == "bf16" and options.memory.fp8_param_gather:
         raise SpecError("fp8 parameter gather needs --precision fp8 or fp4")
+    capability = fabric.gpu.compute_capability
+    if (training.precision == "fp8" and options.fp8_recipe == "mxfp8"
+            and capability is not None and capability < 10):
+        # MXFP8 block scaling is a Blackwell tensor-core format (Transformer Engine
+        # MXFP8BlockScaling: compute capability 10.0 or newer).
+        raise SpecError(f"fp8 recipe mxfp8 needs a Blackwell GPU (compute capability >= 10); "
+                        f"{fabric.gpu.name} has {capability}: use tensorwise, delayed or "
+                        "blockwise")
     return CostModel(model, training, fabric, profile, options)
 
 
@@ -151,6 +159,7 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
                            recompute=recompute, causal=opt.causal,
                            imbalance=float(opt.moe_imbalance or 1.0),
                            cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
+                           fp8_recipe=opt.fp8_recipe,
                            flash_attention=opt.flash_attention)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute)

@@ -27,6 +27,7 @@ import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.flops import stage_flops_core
+from parsearch.cost.quantization import quantize_bytes_per_element
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.stages import StageContent
 from parsearch.hardware import GpuProfile
@@ -143,7 +144,7 @@ def tile_padding(rows_per_expert: Any) -> Any:
 
 
 def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: bool,
-                                 moe: bool, low_precision: bool) -> dict[str, Any]:
+                                 moe: bool, quantize_bytes: float) -> dict[str, Any]:
     """HBM bytes per token of the non-GEMM kernels of one layer, forward + backward.
 
     Counted per tensor an op reads and writes (bf16, 2 bytes), our count from
@@ -158,8 +159,10 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     * ``per_routed_copy`` (per token copy sent to an expert): permute and unpermute
       read and write h (8h forward, 8h backward) and the expert activation 16f_e/etp;
     * ``quantize`` (FP8/FP4 only, formulas.md §7.7): every GEMM input and
-      output gradient is read in bf16 and written in 8 bits twice (row- and
-      column-wise for dgrad and wgrad): 4 bytes per element of the operands.
+      output gradient is read in bf16 and written in 8 (4) bits twice (row- and
+      column-wise for dgrad and wgrad), plus the amax read of recipes that scale
+      by the current tensor: ``quantize_bytes`` per element of the operands
+      (:mod:`parsearch.cost.quantization`; 0 for BF16).
     """
     h = float(model.hidden_size)
     attn_width = (model.num_attention_heads + model.num_query_groups) * model.head_dim
@@ -181,17 +184,18 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     if moe and model.moe is not None:
         fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
         out["per_routed_copy"] = 16.0 * h + ffn_factor * fe
-    if low_precision and (dense or moe):
+    q = float(quantize_bytes)
+    if q > 0 and (dense or moe):
         # Inputs of QKV and FC1 (h, quantized on the SP shard before the FP8 all-gather)
         # and their output gradients (h) ...
-        out["quantize_sp"] = 4.0 * 4.0 * h
+        out["quantize_sp"] = 4.0 * q * h
         # ... the projection and FC2 inputs and the QKV / FC1 output gradients (÷tp).
         q_width = model.num_attention_heads * model.head_dim
         qkv = q_width + 2 * model.num_query_groups * model.head_dim
-        out["quantize_rows"] = 4.0 * (q_width + qkv + ffn * (1 + glu)) / tp
+        out["quantize_rows"] = q * (q_width + qkv + ffn * (1 + glu)) / tp
         if moe and model.moe is not None:
             fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
-            out["quantize_routed_copy"] = 4.0 * (2.0 * h + fe * (1 + glu))
+            out["quantize_routed_copy"] = q * (2.0 * h + fe * (1 + glu))
     return out
 
 
@@ -224,7 +228,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  profile: EfficiencyProfile, cols: dict[str, np.ndarray], unit: str, *,
                  recompute: LayerShares, causal: bool, imbalance: float, cuda_graphs: bool,
                  flash_attention: bool = True,
-                 cuda_graph_scope: tuple[str, ...] = ()) -> UnitCompute:
+                 cuda_graph_scope: tuple[str, ...] = (),
+                 fp8_recipe: str = "auto") -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
@@ -284,7 +289,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     moe_unit = is_moe_unit(model, unit)
     counts = memory_bound_bytes_per_token(
         model, tp=tp, etp=etp, dense=is_layer and not moe_unit, moe=moe_unit,
-        low_precision=precision != "bf16")
+        quantize_bytes=quantize_bytes_per_element(precision, fp8_recipe,
+                                                  gpu.compute_capability))
     tokens_sp = mbs * s / (cp * np.where(sp, tp, 1.0))  # rows of the SP-sharded tensors
     rows = mbs * s / cp  # rows of the GEMMs after the SP all-gather
     routed_copies = mbs * s / (tp * cp) * (model.moe.top_k if (moe_unit and model.moe) else 0)

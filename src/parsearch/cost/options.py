@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.memory import MemoryOptions
+from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import SpecError
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class CostOptions:
       2: bf16, ``grad_reduce_in_fp32=False``); ``param_gather_bytes``: of the
       parameter all-gather (1 with ``--fp8-param-gather``).
     * ``fp8_dispatch``: EP dispatch sent in FP8 when training in FP8.
+    * ``fp8_recipe``: FP8 scaling (``tensorwise`` current scaling, ``delayed``, ``mxfp8``,
+      ``blockwise``; ``auto``: MXFP8 on Blackwell, else tensorwise): what the casts
+      cost (:mod:`parsearch.cost.quantization`) and what the launch settings ask for.
     * ``memory_margin``: the share of HBM a layout must leave free to count as fitting.
     """
 
@@ -75,6 +79,7 @@ class CostOptions:
     grad_reduce_bytes: float = 4.0
     param_gather_bytes: float = 2.0
     fp8_dispatch: bool = False
+    fp8_recipe: str = "auto"
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     memory: MemoryOptions = field(default_factory=MemoryOptions)
 
@@ -90,6 +95,9 @@ class CostOptions:
                 f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
                 f"got {self.moe_dispatcher!r}"
             )
+        if self.fp8_recipe not in FP8_RECIPE_CHOICES:
+            raise SpecError(f"fp8_recipe must be one of {', '.join(FP8_RECIPE_CHOICES)}, "
+                            f"got {self.fp8_recipe!r}")
         unknown = [s for s in self.cuda_graph_scope if s not in CUDA_GRAPH_SCOPES]
         if unknown:
             raise SpecError(

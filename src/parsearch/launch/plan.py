@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parsearch.cost.options import CostOptions
+from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
-from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.workload import ModelSpec, TrainingSpec
 
@@ -30,7 +30,6 @@ from parsearch.workload import ModelSpec, TrainingSpec
 #: one NVIDIA's performance recipes use per generation — per-tensor current scaling on
 #: Hopper, MXFP8 on Blackwell (MXFP8 needs Blackwell tensor cores; Transformer Engine
 #: docs, "Using FP8 and FP4 with Transformer Engine").
-FP8_RECIPE_CHOICES: tuple[str, ...] = ("auto", "tensorwise", "delayed", "mxfp8", "blockwise")
 
 
 @dataclass(frozen=True)
@@ -179,19 +178,6 @@ def _optimizer_state(training: TrainingSpec, conflicts: list[str]
             else None)
 
 
-def resolve_fp8_recipe(requested: str, compute_capability: float | None) -> str:
-    """The FP8 recipe for ``requested`` (``auto``: MXFP8 on Blackwell, else tensorwise).
-
-    >>> resolve_fp8_recipe("auto", 10.0), resolve_fp8_recipe("auto", 9.0)
-    ('mxfp8', 'tensorwise')
-    """
-    if requested not in FP8_RECIPE_CHOICES:
-        raise SpecError(f"fp8 recipe {requested!r} is not one of {', '.join(FP8_RECIPE_CHOICES)}")
-    if requested != "auto":
-        return requested
-    return "mxfp8" if compute_capability is not None and compute_capability >= 10 else "tensorwise"
-
-
 def _env(lay: Layout, fsdp: bool, a2a_overlap: bool, capability: float | None
          ) -> tuple[tuple[str, str], ...]:
     """``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM's ``validate_args`` wants it.
@@ -255,7 +241,9 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         recompute_granularity=granularity, recompute_method=method,
         recompute_num_layers=rec_layers, recompute_modules=modules,
         precision=training.precision,
-        fp8_recipe=(resolve_fp8_recipe(fp8_recipe, capability)
+        # the recipe the cost model priced unless the caller names one
+        fp8_recipe=(resolve_fp8_recipe(opt.fp8_recipe if fp8_recipe == "auto" else fp8_recipe,
+                                       capability)
                     if training.precision == "fp8" else None),
         fp8_param_gather=fp8_gather,
         grad_reduce_in_fp32=opt.grad_reduce_bytes >= 4,

@@ -43,6 +43,7 @@ class RunSetup:
     cuda_graphs: bool | None
     cuda_graph_scope: tuple[str, ...]
     fp8_param_gather: bool | None
+    fp8_recipe: str | None
     grad_reduce_in_fp32: bool | None
     pipeline_layout: str | None
     locator: str
@@ -76,6 +77,27 @@ def graph_scope(text: str) -> tuple[str, ...]:
     return tuple(w for w in words if w in CUDA_GRAPH_SCOPES)
 
 
+def priced_fp8_recipe(text: str | None) -> str | None:
+    """The cost model's FP8 recipe for a recipe or precision string (``None``: not stated).
+
+    >>> priced_fp8_recipe("FP8-MX"), priced_fp8_recipe("tensorwise (presumed)")
+    ('mxfp8', 'tensorwise')
+    >>> priced_fp8_recipe("rowwise"), priced_fp8_recipe("unspecified"), priced_fp8_recipe("nvfp4")
+    ('blockwise', None, None)
+    """
+    low = (text or "").strip().lower()
+    if "mx" in low:
+        return "mxfp8"
+    # torchao rowwise scaling takes each row's amax inside the cast kernel, like blocks
+    if "block" in low or "subchannel" in low or "rowwise" in low:
+        return "blockwise"
+    if "delayed" in low:
+        return "delayed"
+    if "tensorwise" in low or "current" in low or low.endswith("-cs"):
+        return "tensorwise"
+    return None
+
+
 def _setup(row: dict[str, str]) -> RunSetup:
     cell = {k: (v or "").strip() for k, v in row.items()}
     granularity = cell.get("recompute_granularity", "").lower() or None
@@ -99,6 +121,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         cuda_graphs=(None if not graphs else graphs not in ("none", "false", "no")),
         cuda_graph_scope=graph_scope(cell.get("cuda_graph_scope", "")),
         fp8_param_gather=_flag(cell.get("fp8_param_gather", "")),
+        fp8_recipe=priced_fp8_recipe(cell.get("fp8_recipe", "")),
         grad_reduce_in_fp32=_flag(cell.get("grad_reduce_in_fp32", "")),
         pipeline_layout=cell.get("pipeline_layout") or None,
         locator=cell.get("recipe_locator", ""),
@@ -133,6 +156,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["cuda_graph_scope"] = setup.cuda_graph_scope
     if setup.grad_reduce_in_fp32 is not None:
         changes["grad_reduce_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
+    if setup.fp8_recipe is not None and precision == "fp8":
+        changes["fp8_recipe"] = setup.fp8_recipe
     if setup.fp8_param_gather is not None and precision != "bf16":
         changes["param_gather_bytes"] = 1.0 if setup.fp8_param_gather else 2.0
         changes["memory"] = replace(options.memory, fp8_param_gather=setup.fp8_param_gather)

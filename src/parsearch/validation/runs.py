@@ -27,7 +27,7 @@ from parsearch.layout import Layout
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows, training_spec
-from parsearch.validation.recipes import apply_setup, load_run_setups
+from parsearch.validation.recipes import apply_setup, load_run_setups, priced_fp8_recipe
 from parsearch.workload import TrainingSpec
 
 
@@ -180,6 +180,9 @@ def recipe_accounting(run: PublishedRun, training: TrainingSpec,
                       options: CostOptions) -> tuple[TrainingSpec, CostOptions]:
     """The source's accounting, then what the run's public recipe states on top."""
     training, options = source_accounting(run, training, options)
+    stated = priced_fp8_recipe(run.fp8_recipe) if run.precision == "fp8" else None
+    if stated is not None:  # the precision the table names (FP8-CS, FP8-MX, ...)
+        options = replace(options, fp8_recipe=stated)
     setup = load_run_setups().get(run.id)
     if setup is None:
         return training, options
