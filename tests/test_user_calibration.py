@@ -152,6 +152,20 @@ def test_cuda_graph_scope_cells_are_read_or_named(tmp_path) -> None:
     assert "cuda_graphs is not true" in without_graphs
 
 
+def test_fp8_recipe_cells_are_read_or_named(tmp_path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(
+        "model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu,"
+        "fp8_recipe\n"
+        f"{MODEL},{CLUSTER},16,128,8192,fp8,\"tp=2,sp=true\",9000,Delayed\n"
+        f"{MODEL},{CLUSTER},16,128,8192,fp8,\"tp=2,sp=true\",9000,e5m2\n", encoding="utf-8")
+    loaded = load_measurements([path])
+    (good,) = loaded.measurements
+    assert good.options == {"fp8_recipe": "delayed"}
+    (bad,) = loaded.problems
+    assert "fp8_recipe='e5m2' is not one of" in bad
+
+
 def test_unknown_csv_column_is_one_line_for_the_file(tmp_path) -> None:
     path = tmp_path / "runs.csv"
     path.write_text("model,num_gpus,global_batch,seq_len,precision,layout,tokens,colour\n"

@@ -31,6 +31,7 @@ import yaml
 
 from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import MOE_DISPATCHERS
+from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.validation.megatron_logs import (
@@ -40,7 +41,7 @@ from parsearch.validation.megatron_logs import (
     read_megatron_log,
     steady_states,
 )
-from parsearch.validation.recipes import graph_scope
+from parsearch.validation.recipes import graph_scope, priced_fp8_recipe
 from parsearch.workload import PRECISIONS, RECOMPUTE_MODULES
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("num_gpus", "global_batch", "seq_len", "precision",
@@ -49,8 +50,8 @@ MEASURE_COLUMNS: tuple[str, ...] = ("tokens_per_s_per_gpu", "step_time_s")
 #: Optional columns that set :class:`~parsearch.cost.options.CostOptions` fields.
 OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "tp_comm_overlap", "moe_a2a_overlap",
                                    "overlap_grad_reduce", "overlap_param_gather", "cuda_graphs",
-                                   "cuda_graph_scope", "grad_reduce_bytes", "param_gather_bytes",
-                                   "moe_imbalance")
+                                   "cuda_graph_scope", "fp8_recipe", "grad_reduce_bytes",
+                                   "param_gather_bytes", "moe_imbalance")
 #: Optional columns that set :class:`~parsearch.workload.TrainingSpec` fields.
 TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "distributed_optimizer", "recompute_num_layers",
                                      "recompute_modules", "pipeline_layout", "grad_bytes",
@@ -158,6 +159,12 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             if text not in MOE_DISPATCHERS:
                 raise SpecError(f"{where}: moe_dispatcher={value!r} is not one of "
                                 f"{', '.join(MOE_DISPATCHERS)}")
+            target[name] = text
+        elif name == "fp8_recipe":
+            text = str(value).strip().lower()
+            if text not in FP8_RECIPE_CHOICES:
+                raise SpecError(f"{where}: fp8_recipe={value!r} is not one of "
+                                f"{', '.join(FP8_RECIPE_CHOICES)}")
             target[name] = text
         elif name == "cuda_graph_scope":
             scopes = tuple(s for s in str(value).replace(",", " ").split() if s)
@@ -349,6 +356,9 @@ def _log_options(run: LogRun) -> tuple[dict[str, Any], dict[str, Any]]:
         options["cuda_graphs"] = graphs.lower() != "none"
     elif _arg_flag(run, "enable_cuda_graph") is not None:
         options["cuda_graphs"] = bool(_arg_flag(run, "enable_cuda_graph"))
+    recipe = priced_fp8_recipe(_arg(run, "fp8_recipe")) if _arg(run, "fp8") else None
+    if recipe is not None:  # Megatron --fp8-recipe (only read when --fp8-format is set)
+        options["fp8_recipe"] = recipe
     scope = graph_scope(_arg(run, "cuda_graph_modules") or _arg(run, "cuda_graph_scope") or "")
     if options.get("cuda_graphs") and scope:
         options["cuda_graph_scope"] = scope
