@@ -64,6 +64,37 @@ def test_packaged_csv_is_an_unchanged_copy() -> None:
         assert SHARED_CSV.read_bytes() == packaged
 
 
+def test_corrections_are_applied_and_say_why(by_id: dict[str, PublishedRun]) -> None:
+    """The bundled table stays a verbatim copy; each correction departs from it on purpose
+    and leaves its reason in the row's notes."""
+    from parsearch.validation.run_corrections import load_corrections
+
+    corrections = load_corrections()
+    assert corrections, "run_corrections.csv is empty"
+    for run_id, fixes in corrections.items():
+        run = by_id[run_id]
+        for field, value, reason in fixes:
+            assert reason and f"corrected {field}" in run.notes and reason in run.notes
+            if field == "vpp":
+                assert run.layout.vpp == int(value)
+            elif field == "micro_batch_size":
+                assert run.layout.mbs == int(value)
+            else:
+                assert run.verified == value
+
+
+def test_a_user_file_is_read_as_written(tmp_path: Path) -> None:
+    """Corrections belong to the bundled rows: a user's file with the same id is not changed."""
+    text = resources.files("parsearch.data").joinpath("published_runs.csv").read_text(
+        encoding="utf-8")
+    header, *lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("r0259,"))
+    path = tmp_path / "mine.csv"
+    path.write_text(header + "\n" + row + "\n", encoding="utf-8")
+    (run,) = load_published_runs(path)
+    assert run.layout.mbs == 2 and "corrected" not in run.notes
+
+
 def test_explicit_path_loads_the_same_rows(tmp_path: Path, runs: list[PublishedRun]) -> None:
     copy = tmp_path / "runs.csv"
     copy.write_bytes(resources.files("parsearch.data").joinpath("published_runs.csv").read_bytes())
@@ -105,7 +136,7 @@ def test_every_nemotron_hybrid_row_is_skipped(runs: list[PublishedRun]) -> None:
 
 def test_every_verified_llama3_70b_row_is_kept(runs: list[PublishedRun]) -> None:
     llama = [run for run in runs if run.model == "LLAMA3_70B" and run.verified == "yes"]
-    assert len(llama) == 34
+    assert len(llama) == 32  # 34 in the table, less r0155 and r0157 (run_corrections.csv)
     for run in llama:
         assert run.kept, (run.id, run.skip_reason)
         assert run.model_spec is not None and run.model_spec.num_layers == 80
@@ -119,7 +150,7 @@ def test_verified_no_rows_are_never_kept(runs: list[PublishedRun]) -> None:
 
 def test_dev_rows_are_verified_kept_and_measured(runs: list[PublishedRun]) -> None:
     dev = dev_rows(runs)
-    assert len(dev) == 167  # 180 kept, less 13 verified=partial
+    assert len(dev) == 165  # 180 kept, less 13 verified=partial and 2 corrected to partial
     for run in dev:
         assert run.verified == "yes" and run.kept
         assert run.model_spec is not None and run.cluster is not None

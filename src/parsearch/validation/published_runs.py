@@ -44,6 +44,7 @@ from parsearch.validation.run_conventions import (
     release_of,
     source_tag,
 )
+from parsearch.validation.run_corrections import corrected
 from parsearch.validation.run_layouts import build_layout, layout_problems, normalise_precision
 from parsearch.validation.run_models import megascale_block, resolve_model, split_model_name
 from parsearch.workload import ModelSpec, Precision, TrainingSpec
@@ -228,6 +229,11 @@ def _read_text(path: str | Path | None) -> str:
                         f"{error.reason})") from None
 
 
+def _same_text(a: str, b: str) -> bool:
+    """Equal up to line endings (package resources read text with universal newlines)."""
+    return a.replace("\r\n", "\n") == b.replace("\r\n", "\n")
+
+
 @dataclass(frozen=True)
 class PublishedRunsFile:
     """The rows of a runs file: the readable runs, and each unreadable row with why."""
@@ -246,8 +252,12 @@ def read_published_runs(path: str | Path | None = None) -> PublishedRunsFile:
     :class:`SpecError`.
     """
     name = path or DATA_FILE
+    text = _read_text(path)
+    # the bundled rows (from the package or a copy of it) are read with their recorded
+    # corrections (parsearch.validation.run_corrections)
+    bundled = path is None or _same_text(text, _read_text(None))
     try:
-        reader = csv.DictReader(io.StringIO(_read_text(path)))
+        reader = csv.DictReader(io.StringIO(text))
         fieldnames = reader.fieldnames or []
     except csv.Error as error:
         raise SpecError(f"published runs {name}: not a CSV file ({error})") from None
@@ -264,7 +274,7 @@ def read_published_runs(path: str | Path | None = None) -> PublishedRunsFile:
     try:
         for line, row in enumerate(reader, start=2):
             try:
-                runs.append(parse_row(row))
+                runs.append(parse_row(corrected(row) if bundled else row))
             except (KeyError, ValueError, TypeError, ArithmeticError) as error:
                 row_id = cell_text(row, "id") or f"line {line}"
                 reason = str(error) if isinstance(error, SpecError) else repr(error)
