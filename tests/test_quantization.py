@@ -64,7 +64,7 @@ def test_auto_prices_what_the_launch_asks_for() -> None:
 
 
 def test_mxfp8_on_hopper_is_refused_with_the_alternatives() -> None:
-    with pytest.raises(SpecError, match="mxfp8 needs a Blackwell GPU.*tensorwise"):
+    with pytest.raises(SpecError, match=r"mxfp8 needs a Blackwell GPU.*tensorwise"):
         _step("dgx-h100", "fp8", "mxfp8")
     with pytest.raises(SpecError, match="fp8_recipe must be one of"):
         CostOptions(fp8_recipe="e4m3")
