@@ -307,7 +307,9 @@ def test_calibrate_measurement_tables(tmp_path: Path, cells: list[tuple[int, str
     path.write_text("\n".join([header, *(",".join(f'"{c}"' for c in r) for r in rows)]) + "\n")
     result = run_cli("calibrate", "--measurements", str(path), "--out",
                      str(tmp_path / "mine.yaml"), "--format", "json")
-    assert result.code in (0, 2), result
+    assert result.code in (0, 2, 3), result  # 3: a fitted factor ended on its bound
+    if result.code in (0, 3):
+        assert json.loads(result.out)["failed"] == (result.code == 3)
     assert "Traceback" not in result.err
     if result.code == 2:  # one line per skipped input, then the error, last
         assert ": error:" in result.err.strip().splitlines()[-1]

@@ -238,7 +238,10 @@ def test_cli_calibrate_reads_megatron_logs(tmp_path) -> None:
     result = run_cli("calibrate", "--measurements", str(LOGS / "llama3_8b_two_runs.out"),
                      str(LOGS / "llama3_8b_tp4_died.out"), "--model", MODEL,
                      "--cluster", CLUSTER, "--out", str(out), "--no-leave-one-out")
-    assert result.code == 0, result.err
+    on_bound = "(on its bound" in result.out
+    # a fit that puts a factor on its bound fails (exit 3) but keeps the profile written
+    assert result.code == (3 if on_bound else 0), result.err
+    assert ("failed:" in result.err) == on_bound
     assert result.out.count("llama3_8b_two_runs.out run") == 2
     assert "llama3_8b_tp4_died.out" in result.out
     assert out.is_file()

@@ -158,8 +158,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json({**result.to_dict(), "out": str(out),
                     "cluster_out": str(cluster_out) if cluster_out else None,
-                    "left_out": problems})
-        return 0
+                    "left_out": problems, "failed": bool(result.on_bound)})
+        return _bound_status(result.on_bound)
     print_table(("run", "layout", "gpus", "measured", "shipped", "err before", "loo pred",
                  "err after"),
                 [(r.source, r.layout, r.num_gpus, r.measured, r.shipped,
@@ -192,7 +192,24 @@ def run_calibrate(args: argparse.Namespace) -> int:
               f"--cluster {cluster_out}")
     else:
         print(f"wrote {out}: use it with --efficiency {out}")
-    return 0
+    return _bound_status(result.on_bound)
+
+
+#: Exit status of a calibration whose fit put a factor on its cited bound.
+CALIBRATION_ON_BOUND = 3
+
+
+def _bound_status(on_bound: tuple[str, ...]) -> int:
+    """0, or :data:`CALIBRATION_ON_BOUND` with a one-line reason on stderr when a fitted
+    factor ended on its cited range's bound: the runs differ from the model in something
+    no factor represents, so the fit is not to be trusted (the files stay written, to
+    inspect)."""
+    if not on_bound:
+        return 0
+    print(f"parsearch calibrate: failed: {', '.join(on_bound)} ended on the bound of "
+          "its cited range (the profile was written for inspection; do not use it until "
+          "the runs and the model agree)", file=sys.stderr)
+    return CALIBRATION_ON_BOUND
 
 
 def _cluster_out(out: Path) -> Path:
