@@ -199,3 +199,50 @@ def test_flex_sends_a_token_once_per_rank_and_never_more_copies_in_all(
     assert float(f_intra + f_inter) <= float(a_intra + a_inter) + 1e-9
     if domains == 1:
         assert float(f_intra) == pytest.approx((n - 1) * (1 - (1 - 1 / n) ** top_k))
+
+
+# ------------------------------------------------------------ SMs the dispatch kernels hold
+
+
+def _a2a_step(backend: str, cluster: str = "gb200-nvl72", gpus: int = 72) -> tuple[float, float]:
+    """(step time, compute part) of DeepSeek-V3-like EP traffic hidden by the A2A overlap."""
+    from parsearch.cost.analytic import build_cost_model, estimate
+    from parsearch.cost.options import CostOptions
+    from parsearch.layout import parse_layout_string
+    from parsearch.presets import get_preset
+    from parsearch.topology.cluster import load_cluster
+    from parsearch.topology.fabric import build_fabric
+    from parsearch.workload import TrainingSpec
+
+    model = get_preset("qwen3-30b-a3b")
+    training = TrainingSpec(seq_len=4096, global_batch=576, precision="bf16")
+    options = CostOptions(moe_dispatcher="flex", moe_a2a_overlap=True,
+                          moe_flex_backend=backend)
+    cm = build_cost_model(model, training, build_fabric(load_cluster(cluster), gpus),
+                          options=options)
+    est = estimate(cm, parse_layout_string("tp=1,pp=1,ep=8,mbs=1", gpus))
+    return est.step_time_s, est.time_s["compute"]
+
+
+def test_flex_kernels_take_their_sm_budget_from_the_compute_they_overlap() -> None:
+    """HybridEP's 32 SMs slow the overlapped compute more than DeepEP's 20 (of 148 on a
+    GB200); the traffic and what the schedule hides are the same."""
+    deepep, hybridep = _a2a_step("deepep"), _a2a_step("hybridep")
+    assert hybridep[1] > deepep[1] and hybridep[0] > deepep[0]
+    # auto on an NVL72 rack is HybridEP, as the launch settings choose
+    assert _a2a_step("auto") == hybridep
+
+
+def test_sm_share_is_the_backend_budget_over_the_gpu_sms() -> None:
+    from parsearch.cost.communication import FLEX_DISPATCH_SMS, ep_sm_share
+    from parsearch.cost.efficiency import efficiency_for_gpu
+    from parsearch.cost.options import CostOptions
+    from parsearch.hardware import load_gpu_profile
+
+    profile = efficiency_for_gpu("h100-sxm")
+    gpu = load_gpu_profile("h100-sxm")
+    flex = CostOptions(moe_dispatcher="flex")
+    assert ep_sm_share(flex, profile, gpu.sm_count, "deepep") == 20 / 132
+    assert FLEX_DISPATCH_SMS["hybridep"] == 32
+    # NCCL-based dispatchers keep the profile's share
+    assert ep_sm_share(CostOptions(), profile, gpu.sm_count, "deepep") == profile.comm_sm_share

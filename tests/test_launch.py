@@ -47,6 +47,8 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("pipeline layout", {"pipeline_layout": "Et*15|t*17L"}, {}),
     ("dispatcher allgather", {}, {"moe_dispatcher": "allgather"}),
     ("dispatcher flex", {}, {"moe_dispatcher": "flex"}),
+    ("flex backend", {}, {"moe_dispatcher": "flex", "moe_flex_backend": "hybridep",
+                          "moe_a2a_overlap": True}),
     ("tp overlap off", {}, {"tp_comm_overlap": False}),
     ("a2a overlap", {}, {"moe_a2a_overlap": True}),
     ("grad reduce overlap off", {}, {"overlap_grad_reduce": False}),

@@ -31,7 +31,7 @@ PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 _TERA = 1e12
 _GIB = 2**30
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
-_OPTIONAL = ("description", "compute_capability", "host_link_GBps")
+_OPTIONAL = ("description", "compute_capability", "host_link_GBps", "sm_count")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class GpuProfile:
     #: Host memory <-> GPU copy bandwidth per GPU and direction with every GPU of the
     #: node copying (PCIe, or NVLink-C2C on Grace superchips); ``None``: not stated.
     host_link_Bps: float | None = None
+    #: Streaming multiprocessors: what a communication kernel's SM budget is a share of;
+    #: ``None``: not stated.
+    sm_count: int | None = None
 
 
 def hardware_dir() -> Path:
@@ -106,6 +109,8 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
                             _positive(where, "compute_capability", data["compute_capability"])),
         host_link_Bps=(None if data.get("host_link_GBps") is None else
                        _positive(where, "host_link_GBps", data["host_link_GBps"]) * 1e9),
+        sm_count=(None if data.get("sm_count") is None else
+                  int(_positive(where, "sm_count", data["sm_count"]))),
     )
 
 

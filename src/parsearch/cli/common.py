@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
+from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import SpecError
@@ -182,6 +183,10 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        "alltoall (default, one copy per routed expert), allgather "
                        "(Megatron-Core's own default), flex (DeepEP/HybridEP: one network "
                        "copy per remote NVLink domain)")
+    group.add_argument("--moe-flex-backend", choices=FLEX_BACKEND_CHOICES, default="auto",
+                       help="flex dispatcher kernels (Megatron --moe-flex-dispatcher-backend): "
+                       "deepep (20 SMs) or hybridep (32 SMs, Bridge recipes); default auto: "
+                       "hybridep where the NVLink domain spans nodes (NVL72), else deepep")
     group.add_argument("--tp-comm-overlap", action=argparse.BooleanOptionalAction, default=True,
                        help="Transformer Engine TP communication overlap (needs SP and TP "
                        "inside an NVLink domain; default on)")
@@ -280,6 +285,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         fp8_recipe=args.fp8_recipe,
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher,
+        moe_flex_backend=args.moe_flex_backend,
         memory_margin=args.memory_margin,
         param_gather_bytes=1.0 if args.fp8_param_gather else 2.0,
         memory=MemoryOptions(fp8_param_gather=args.fp8_param_gather,

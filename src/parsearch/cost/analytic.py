@@ -30,7 +30,7 @@ import numpy as np
 
 from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.collectives import LinkArrays, p2p_time
-from parsearch.cost.communication import Groups, unit_comm
+from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
 from parsearch.cost.compute import ACT_BYTES, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token
@@ -161,8 +161,11 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
                            cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
                            fp8_recipe=opt.fp8_recipe,
                            flash_attention=opt.flash_attention)
+    cluster = cm.fabric.cluster
+    backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
-                     recompute)
+                     recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
+                                                     backend))
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
                                unit == "moe", compute.total)
                if unit in ("dense", "moe") else 0.0 * compute.total)

@@ -259,9 +259,42 @@ def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.nda
     return hidden * (1.0 - alone)
 
 
+#: SMs the flex dispatcher's kernels hold while they run: DeepEP's normal kernels default
+#: to 20 (``Buffer.num_sms``, deepseek-ai/DeepEP ``deep_ep/buffers/legacy.py``; Megatron-Core
+#: ``moe_deepep_num_sms``, "historical default 20"); Megatron-Bridge's performance recipes
+#: give HybridEP 32 (``perf_recipes/_common.py``: ``moe_hybridep_num_sms = 32``).
+FLEX_DISPATCH_SMS = {"deepep": 20, "hybridep": 32}
+
+
+def flex_backend(options: CostOptions, nvlink_domain_size: int, gpus_per_node: int) -> str:
+    """The flex backend that runs: the option, or for ``auto`` HybridEP where one NVLink
+    domain spans several nodes (NVL72) and DeepEP otherwise (the launch settings' choice)."""
+    if options.moe_flex_backend != "auto":
+        return options.moe_flex_backend
+    return "hybridep" if nvlink_domain_size > gpus_per_node else "deepep"
+
+
+def ep_sm_share(options: CostOptions, profile: EfficiencyProfile, sm_count: int | None,
+                backend: str) -> float:
+    """Share of the GPU's SMs the EP dispatch kernels take from the compute they overlap.
+
+    The flex dispatcher's kernels hold a fixed SM budget (:data:`FLEX_DISPATCH_SMS`) out
+    of the GPU's ``sm_count``; NCCL-based dispatchers keep the profile's share.
+
+    >>> from types import SimpleNamespace
+    >>> opts, prof = SimpleNamespace(moe_dispatcher="flex"), SimpleNamespace(comm_sm_share=0.1)
+    >>> round(ep_sm_share(opts, prof, 132, "deepep"), 4), ep_sm_share(opts, prof, None, "deepep")
+    (0.1515, 0.1)
+    """
+    if options.moe_dispatcher != "flex" or not sm_count:
+        return profile.comm_sm_share
+    return FLEX_DISPATCH_SMS[backend] / float(sm_count)
+
+
 def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
               options: CostOptions, cols: dict[str, np.ndarray], groups: Groups, unit: str,
-              compute: UnitCompute, recompute: LayerShares) -> UnitComm:
+              compute: UnitCompute, recompute: LayerShares,
+              ep_share: float | None = None) -> UnitComm:
     """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring).
 
     Recompute re-runs the forward collectives of what it recomputes (``recompute.tp_comm``
@@ -349,6 +382,6 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
         ep_hidden = (a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
                      if options.moe_a2a_overlap else zeros)
         ep_exposed = ep_time - ep_hidden
-        sm_slowdown = sm_slowdown + share * ep_hidden
+        sm_slowdown = sm_slowdown + (share if ep_share is None else ep_share) * ep_hidden
     return UnitComm(tp=tp_exposed, cp=cp_exposed, ep=ep_exposed, sm_slowdown=sm_slowdown,
                     network_bytes=network_bytes)

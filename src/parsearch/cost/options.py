@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 #: Megatron-Core ``--moe-token-dispatcher-type`` values the model prices.
 MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
+#: ``--moe-flex-dispatcher-backend`` of the flex dispatcher (``auto``: HybridEP where the
+#: NVLink domain spans several nodes, DeepEP otherwise, as the launch settings choose).
+FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
 #: Default share of HBM a layout must leave free (allocator fragmentation, NCCL and
 #: cuBLAS workspaces the memory model does not count; PyTorch's caching allocator
 #: typically leaves several percent of HBM unusable).
@@ -41,6 +44,8 @@ class CostOptions:
       one copy per routed expert), ``allgather`` (Megatron-Core's default: all-gather
       of the hidden states over the TP×EP group, reduce-scatter on combine) or
       ``flex`` (DeepEP / HybridEP: one network copy per remote domain).
+    * ``moe_flex_backend``: the flex dispatcher's kernels (``deepep``, ``hybridep``,
+      ``auto``): how many SMs they hold while they run beside compute.
     * ``tp_comm_overlap``: Transformer Engine userbuffers overlap of the TP
       collectives with the GEMMs they feed (``--tp-comm-overlap``; needs SP and
       an NVLink-local TP group).
@@ -68,6 +73,7 @@ class CostOptions:
 
     causal: bool = True
     moe_dispatcher: str = "alltoall"
+    moe_flex_backend: str = "auto"
     tp_comm_overlap: bool = True
     moe_a2a_overlap: bool = False
     overlap_grad_reduce: bool = True
@@ -109,6 +115,9 @@ class CostOptions:
         if "moe_preprocess" in self.cuda_graph_scope and "moe_router" not in self.cuda_graph_scope:
             raise SpecError("cuda_graph_scope: moe_preprocess must come with moe_router "
                             "(Megatron-Core captures the preprocessing only after the router)")
+        if self.moe_flex_backend not in FLEX_BACKENDS:
+            raise SpecError(f"moe_flex_backend must be one of {', '.join(FLEX_BACKENDS)}, "
+                            f"got {self.moe_flex_backend!r}")
         if self.moe_imbalance is not None and not (
                 math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1.0):
             raise SpecError(f"moe_imbalance must be a number >= 1 (max/mean tokens per expert "

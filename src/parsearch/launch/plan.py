@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsearch.cost.communication import flex_backend
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
@@ -206,11 +207,12 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     granularity, method, rec_layers, modules = _recompute(training, lay)
     moe = model.is_moe
     ep_comm = moe and lay.ep > 1
-    flex_backend = None
+    backend = None
     if moe and opt.moe_dispatcher == "flex":
-        # HybridEP spans a multi-node NVLink domain (GB200/GB300 NVL72); DeepEP is the
-        # InfiniBand back end (Megatron-Bridge perf recipes, deepseek/common.py).
-        flex_backend = "hybridep" if nvlink_domain_size > gpus_per_node else "deepep"
+        # the back end the cost model priced; auto: HybridEP spans a multi-node NVLink
+        # domain (GB200/GB300 NVL72), DeepEP is the InfiniBand back end (Megatron-Bridge
+        # perf recipes, deepseek/common.py)
+        backend = flex_backend(opt, nvlink_domain_size, gpus_per_node)
     fp8_gather = training.precision != "bf16" and opt.memory.fp8_param_gather
     conflicts: list[str] = []
     if training.precision == "bf16" and opt.memory.fp8_param_gather:
@@ -257,7 +259,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         tp_comm_overlap=(opt.tp_comm_overlap and lay.tp > 1 and lay.sp
                          and lay.tp <= nvlink_domain_size),
         moe_dispatcher=opt.moe_dispatcher if moe else None,
-        flex_backend=flex_backend,
+        flex_backend=backend,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
         # The default profile prices perfectly balanced routing (imbalance 1.0), which is
         # what Megatron's --moe-router-force-load-balancing benchmarks run.

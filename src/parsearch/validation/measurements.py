@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from parsearch.cost.compute import CUDA_GRAPH_SCOPES
-from parsearch.cost.options import MOE_DISPATCHERS
+from parsearch.cost.options import FLEX_BACKENDS, MOE_DISPATCHERS
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.layout import Layout, parse_layout_string
@@ -48,7 +48,8 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("num_gpus", "global_batch", "seq_len", "pre
                                      "layout")
 MEASURE_COLUMNS: tuple[str, ...] = ("tokens_per_s_per_gpu", "step_time_s")
 #: Optional columns that set :class:`~parsearch.cost.options.CostOptions` fields.
-OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "tp_comm_overlap", "moe_a2a_overlap",
+OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_comm_overlap",
+                                   "moe_a2a_overlap",
                                    "overlap_grad_reduce", "overlap_param_gather", "cuda_graphs",
                                    "cuda_graph_scope", "fp8_recipe", "grad_reduce_bytes",
                                    "param_gather_bytes", "moe_imbalance")
@@ -159,6 +160,12 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             if text not in MOE_DISPATCHERS:
                 raise SpecError(f"{where}: moe_dispatcher={value!r} is not one of "
                                 f"{', '.join(MOE_DISPATCHERS)}")
+            target[name] = text
+        elif name == "moe_flex_backend":
+            text = str(value).strip().lower()
+            if text not in FLEX_BACKENDS:
+                raise SpecError(f"{where}: moe_flex_backend={value!r} is not one of "
+                                f"{', '.join(FLEX_BACKENDS)}")
             target[name] = text
         elif name == "fp8_recipe":
             text = str(value).strip().lower()
@@ -344,6 +351,9 @@ def _log_options(run: LogRun) -> tuple[dict[str, Any], dict[str, Any]]:
     dispatcher = _arg(run, "moe_token_dispatcher_type")
     if dispatcher in MOE_DISPATCHERS:
         options["moe_dispatcher"] = dispatcher
+    backend = (_arg(run, "moe_flex_dispatcher_backend") or "").lower()
+    if dispatcher == "flex" and backend in FLEX_BACKENDS:
+        options["moe_flex_backend"] = backend
     for arg, name in (("tp_comm_overlap", "tp_comm_overlap"),
                       ("overlap_grad_reduce", "overlap_grad_reduce"),
                       ("overlap_param_gather", "overlap_param_gather"),

@@ -29,6 +29,7 @@ class RunSetup:
 
     id: str
     moe_dispatcher: str | None
+    moe_flex_backend: str | None
     tp_comm_overlap: bool | None
     moe_a2a_overlap: bool | None
     overlap_grad_reduce: bool | None
@@ -107,6 +108,9 @@ def _setup(row: dict[str, str]) -> RunSetup:
     return RunSetup(
         id=cell["id"],
         moe_dispatcher=cell.get("moe_dispatcher") or None,
+        moe_flex_backend=(cell.get("moe_flex_backend", "").lower()
+                          if cell.get("moe_flex_backend", "").lower() in ("deepep", "hybridep")
+                          else None),
         tp_comm_overlap=_flag(cell.get("tp_comm_overlap", "")),
         moe_a2a_overlap=_flag(cell.get("moe_a2a_overlap", "")),
         overlap_grad_reduce=_flag(cell.get("overlap_grad_reduce", "")),
@@ -147,6 +151,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
     changes: dict[str, object] = {}
     if moe and setup.moe_dispatcher in ("alltoall", "allgather", "flex"):
         changes["moe_dispatcher"] = setup.moe_dispatcher
+        if setup.moe_dispatcher == "flex" and setup.moe_flex_backend is not None:
+            changes["moe_flex_backend"] = setup.moe_flex_backend
     for name in ("tp_comm_overlap", "moe_a2a_overlap", "overlap_grad_reduce",
                  "overlap_param_gather", "cuda_graphs"):
         value = getattr(setup, name)
