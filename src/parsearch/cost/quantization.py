@@ -13,7 +13,9 @@ depends on where its scales come from:
   per 32 or 128 elements, left out).
 * ``tensorwise`` (Transformer Engine ``Float8CurrentScaling``): the scale is
   the current tensor's amax, which a reduction over the whole tensor computes
-  before the cast can start: one more BF16 read, 6 bytes per element.
+  before the cast can start: one more BF16 read, 6 bytes per element
+  (Transformer Engine docs, "FP8 Delayed Scaling": "FP8 Current Scaling requires
+  two tensor reads per quantization: one to compute amax, one to cast").
 * ``nvfp4`` (Transformer Engine ``NVFP4BlockScaling``; NVIDIA, "Pretraining
   Large Language Models with NVFP4", arXiv 2509.25149 §4): a per-tensor FP32
   scale from the tensor's amax (one BF16 read) on top of E4M3 scales per
