@@ -16,7 +16,7 @@ False
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 _TERA = 1e12
 _GIB = 2**30
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
-_OPTIONAL = ("description", "compute_capability", "host_link_GBps", "sm_count")
+_OPTIONAL = ("description", "compute_capability", "host_link_GBps", "sm_count",
+             "large_matmul_fraction")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class GpuProfile:
     #: Streaming multiprocessors: what a communication kernel's SM budget is a share of;
     #: ``None``: not stated.
     sm_count: int | None = None
+    #: Best measured large-matmul throughput over the dense peak, by precision (a
+    #: maximum-achievable-matmul sweep); a precision not listed was not measured.
+    large_matmul_fraction: dict[str, float] = field(default_factory=dict)
 
 
 def hardware_dir() -> Path:
@@ -111,7 +115,25 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
                        _positive(where, "host_link_GBps", data["host_link_GBps"]) * 1e9),
         sm_count=(None if data.get("sm_count") is None else
                   int(_positive(where, "sm_count", data["sm_count"]))),
+        large_matmul_fraction=_fractions(where, data.get("large_matmul_fraction")),
     )
+
+
+def _fractions(where: str, data: object) -> dict[str, float]:
+    """``large_matmul_fraction``: precision -> a share of the dense peak in (0, 1]."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: large_matmul_fraction must map precisions to shares of "
+                        f"the peak, got {str(data)[:40]}")
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        share = _positive(where, f"large_matmul_fraction.{key}", value)
+        if share > 1.0:
+            raise SpecError(f"{where}: large_matmul_fraction.{key} must be at most 1 (a share "
+                            f"of the dense peak), got {value!r}")
+        out[str(key)] = share
+    return out
 
 
 def load_gpu_profile(name: str) -> GpuProfile:

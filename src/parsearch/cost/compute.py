@@ -20,7 +20,9 @@ on one GPU is built from what its kernels do:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,8 @@ from parsearch.cost.flops import stage_flops_core
 from parsearch.cost.quantization import quantize_bytes_per_element
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.stages import StageContent
-from parsearch.hardware import GpuProfile
+from parsearch.errors import SpecError
+from parsearch.hardware import GpuProfile, load_gpu_profile
 from parsearch.workload import ModelSpec, TrainingSpec
 
 ACT_BYTES = 2.0  # bf16 activations
@@ -124,6 +127,38 @@ def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bo
     elif "mlp" in scope:
         captured += KERNELS_DENSE_LAYER - KERNELS_ATTENTION_SUBLAYER + casts
     return captured + 0.0 * total
+
+
+@cache
+def _generation_matmul_reference(gpus: tuple[str, ...], precision: str) -> float | None:
+    """Mean measured large-matmul fraction of a generation's GPUs (``None``: none measured)."""
+    measured = []
+    for name in gpus:
+        with contextlib.suppress(SpecError):
+            share = load_gpu_profile(name).large_matmul_fraction.get(precision)
+            if share is not None:
+                measured.append(share)
+    return sum(measured) / len(measured) if measured else None
+
+
+def matmul_scale(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) -> float:
+    """This GPU's best measured large matmul relative to its generation's mean.
+
+    A profile's GEMM efficiency is shared by a generation's GPUs, but parts with one
+    datasheet peak reach different shares of it under their power and clock limits
+    (maximum-achievable-matmul sweeps, stas00/ml-engineering: GB200 0.729 of its BF16
+    peak, B200 0.776, B300 0.786); a GPU with a measurement scales by its share over the
+    generation's mean, one without keeps the mean (1.0).
+
+    >>> from parsearch.cost.efficiency import efficiency_for_gpu
+    >>> round(matmul_scale(load_gpu_profile("gb200"), efficiency_for_gpu("gb200"), "bf16"), 3)
+    0.955
+    """
+    own = gpu.large_matmul_fraction.get(precision)
+    reference = _generation_matmul_reference(tuple(profile.gpus), precision)
+    if own is None or reference is None:
+        return 1.0
+    return own / reference
 
 
 def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any) -> Any:
@@ -243,8 +278,11 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     precision = training.precision
     flops = stage_flops_core(model, s, unit_content(model, unit), tp=tp, cp=cp, ep=ep, etp=etp,
                              mbs=mbs, recompute_code=code, causal=causal)
-    peak = gpu.peak_flops[precision]
+    # GEMMs run at the GPU's own measured large-matmul ceiling relative to its
+    # generation's (matmul_scale); fused attention has its own efficiency.
+    peak = gpu.peak_flops[precision] * matmul_scale(gpu, profile, precision)
     peak_bf16 = gpu.peak_flops["bf16"]
+    peak_bf16_gemm = peak_bf16 * matmul_scale(gpu, profile, "bf16")
     # Dense-class GEMMs: QKV, attention output, FC1, FC2 per layer (4 calls).
     t_gemm_fwd = flops.dense_gemm_flops / (
         peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / 4.0))
@@ -273,11 +311,11 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         full_scores = flops.core_attention_flops * (2.0 if causal else 1.0)
         heads = max(model.num_attention_heads, 1)
         per_call = full_scores / (2.0 * np.maximum(mbs * heads / tp, 1.0))
-        t_attn_fwd = full_scores / (peak_bf16 * gemm_efficiency(profile, "bf16", per_call))
+        t_attn_fwd = full_scores / (peak_bf16_gemm * gemm_efficiency(profile, "bf16", per_call))
         t_attn_bwd = 2.0 * t_attn_fwd
     # The output layer stays BF16 by default (MCORE transformer_config fp8_output_proj).
     t_logits_fwd = flops.logits_flops / (
-        peak_bf16 * gemm_efficiency(profile, "bf16", flops.logits_flops))
+        peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops))
 
     gemm = (3.0 + recompute.gemm) * t_gemm_fwd
     routed = (3.0 + recompute.routed) * t_routed_fwd

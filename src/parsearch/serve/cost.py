@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_time, p2p_time
+from parsearch.cost.compute import matmul_scale
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.hardware import GpuProfile
 from parsearch.params import ParameterCounts
@@ -61,7 +62,8 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) -> Ra
     the GEMM runs in BF16 (vLLM/Marlin weight-only kernels)."""
     compute = precision if precision in gpu.peak_flops else "bf16"
     return Rates(
-        peak_flops=gpu.peak_flops[compute],
+        # GEMMs at this GPU's measured large-matmul ceiling relative to its generation's
+        peak_flops=gpu.peak_flops[compute] * matmul_scale(gpu, profile, compute),
         gemm=profile.gemm_efficiency.get(compute, profile.gemm_efficiency["bf16"]),
         gemm_half_flops=profile.gemm_half_flops,
         grouped_gemm=profile.grouped_gemm_efficiency,
