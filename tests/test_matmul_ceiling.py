@@ -33,5 +33,5 @@ def test_a_gpu_without_a_measurement_keeps_the_generation_mean() -> None:
 def test_a_ceiling_above_the_peak_is_refused_with_its_field() -> None:
     data = {"name": "x", "peak_tflops": {"bf16": 100}, "hbm_capacity_GiB": 80,
             "hbm_bandwidth_TBps": 3, "source": "test", "large_matmul_fraction": {"bf16": 1.2}}
-    with pytest.raises(SpecError, match="large_matmul_fraction.bf16 must be at most 1"):
+    with pytest.raises(SpecError, match=r"large_matmul_fraction\.bf16 must be at most 1"):
         gpu_profile_from_dict(data, "x.yaml")
