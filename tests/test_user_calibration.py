@@ -170,6 +170,22 @@ def test_fp8_recipe_cells_are_read_or_named(tmp_path) -> None:
     assert "fp8_recipe='e5m2' is not one of" in bad
 
 
+def test_a_throughput_in_the_wrong_unit_is_named_not_fitted(tmp_path) -> None:
+    """A denormal throughput would overflow the fit's log ratio; it is refused with the
+    step time it implies (a fuzz-campaign finding)."""
+    path = tmp_path / "runs.csv"
+    path.write_text(
+        "model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu,"
+        "step_time_s\n"
+        f"{MODEL},{CLUSTER},16,128,8192,bf16,\"tp=2,sp=true\",1e-320,\n"
+        f"{MODEL},{CLUSTER},16,128,8192,bf16,\"tp=2,sp=true\",,1e-9\n"
+        f"{MODEL},{CLUSTER},16,128,8192,bf16,tp=1,9500,\n", encoding="utf-8")
+    loaded = load_measurements([path])
+    assert len(loaded.measurements) == 1
+    assert len(loaded.problems) == 2
+    assert all("means a step of" in p and "check the unit" in p for p in loaded.problems)
+
+
 def test_unknown_csv_column_is_one_line_for_the_file(tmp_path) -> None:
     path = tmp_path / "runs.csv"
     path.write_text("model,num_gpus,global_batch,seq_len,precision,layout,tokens,colour\n"

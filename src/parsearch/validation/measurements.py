@@ -47,6 +47,9 @@ from parsearch.workload import PRECISIONS, RECOMPUTE_MODULES
 REQUIRED_COLUMNS: tuple[str, ...] = ("num_gpus", "global_batch", "seq_len", "precision",
                                      "layout")
 MEASURE_COLUMNS: tuple[str, ...] = ("tokens_per_s_per_gpu", "step_time_s")
+#: The range of step times a measurement may imply: a kernel launch at least, a week at
+#: most (beyond either the number is in the wrong unit, and its logarithm overflows the fit).
+MIN_STEP_S, MAX_STEP_S = 1e-6, 7 * 24 * 3600.0
 #: Optional columns that set :class:`~parsearch.cost.options.CostOptions` fields.
 OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_comm_overlap",
                                    "moe_a2a_overlap",
@@ -222,6 +225,13 @@ def measurement_from_row(row: Mapping[str, Any], where: str, defaults: Defaults)
     else:
         step = _positive(where, "step_time_s", row["step_time_s"], float)
         tokens = global_batch * seq_len / (step * num_gpus)
+    step_s = global_batch * seq_len / (tokens * num_gpus)
+    if not (math.isfinite(step_s) and MIN_STEP_S <= step_s <= MAX_STEP_S):
+        implied = f"{step_s:.3g} s" if math.isfinite(step_s) else "more seconds than a float holds"
+        raise SpecError(
+            f"{where}: {given[0]}={row[given[0]]!r} means a step of {implied}; a measured "
+            f"step takes between {MIN_STEP_S:g} s and {MAX_STEP_S:g} s (a week): check the "
+            "unit (tokens per second per GPU, or seconds per optimizer step)")
     options, training = _extras(where, row)
     model = None if _blank(row.get("model")) else str(row["model"]).strip()
     cluster = None if _blank(row.get("cluster")) else str(row["cluster"]).strip()
@@ -430,7 +440,13 @@ def measurements_from_log(path: Path, defaults: Defaults) -> Loaded:
             if not batch:
                 problems.append(f"{reading.name}: no global batch size in the log")
                 continue
-            tokens = batch * seq_len / (reading.step_time_s * num_gpus)
+            step = reading.step_time_s
+            if not (math.isfinite(step) and MIN_STEP_S <= step <= MAX_STEP_S):
+                problems.append(f"{reading.name}: a median step of {step:.3g} s is not a "
+                                f"measured step ({MIN_STEP_S:g} s to {MAX_STEP_S:g} s); "
+                                "check the log's elapsed-time field")
+                continue
+            tokens = batch * seq_len / (step * num_gpus)
             found.append(Measurement(
                 reading.name, defaults.model, defaults.cluster, layout, batch, seq_len,
                 precision, tokens, options, dict(training),
