@@ -66,6 +66,10 @@ KNOWN_COLUMNS = frozenset((*REQUIRED_COLUMNS, *MEASURE_COLUMNS, *OPTION_COLUMNS,
 _BOOL_COLUMNS = frozenset({"tp_comm_overlap", "moe_a2a_overlap", "overlap_grad_reduce",
                            "overlap_param_gather", "cuda_graphs", "fsdp",
                            "distributed_optimizer"})
+#: Columns that take one of a fixed set of words (case-insensitive).
+_CHOICE_COLUMNS: dict[str, tuple[str, ...]] = {"moe_dispatcher": MOE_DISPATCHERS,
+                                              "moe_flex_backend": FLEX_BACKENDS,
+                                              "fp8_recipe": FP8_RECIPE_CHOICES}
 _FLOAT_COLUMNS = frozenset({"grad_reduce_bytes", "param_gather_bytes", "moe_imbalance",
                             "grad_bytes"})
 _INT_COLUMNS = frozenset({"recompute_num_layers", "activation_offload_layers"})
@@ -158,23 +162,11 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
             target[name] = _positive(where, name, value, float)
         elif name in _INT_COLUMNS:
             target[name] = _positive(where, name, value)
-        elif name == "moe_dispatcher":
+        elif name in _CHOICE_COLUMNS:
             text = str(value).strip().lower()
-            if text not in MOE_DISPATCHERS:
-                raise SpecError(f"{where}: moe_dispatcher={value!r} is not one of "
-                                f"{', '.join(MOE_DISPATCHERS)}")
-            target[name] = text
-        elif name == "moe_flex_backend":
-            text = str(value).strip().lower()
-            if text not in FLEX_BACKENDS:
-                raise SpecError(f"{where}: moe_flex_backend={value!r} is not one of "
-                                f"{', '.join(FLEX_BACKENDS)}")
-            target[name] = text
-        elif name == "fp8_recipe":
-            text = str(value).strip().lower()
-            if text not in FP8_RECIPE_CHOICES:
-                raise SpecError(f"{where}: fp8_recipe={value!r} is not one of "
-                                f"{', '.join(FP8_RECIPE_CHOICES)}")
+            if text not in _CHOICE_COLUMNS[name]:
+                raise SpecError(f"{where}: {name}={value!r} is not one of "
+                                f"{', '.join(_CHOICE_COLUMNS[name])}")
             target[name] = text
         elif name == "cuda_graph_scope":
             scopes = tuple(s for s in str(value).replace(",", " ").split() if s)
