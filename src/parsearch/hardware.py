@@ -32,7 +32,7 @@ _TERA = 1e12
 _GIB = 2**30
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
 _OPTIONAL = ("description", "compute_capability", "host_link_GBps", "sm_count",
-             "large_matmul_fraction")
+             "large_matmul_fraction", "exp_Tps")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class GpuProfile:
     #: Best measured large-matmul throughput over the dense peak, by precision (a
     #: maximum-achievable-matmul sweep); a precision not listed was not measured.
     large_matmul_fraction: dict[str, float] = field(default_factory=dict)
+    #: Exponentials per second of the special function units (the softmax of fused
+    #: attention, :mod:`parsearch.cost.softmax`); ``None``: not stated.
+    exp_per_s: float | None = None
 
 
 def hardware_dir() -> Path:
@@ -87,7 +90,8 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
             raise SpecError(f"{where}: missing field '{key}'")
     unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
     if unknown:
-        raise SpecError(f"{where}: unknown field '{unknown[0]}'; known: {', '.join(_REQUIRED)}")
+        raise SpecError(f"{where}: unknown field '{unknown[0]}'; known: "
+                        f"{', '.join(_REQUIRED + _OPTIONAL)}")
     peaks = data["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise SpecError(f"{where}: field 'peak_tflops' must map precisions to TFLOP/s")
@@ -116,6 +120,8 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
         sm_count=(None if data.get("sm_count") is None else
                   int(_positive(where, "sm_count", data["sm_count"]))),
         large_matmul_fraction=_fractions(where, data.get("large_matmul_fraction")),
+        exp_per_s=(None if data.get("exp_Tps") is None else
+                   _positive(where, "exp_Tps", data["exp_Tps"]) * _TERA),
     )
 
 

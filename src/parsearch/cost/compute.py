@@ -31,6 +31,7 @@ from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.flops import stage_flops_core
 from parsearch.cost.quantization import quantize_bytes_per_element
 from parsearch.cost.recompute import LayerShares
+from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
 from parsearch.errors import SpecError
 from parsearch.hardware import GpuProfile, load_gpu_profile
@@ -301,10 +302,13 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     # context_parallel.md; Transformer Engine AttnFuncWithCPAndKVP2P).
     block = np.where(cp > 1, s / (2.0 * cp), float(s))
     size_factor = block / (block + profile.attention_half_block)
+    # Each GPU's softmax exponential rate against its generation's (cost/softmax.py).
     t_attn_fwd = flops.core_attention_flops / (
-        peak_bf16 * profile.attention_forward_efficiency * size_factor)
+        peak_bf16 * profile.attention_forward_efficiency * size_factor
+        * attention_scale(gpu, profile, model, backward=False))
     t_attn_bwd = ATTENTION_BACKWARD_RATIO * flops.core_attention_flops / (
-        peak_bf16 * profile.attention_backward_efficiency * size_factor)
+        peak_bf16 * profile.attention_backward_efficiency * size_factor
+        * attention_scale(gpu, profile, model, backward=True))
     if not flash_attention:
         # Batched GEMMs over the full score matrix (the causal half is computed and
         # masked), one (s/cp x d x s/cp) GEMM per head; backward 2x forward (NAR21).

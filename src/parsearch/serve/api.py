@@ -87,7 +87,7 @@ def _context(model: ModelSpec, cluster: ClusterSpec, workload: ServingWorkload,
     else:
         profile = efficiency or efficiency_for_gpu(gpu.name)
     return ServingContext(model=model, workload=workload, cluster=cluster, gpu=gpu,
-                          profile=profile, rates=rates_for(gpu, profile, workload.precision),
+                          profile=profile, rates=rates_for(gpu, profile, workload.precision, model),
                           window=sliding_window_for(model, window))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_time, p2p_time
 from parsearch.cost.compute import matmul_scale
 from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.softmax import attention_scale
 from parsearch.hardware import GpuProfile
 from parsearch.params import ParameterCounts
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
@@ -56,7 +57,8 @@ class Rates:
     alltoall: float
 
 
-def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) -> Rates:
+def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
+              model: ModelSpec) -> Rates:
     """Rates from the datasheet and the efficiency profile.  A GPU without tensor cores for
     ``precision`` (FP4 on Hopper) runs weight-only quantization: weights are dequantized and
     the GEMM runs in BF16 (vLLM/Marlin weight-only kernels)."""
@@ -68,7 +70,9 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) -> Ra
         gemm_half_flops=profile.gemm_half_flops,
         grouped_gemm=profile.grouped_gemm_efficiency,
         bf16_flops=gpu.peak_flops["bf16"],
-        attention=profile.attention_forward_efficiency,
+        # prefill attention at this GPU's softmax exponential rate (cost/softmax.py)
+        attention=profile.attention_forward_efficiency
+        * attention_scale(gpu, profile, model, backward=False),
         attention_half_block=profile.attention_half_block,
         hbm_Bps=gpu.hbm_bandwidth_Bps * profile.hbm_efficiency,
         kernel_s=profile.kernel_overhead_s,

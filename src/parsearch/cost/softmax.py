@@ -1,0 +1,93 @@
+"""The softmax exponentials of fused attention, per GPU.
+
+Fused attention computes one exponential per attention score in forward and recomputes
+it once in backward (FlashAttention-2, arXiv 2307.08691 §3.1), on the special function
+units (SFUs), not the tensor cores.  Per score the forward matmuls do ``2 (d_qk + d_v)``
+FLOPs, so at head dim 128 the tensor cores outrun the SFUs: on H100 SXM, 989 TFLOP/s of
+BF16 matmul against 3.9 T exponentials/s, the exponentials take about half the matmul
+time (FlashAttention-3, arXiv 2407.08608 §3.1).  Kernels hide part of that time behind
+the matmuls (warp-group ping-pong); the rest is exposed.
+
+A generation's efficiency profile gives attention's end-to-end efficiency for the
+generation as a whole; within a generation the SFU rate differs (Blackwell Ultra doubles
+it over Blackwell: NVIDIA technical blog "Making Softmax More Efficient with NVIDIA
+Blackwell Ultra", 2026), so each GPU's attention is scaled by its speed relative to the
+generation's mean at the model's head dims (:func:`attention_scale`), the way
+:func:`parsearch.cost.compute.matmul_scale` scales GEMMs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import cache
+
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.errors import SpecError
+from parsearch.hardware import GpuProfile, load_gpu_profile
+from parsearch.workload import ModelSpec
+
+#: Share of the exponential time that the tensor-core matmuls do not hide.  From NVIDIA's
+#: measurement in the blog above: FP8 attention forward on DeepSeek-V3 shapes runs about
+#: 35% faster on GB300 than on GB200 when only the SFU rate doubles.  With our rates
+#: (exponential time over matmul time at peak: 1.68 on GB200, 0.78 on GB300),
+#: (1 + 1.68 k) / (1 + 0.78 k) = 1.35 gives k = 0.55.
+EXP_EXPOSED_SHARE = 0.55
+#: Backward does 2.5x the forward matmul FLOPs per score (FlashAttention-2 §3.2: five
+#: matmuls against two) and one exponential (the recomputed probabilities).
+BACKWARD_FLOPS_RATIO = 2.5
+
+
+def flops_per_score(model: ModelSpec) -> float:
+    """Forward matmul FLOPs per attention score: ``2 (d_qk + d_v)`` (QKᵀ and P·V).
+
+    >>> from parsearch.presets import get_preset
+    >>> flops_per_score(get_preset("llama3-70b"))
+    512.0
+    """
+    mla = model.mla
+    if mla is None:
+        return 2.0 * (model.head_dim + model.head_dim)
+    return 2.0 * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+
+
+def attention_speed(gpu: GpuProfile, score_flops: float, *, backward: bool) -> float | None:
+    """Matmul time over matmul + exposed exponential time (1.0: no SFU limit).
+
+    ``None`` when the profile states no SFU rate.
+    """
+    if gpu.exp_per_s is None:
+        return None
+    flops = score_flops * (BACKWARD_FLOPS_RATIO if backward else 1.0)
+    exp_over_mma = (gpu.peak_flops["bf16"] / flops) / gpu.exp_per_s
+    return 1.0 / (1.0 + EXP_EXPOSED_SHARE * exp_over_mma)
+
+
+@cache
+def _generation_speed(gpus: tuple[str, ...], score_flops: float, backward: bool) -> float | None:
+    """Mean :func:`attention_speed` of a generation's GPUs that state an SFU rate."""
+    speeds = []
+    for name in gpus:
+        with contextlib.suppress(SpecError):
+            speed = attention_speed(load_gpu_profile(name), score_flops, backward=backward)
+            if speed is not None:
+                speeds.append(speed)
+    return sum(speeds) / len(speeds) if speeds else None
+
+
+def attention_scale(gpu: GpuProfile, profile: EfficiencyProfile, model: ModelSpec, *,
+                    backward: bool) -> float:
+    """This GPU's fused-attention speed relative to its generation's mean (1.0: unknown).
+
+    >>> from parsearch.cost.efficiency import efficiency_for_gpu
+    >>> from parsearch.presets import get_preset
+    >>> llama = get_preset("llama3-70b")
+    >>> gb300 = load_gpu_profile("gb300")
+    >>> round(attention_scale(gb300, efficiency_for_gpu("gb300"), llama, backward=False), 3)
+    1.093
+    """
+    score_flops = flops_per_score(model)
+    own = attention_speed(gpu, score_flops, backward=backward)
+    reference = _generation_speed(tuple(profile.gpus), score_flops, backward)
+    if own is None or reference is None:
+        return 1.0
+    return own / reference
