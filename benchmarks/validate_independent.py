@@ -34,6 +34,7 @@ from typing import Any
 from parsearch.cost.analytic import CostOptions, estimate
 from parsearch.strict_json import strict_json
 from parsearch.validation.published_runs import PublishedRun, read_published_runs
+from parsearch.validation.recipes import load_run_setups
 from parsearch.validation.runs import (
     ValidationRow,
     fabric_for,
@@ -98,6 +99,12 @@ def build_report(path: Path) -> dict[str, Any]:
 def _row(row: ValidationRow, run: PublishedRun, cache: dict,
          options: CostOptions) -> dict[str, Any]:
     assumed = list(run.assumptions) + ([row.assumed] if row.assumed else [])
+    setup = load_run_setups().get(run.id)
+    if setup is not None and setup.recompute is not None:
+        # the source's own text states the recompute (run_setups.csv): not an assumption
+        modules = f" ({' '.join(setup.recompute_modules)})" if setup.recompute_modules else ""
+        assumed = [a for a in assumed if not a.startswith("recompute not stated")]
+        assumed.append(f"recompute {setup.recompute}{modules} stated in {setup.locator}")
     out = {
         "id": row.id, "source": row.source, "verified": run.verified, "model": row.model,
         "num_gpus": row.num_gpus, "layout": row.layout_key,

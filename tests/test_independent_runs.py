@@ -181,3 +181,30 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
+
+
+def test_deepseek_v3_is_read_with_the_setup_its_report_states(
+        independent: dict[str, PublishedRun]) -> None:
+    """arXiv 2412.19437 §3.2.1-§3.2.3, §3.3.4: DualPipe overlap, node-deduplicated dispatch
+    on 20 SMs, RMSNorm / MLA up-projection / SwiGLU recompute: no saving is guessed."""
+    from parsearch.cost.analytic import CostOptions
+    from parsearch.validation.runs import (
+        best_reading,
+        fabric_for,
+        memory_saving_candidates,
+        recipe_accounting,
+    )
+
+    run = independent["i0048"]
+    readings = memory_saving_candidates(run)
+    assert [layout.recompute for _t, layout, _n in readings] == ["selective"]
+    training, options = recipe_accounting(run, readings[0][0], CostOptions())
+    assert options.moe_dispatcher == "flex" and options.moe_flex_backend == "deepep"
+    assert options.moe_a2a_overlap
+    assert set(training.recompute_modules) == {"layernorm", "mla_up_proj", "moe_act"}
+    reading = best_reading(run, fabric_for({}, run.cluster, run.num_gpus), CostOptions())
+    assert reading.note == "" and reading.estimate.fits
+    # the measurement is a whole-run average (restarts included): a steady-state
+    # prediction may be faster, never several times slower as the old reading was (0.30x)
+    ratio = reading.estimate.tokens_per_s_per_gpu / run.measured_tokens_per_s_per_gpu
+    assert 0.7 < ratio < 1.6
