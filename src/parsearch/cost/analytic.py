@@ -159,7 +159,7 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
                            recompute=recompute, causal=opt.causal,
                            imbalance=float(opt.moe_imbalance or 1.0),
                            cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
-                           fp8_recipe=opt.fp8_recipe,
+                           fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
                            flash_attention=opt.flash_attention)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)

@@ -84,6 +84,13 @@ UNFUSED_SCORE_BYTES_FORWARD = 13.0
 UNFUSED_SCORE_BYTES_BACKWARD = 15.0
 #: CP ring merge: bytes per attention-output element and ring step, forward + backward.
 CP_MERGE_BYTES = 20.0
+#: Megatron-Core's all-to-all dispatcher sorts the received tokens by local expert after
+#: the all-to-all and unsorts them before the combine ("Permutation 2", ``sort_chunks_by_idxs``
+#: in ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` / ``combine_preprocess``) whenever
+#: a rank holds more than one expert; each pass reads and writes every routed copy (bf16),
+#: forward and backward: 4 x 4h = 16h bytes per copy.  The flex (DeepEP/HybridEP) and
+#: all-gather dispatchers permute once, into expert order (counted in ``per_routed_copy``).
+EXPERT_SORT_BYTES_PER_HIDDEN = 16.0
 
 
 def unit_content(model: ModelSpec, unit: str) -> StageContent:
@@ -265,7 +272,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  recompute: LayerShares, causal: bool, imbalance: float, cuda_graphs: bool,
                  flash_attention: bool = True,
                  cuda_graph_scope: tuple[str, ...] = (),
-                 fp8_recipe: str = "auto") -> UnitCompute:
+                 fp8_recipe: str = "auto",
+                 moe_dispatcher: str = "alltoall") -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
@@ -336,10 +344,13 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     tokens_sp = mbs * s / (cp * np.where(sp, tp, 1.0))  # rows of the SP-sharded tensors
     rows = mbs * s / cp  # rows of the GEMMs after the SP all-gather
     routed_copies = mbs * s / (tp * cp) * (model.moe.top_k if (moe_unit and model.moe) else 0)
+    per_copy = counts["per_routed_copy"] + counts["quantize_routed_copy"]
+    if moe_unit and moe_dispatcher == "alltoall":  # the second sort by local expert
+        per_copy = per_copy + np.where(local_experts > 1,
+                                       EXPERT_SORT_BYTES_PER_HIDDEN * model.hidden_size, 0.0)
     byte_count = (tokens_sp * (counts["per_hidden"] + counts["quantize_sp"])
                   + rows * (counts["per_head"] + counts["per_ffn"] + counts["quantize_rows"])
-                  + imbalance * routed_copies * (counts["per_routed_copy"]
-                                                 + counts["quantize_routed_copy"]))
+                  + imbalance * routed_copies * per_copy)
     if is_layer:
         # CP ring: each of the cp steps writes a partial attention output that is merged
         # into fp32 accumulators (output and log-sum-exp correction, TE

@@ -139,7 +139,7 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
                                imbalance=float(opt.moe_imbalance or 1.0),
                                cuda_graphs=opt.cuda_graphs,
                                cuda_graph_scope=opt.cuda_graph_scope,
-                               fp8_recipe=opt.fp8_recipe,
+                               fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
                                flash_attention=opt.flash_attention)
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
