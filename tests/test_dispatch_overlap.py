@@ -237,7 +237,7 @@ def test_sm_share_is_the_backend_budget_over_the_gpu_sms() -> None:
     from parsearch.cost.communication import FLEX_DISPATCH_SMS, ep_sm_share
     from parsearch.cost.efficiency import efficiency_for_gpu
     from parsearch.cost.options import CostOptions
-    from parsearch.hardware import load_gpu_profile
+    from parsearch.topology.hardware import load_gpu_profile
 
     profile = efficiency_for_gpu("h100-sxm")
     gpu = load_gpu_profile("h100-sxm")

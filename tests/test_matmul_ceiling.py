@@ -7,7 +7,7 @@ import pytest
 from parsearch.cost.compute import matmul_scale
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.errors import SpecError
-from parsearch.hardware import gpu_profile_from_dict, load_gpu_profile
+from parsearch.topology.hardware import gpu_profile_from_dict, load_gpu_profile
 
 BLACKWELL_MEASURED = ("b200", "b300", "gb200")
 

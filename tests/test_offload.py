@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from parsearch.cost.analytic import build_cost_model, layout_columns, score_columns
 from parsearch.cost.memory import MemoryOptions
 from parsearch.cost.offload import offload_exposed
-from parsearch.hardware import load_gpu_profile
 from parsearch.layout import parse_layout_string
 from parsearch.presets import get_preset
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
+from parsearch.topology.hardware import load_gpu_profile
 from parsearch.workload import TrainingSpec
 
 MODEL = get_preset("llama3-70b")

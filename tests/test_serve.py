@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.errors import SpecError
-from parsearch.hardware import load_gpu_profile
 from parsearch.params import parameter_counts
 from parsearch.presets import get_preset
 from parsearch.serve.api import _context
@@ -26,6 +25,7 @@ from parsearch.serve.memory import stage_weights, weight_bytes_per_gpu
 from parsearch.serve.space import enumerate_serving_layouts, serving_violations
 from parsearch.serve.spec import LengthClass, ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.cluster import load_cluster
+from parsearch.topology.hardware import load_gpu_profile
 from tests.strategies import small_models
 
 # --- KV cache: hand counts ------------------------------------------------------------------

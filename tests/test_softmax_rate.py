@@ -19,8 +19,8 @@ from parsearch.cost.softmax import (
     flops_per_score,
 )
 from parsearch.errors import SpecError
-from parsearch.hardware import gpu_profile_from_dict, load_gpu_profile
 from parsearch.presets import get_preset
+from parsearch.topology.hardware import gpu_profile_from_dict, load_gpu_profile
 from parsearch.workload import TrainingSpec
 
 BLACKWELL = ("b200", "b300", "gb200", "gb300")

@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.errors import SpecError, TopologyError
-from parsearch.hardware import list_gpu_profiles, load_gpu_profile
 from parsearch.resources import data_dir
 from parsearch.topology import build_fabric, build_graph, load_cluster, validate_graph
 from parsearch.topology.cluster import list_clusters, preset_names
 from parsearch.topology.graph import cut_bandwidth_per_member_Bps
+from parsearch.topology.hardware import list_gpu_profiles, load_gpu_profile
 
 PRESETS = (
     "dgx-a100", "dgx-h100", "hgx-h800", "dgx-h200", "dgx-b200", "dgx-b300",

@@ -58,7 +58,7 @@ def with_launch_choices(result: SearchResult, model: Any, training: Any, cluster
     """``result`` with each entry's launch spelled with ``--recipe`` / ``--fp8-recipe``."""
     if args.recipe is None and args.fp8_recipe == "auto":
         return result
-    from parsearch.hardware import load_gpu_profile
+    from parsearch.topology.hardware import load_gpu_profile
 
     gpu = load_gpu_profile(cluster.gpu)
     entries = tuple(dataclasses.replace(e, launch=launch_for_cluster(

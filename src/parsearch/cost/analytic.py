@@ -45,11 +45,11 @@ from parsearch.cost.stage_time import (
 )
 from parsearch.cost.stages import effective_split, rows_by_split, stage_contents
 from parsearch.errors import SpecError
-from parsearch.hardware import GpuProfile
 from parsearch.layout import Layout
 from parsearch.params import parameter_counts
 from parsearch.placement import group_strides
 from parsearch.topology.fabric import Fabric
+from parsearch.topology.hardware import GpuProfile
 from parsearch.workload import ModelSpec, TrainingSpec
 
 __all__ = [

@@ -34,7 +34,7 @@ from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
 from parsearch.errors import SpecError
-from parsearch.hardware import GpuProfile, load_gpu_profile
+from parsearch.topology.hardware import GpuProfile, load_gpu_profile
 from parsearch.workload import ModelSpec, TrainingSpec
 
 ACT_BYTES = 2.0  # bf16 activations

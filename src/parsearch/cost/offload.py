@@ -20,7 +20,7 @@ import numpy as np
 
 from parsearch.cost.activations import ActDegrees, layer_bytes
 from parsearch.cost.memory import MemoryOptions
-from parsearch.hardware import GpuProfile
+from parsearch.topology.hardware import GpuProfile
 from parsearch.workload import ModelSpec, TrainingSpec
 
 #: Host link per GPU and direction when the GPU profile does not state one: PCIe

@@ -23,7 +23,7 @@ from functools import cache
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
-from parsearch.hardware import GpuProfile, load_gpu_profile
+from parsearch.topology.hardware import GpuProfile, load_gpu_profile
 from parsearch.workload import ModelSpec
 
 #: Share of the exponential time that the tensor-core matmuls do not hide.  From NVIDIA's

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from parsearch.cost.options import CostOptions
-from parsearch.hardware import GpuProfile, load_gpu_profile
 from parsearch.launch.bridge import bridge_overrides
 from parsearch.launch.geometry import NodeGeometry
 from parsearch.launch.megatron_lm import megatron_lm_args
 from parsearch.launch.names import bridge_groups, check_recipe, provenance
 from parsearch.launch.plan import LaunchPlan, launch_plan
 from parsearch.layout import Layout
+from parsearch.topology.hardware import GpuProfile, load_gpu_profile
 from parsearch.workload import ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:

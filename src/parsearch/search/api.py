@@ -44,7 +44,6 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.efficiency import EfficiencyProfile, band_for
 from parsearch.errors import SpecError
-from parsearch.hardware import load_gpu_profile
 from parsearch.launch import launch_for_cluster
 from parsearch.search.arguments import (
     ClusterLike,
@@ -78,6 +77,7 @@ from parsearch.search.results import ParetoPoint, ParetoResult, SearchEntry, Sea
 from parsearch.soft_rules import soft_rule_flags
 from parsearch.space import require_layouts
 from parsearch.topology.cluster import ClusterSpec
+from parsearch.topology.hardware import load_gpu_profile
 from parsearch.topology.summary import fabric_from_spec
 from parsearch.workload import ModelSpec, TrainingSpec
 

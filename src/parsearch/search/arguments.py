@@ -15,8 +15,8 @@ from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
-from parsearch.hardware import load_gpu_profile
 from parsearch.topology.cluster import ClusterSpec, load_cluster
+from parsearch.topology.hardware import load_gpu_profile
 from parsearch.workload import ModelSpec, TrainingSpec
 
 #: A cluster: a preset name, a cluster file path, or a :class:`ClusterSpec`.

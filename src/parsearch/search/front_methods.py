@@ -17,7 +17,6 @@ import numpy as np
 
 from parsearch.cost.analytic import CostOptions, Estimate, build_cost_model, estimate
 from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.hardware import load_gpu_profile
 from parsearch.layout import Layout
 from parsearch.search.arguments import positive, progress_bar
 from parsearch.search.exhaustive import (
@@ -29,6 +28,7 @@ from parsearch.search.exhaustive import (
 )
 from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import ClusterSpec
+from parsearch.topology.hardware import load_gpu_profile
 from parsearch.topology.summary import fabric_from_spec
 from parsearch.workload import ModelSpec, TrainingSpec
 

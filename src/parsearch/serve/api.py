@@ -17,7 +17,6 @@ from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu, load_efficiency_profile
 from parsearch.errors import NoValidLayoutError, SpecError
-from parsearch.hardware import load_gpu_profile
 from parsearch.serve.cost import rates_for
 from parsearch.serve.evaluate import (
     ServingContext,
@@ -31,6 +30,7 @@ from parsearch.serve.launch import ServingLaunch, launch_settings
 from parsearch.serve.space import require_serving_layouts
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.cluster import ClusterSpec, load_cluster
+from parsearch.topology.hardware import load_gpu_profile
 from parsearch.workload import ModelSpec
 
 #: Prefill instance shapes tried per query in disaggregated mode (the best by requests/s per GPU).

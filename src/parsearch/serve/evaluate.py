@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.hardware import GpuProfile
 from parsearch.params import ParameterCounts, parameter_counts
 from parsearch.serve.cost import (
     InstanceLinks,
@@ -37,6 +36,7 @@ from parsearch.serve.memory import GIB, gpu_memory, max_sequences
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
+from parsearch.topology.hardware import GpuProfile
 from parsearch.workload import ModelSpec
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from parsearch.hardware import GpuProfile
 from parsearch.params import ParameterCounts, parameter_counts
 from parsearch.serve.kv_cache import moe_layer_count, stage_layers
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
+from parsearch.topology.hardware import GpuProfile
 from parsearch.workload import ModelSpec
 
 GIB = float(2**30)

@@ -1,5 +1,6 @@
-"""Cluster descriptions, their topology graphs, and the fabric summary used for scoring.
+"""GPU hardware and cluster descriptions, their topology graphs and the scoring fabric.
 
+* :mod:`.hardware`: ``GpuProfile``, the GPU datasheet profiles (``load_gpu_profile``);
 * :mod:`.cluster`: ``ClusterSpec`` and the YAML cluster files (``load_cluster``);
 * :mod:`.graph`: ``build_graph`` / ``validate_graph`` (``networkx``);
 * :mod:`.fabric`: ``build_fabric`` -> ``Fabric`` with ``group_link(stride, size)``.

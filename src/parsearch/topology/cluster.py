@@ -45,8 +45,8 @@ from typing import Any
 import yaml
 
 from parsearch.errors import TopologyError
-from parsearch.hardware import list_gpu_profiles
 from parsearch.resources import data_dir
+from parsearch.topology.hardware import list_gpu_profiles
 from parsearch.workload import short_repr
 
 FABRICS: tuple[str, ...] = ("infiniband", "ethernet")

@@ -28,9 +28,9 @@ import networkx as nx
 import numpy as np
 
 from parsearch.errors import TopologyError
-from parsearch.hardware import GpuProfile, load_gpu_profile
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.graph import build_graph, validate_graph
+from parsearch.topology.hardware import GpuProfile, load_gpu_profile
 
 TIERS: tuple[str, ...] = ("nvlink", "network")
 

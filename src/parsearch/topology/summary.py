@@ -28,9 +28,9 @@ import math
 
 import numpy as np
 
-from parsearch.hardware import GpuProfile, load_gpu_profile
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
+from parsearch.topology.hardware import GpuProfile, load_gpu_profile
 
 
 def _ok_rate(value: float) -> bool:
