@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.errors import SpecError
+from parsearch.model_files import resolve_model
 from parsearch.params import parameter_counts
 from parsearch.presets import get_preset
 from parsearch.serve.api import _context
@@ -19,7 +20,6 @@ from parsearch.serve.kv_cache import (
     kv_bytes_per_token,
     kv_bytes_per_token_layer,
     sliding_window_for,
-    sliding_window_from_config,
 )
 from parsearch.serve.memory import stage_weights, weight_bytes_per_gpu
 from parsearch.serve.space import enumerate_serving_layouts, serving_violations
@@ -64,20 +64,27 @@ def test_kv_sliding_window_gpt_oss_hand_count() -> None:
 
 
 def test_sliding_window_from_config(tmp_path) -> None:
+    base = {"model_type": "mistral", "hidden_size": 256, "intermediate_size": 512,
+            "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}
     mixed = tmp_path / "gpt_oss.json"
-    mixed.write_text(json.dumps({"sliding_window": 128, "num_hidden_layers": 4, "layer_types": [
-        "sliding_attention", "full_attention", "sliding_attention", "full_attention"]}))
-    assert sliding_window_from_config(mixed) == SlidingWindow(128, 2)
+    mixed.write_text(json.dumps({**base, "sliding_window": 128, "num_hidden_layers": 4,
+                                 "layer_types": ["sliding_attention", "full_attention",
+                                                 "sliding_attention", "full_attention"]}))
+    assert sliding_window_for(resolve_model(str(mixed))) == SlidingWindow(128, 2)
     everywhere = tmp_path / "mistral.json"
-    everywhere.write_text(json.dumps({"sliding_window": 4096, "num_hidden_layers": 32}))
-    assert sliding_window_from_config(everywhere) == SlidingWindow(4096, 32)
+    everywhere.write_text(json.dumps({**base, "sliding_window": 4096, "num_hidden_layers": 32}))
+    assert sliding_window_for(resolve_model(str(everywhere))) == SlidingWindow(4096, 32)
     none = tmp_path / "llama.json"
-    none.write_text(json.dumps({"sliding_window": None, "num_hidden_layers": 32}))
-    assert sliding_window_from_config(none) is None
+    none.write_text(json.dumps({**base, "sliding_window": None, "num_hidden_layers": 32}))
+    assert sliding_window_for(resolve_model(str(none))) is None
+    off = tmp_path / "qwen2.json"  # Qwen2/3 name a window but switch it off
+    off.write_text(json.dumps({**base, "sliding_window": 32768, "use_sliding_window": False,
+                               "num_hidden_layers": 32}))
+    assert sliding_window_for(resolve_model(str(off))) is None
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"sliding_window": -5, "num_hidden_layers": 32}))
-    with pytest.raises(SpecError, match="sliding_window must be a positive integer"):
-        sliding_window_from_config(bad)
+    bad.write_text(json.dumps({**base, "sliding_window": -5, "num_hidden_layers": 32}))
+    with pytest.raises(SpecError, match="sliding_window"):
+        resolve_model(str(bad))
 
 
 def test_window_with_more_layers_than_model_is_rejected() -> None:

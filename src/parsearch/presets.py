@@ -236,6 +236,8 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         vocab_size=201088,
         qkv_bias=True,
         moe=MoeSpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880),
+        sliding_window=128,
+        sliding_window_layers=18,
         source="openai/gpt-oss-120b config.json",
     ),
 )

@@ -74,6 +74,8 @@ MAX_SIZES: dict[str, int] = {
     "v_head_dim": MAX_HEAD_DIM,
     "q_lora_rank": MAX_HIDDEN_SIZE,
     "seq_len": MAX_SEQ_LEN,
+    "sliding_window": MAX_SEQ_LEN,
+    "sliding_window_layers": MAX_LAYERS,
     "global_batch": MAX_GLOBAL_BATCH,
     "micro_batch_sizes": MAX_MICRO_BATCH,
     "max_vpp": MAX_LAYERS,
@@ -216,6 +218,9 @@ class ModelSpec:
     width (used by the dense layers of an MoE model too), ``head_dim`` the
     per-head size of Q/K/V (``kv_channels``), ``num_query_groups`` the number
     of KV heads (GQA; equal to ``num_attention_heads`` for MHA, 1 for MQA).
+    ``sliding_window`` (tokens) and ``sliding_window_layers``: how many layers attend
+    only to the last ``sliding_window`` tokens (GPT-OSS: 18 of 36 at 128, Hugging Face
+    ``layer_types``; Mistral 7B v0.1: all at 4,096); 0 and 0 for full attention.
     """
 
     name: str
@@ -233,6 +238,8 @@ class ModelSpec:
     moe: MoeSpec | None = None
     mla: MlaSpec | None = None
     mtp_layers: int = 0
+    sliding_window: int = 0
+    sliding_window_layers: int = 0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -248,6 +255,19 @@ class ModelSpec:
         ):
             require_positive_int(owner, name, getattr(self, name))
         require_non_negative_int(owner, "mtp_layers", self.mtp_layers)
+        require_non_negative_int(owner, "sliding_window", self.sliding_window)
+        require_non_negative_int(owner, "sliding_window_layers", self.sliding_window_layers)
+        if (self.sliding_window > 0) != (self.sliding_window_layers > 0):
+            raise SpecError(
+                f"{owner}: sliding_window={self.sliding_window} and sliding_window_layers="
+                f"{self.sliding_window_layers} go together: a window in tokens and how many "
+                "layers use it (0 and 0 for full attention)"
+            )
+        if self.sliding_window_layers > self.num_layers:
+            raise SpecError(
+                f"{owner}: sliding_window_layers={self.sliding_window_layers} exceeds "
+                f"num_layers={self.num_layers}"
+            )
         require_choice(owner, "mlp_activation", self.mlp_activation, ("swiglu", "gelu"))
         require_choice(owner, "norm", self.norm, ("rmsnorm", "layernorm"))
         if self.num_query_groups > self.num_attention_heads:

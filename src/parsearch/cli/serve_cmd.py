@@ -18,7 +18,6 @@ from parsearch.cli.common import (
 )
 from parsearch.errors import SpecError
 from parsearch.serve.api import ServeResult, serve_layouts
-from parsearch.serve.kv_cache import sliding_window_from_config
 from parsearch.serve.spec import (
     KV_PRECISIONS,
     SERVING_MODES,
@@ -117,9 +116,7 @@ def _window(args: argparse.Namespace) -> SlidingWindow | None:
                         "(window in tokens and how many layers use it)")
     if args.sliding_window is not None:
         return SlidingWindow(args.sliding_window, args.windowed_layers)
-    if args.model.endswith(".json"):
-        return sliding_window_from_config(args.model)
-    return None
+    return None  # the model's own window (from its config.json or preset)
 
 
 def workload_from_args(args: argparse.Namespace) -> ServingWorkload:

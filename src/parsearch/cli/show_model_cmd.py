@@ -25,17 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _window(model: ModelSpec, source: str) -> str:
-    from pathlib import Path
-
-    from parsearch.serve.kv_cache import sliding_window_for, sliding_window_from_config
-
-    window = (sliding_window_from_config(source) if Path(source).is_file()
-              else sliding_window_for(model))
-    if window is None:
+def _window(model: ModelSpec) -> str:
+    if not model.sliding_window_layers:
         return "none"
-    # only `parsearch serve` prices the window; training prices full attention
-    return f"{window.window} tokens, {window.windowed_layers}/{model.num_layers} layers"
+    # training prices the windowed layers' attention, serving also their KV cache
+    return (f"{model.sliding_window} tokens, {model.sliding_window_layers}/{model.num_layers} "
+            "layers")
 
 
 def model_fields(model: ModelSpec, source: str = "") -> dict[str, Any]:
@@ -58,7 +53,7 @@ def model_fields(model: ModelSpec, source: str = "") -> dict[str, Any]:
         "norm": model.norm,
         "qkv_bias": model.qkv_bias,
         "mtp_layers": model.mtp_layers,
-        "sliding_window": _window(model, source or model.name),
+        "sliding_window": _window(model),
     }
     if model.moe is not None:
         moe = model.moe

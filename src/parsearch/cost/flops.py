@@ -62,14 +62,20 @@ def attention_gemm_forward_flops(model: ModelSpec) -> float:
     return 2.0 * (q_term + kv_term + a * mla.v_head_dim * h)
 
 
-def core_attention_forward_flops(model: ModelSpec, seq_len: int, causal: bool = True) -> float:
+def core_attention_forward_flops(model: ModelSpec, seq_len: int, causal: bool = True, *,
+                                 windowed: bool = False) -> float:
     """Forward FLOPs per token of one layer's ``QKᵀ`` and ``P·V`` (formulas.md §3.3/§3.4).
 
     GQA: ``2·s·a·d_h`` for each of the two batched GEMMs (NAR21 Appendix:
     ``2Bs²h`` each for MHA), times κ = 1/2 for the causal mask (MCORE).
     MLA: ``2·s·a·(d_nope + d_rope)`` for ``QKᵀ`` and ``2·s·a·d_v`` for ``P·V``.
+    ``windowed``: sliding-window layers attend to at most ``w`` keys
+    (:func:`attended_keys`), averaged over the model's layers (GPT-OSS alternates
+    windowed and full layers, so every pipeline stage holds about the mean); the time
+    model counts this work, while the model-FLOP conventions (MCORE, NAR21, KOR22)
+    count full attention, as Megatron-Core's ``num_floating_point_operations`` does.
+    GPT-OSS's attention sinks add one logit per row, nothing against the products.
     """
-    kappa = 0.5 if causal else 1.0
     a = model.num_attention_heads
     mla = model.mla
     if mla is None:
@@ -77,7 +83,28 @@ def core_attention_forward_flops(model: ModelSpec, seq_len: int, causal: bool = 
     else:
         qk_width = a * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
         pv_width = a * mla.v_head_dim
-    return 2.0 * seq_len * (qk_width + pv_width) * kappa
+    keys = attended_keys(seq_len, causal)
+    if windowed and model.sliding_window_layers:
+        windowed = attended_keys(seq_len, causal, model.sliding_window)
+        share = model.sliding_window_layers / model.num_layers
+        keys = (1.0 - share) * keys + share * windowed
+    return 2.0 * (qk_width + pv_width) * keys
+
+
+def attended_keys(seq_len: int, causal: bool, window: int = 0) -> float:
+    """Mean keys one query attends to: ``κ·s`` without a window (κ = 1/2 causal, the
+    MCORE convention); with a causal window ``w < s`` query ``i`` sees ``min(i, w)``
+    keys, a mean of ``w − w(w−1)/(2s)`` (a bidirectional window: ``min(w, s)``).
+
+    >>> attended_keys(4096, True), attended_keys(4096, True, 128)
+    (2048.0, 126.015625)
+    """
+    full = (0.5 if causal else 1.0) * seq_len
+    if window <= 0 or window >= seq_len:
+        return full
+    if not causal:
+        return float(window)
+    return window - window * (window - 1) / (2.0 * seq_len)
 
 
 def dense_mlp_forward_flops(model: ModelSpec) -> float:
@@ -359,7 +386,7 @@ def stage_flops_core(
 
     n_dense, n_moe, n_mtp = content.num_dense_layers, content.num_moe_layers, content.num_mtp_layers
     attn = attention_gemm_forward_flops(model)
-    core = core_attention_forward_flops(model, seq_len, causal)
+    core = core_attention_forward_flops(model, seq_len, causal, windowed=True)
     mtp_tp_mlp, mtp_routed = _mtp_mlp_forward_flops(model)
     layer_gemm = (
         (n_dense + n_moe) * attn

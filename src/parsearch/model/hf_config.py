@@ -155,7 +155,25 @@ def _attention_fields(r: _Reader, family: str) -> dict[str, Any]:
         "vocab_size": r.get_int("vocab_size"),
         "tied_embeddings": r.get_bool("tie_word_embeddings", False),
         "qkv_bias": r.get_bool("attention_bias", family in _QKV_BIAS_DEFAULT),
+        **_sliding_window(r),
     }
+
+
+def _sliding_window(r: _Reader) -> dict[str, int]:
+    """``sliding_window`` in tokens (null or 0: none; ``use_sliding_window: false``: off,
+    Qwen2/3) and the layers using it: those ``layer_types`` marks ``sliding_attention``
+    (GPT-OSS), else every layer (Mistral 7B v0.1) -- transformers' ``configuration_*.py``."""
+    window = r.data.get("sliding_window")
+    if window in (None, 0) or r.data.get("use_sliding_window") is False:
+        return {}
+    size = r.get_int("sliding_window")
+    types = r.data.get("layer_types")
+    if types is None:
+        return {"sliding_window": size, "sliding_window_layers": r.get_int("num_hidden_layers")}
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise r._bad("layer_types", types, "a list of layer types")
+    windowed = sum(1 for t in types if t == "sliding_attention")
+    return {"sliding_window": size, "sliding_window_layers": windowed} if windowed else {}
 
 
 def _head_dim(r: _Reader, hidden: int, heads: int) -> int:

@@ -9,64 +9,31 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
-from types import MappingProxyType
 
 from parsearch.errors import SpecError
 from parsearch.serve.spec import ELEMENT_BYTES, SlidingWindow
 from parsearch.workload import ModelSpec
 
-#: Windowed layers of the presets that have them.  GPT-OSS-120B: ``sliding_window: 128`` and
-#: ``layer_types`` alternating sliding/full over 36 layers, 18 windowed (openai/gpt-oss-120b
-#: config.json).
-PRESET_WINDOWS: MappingProxyType[str, SlidingWindow] = MappingProxyType({
-    "gpt-oss-120b": SlidingWindow(window=128, windowed_layers=18),
-})
-
 
 def sliding_window_for(model: ModelSpec,
                        window: SlidingWindow | None = None) -> SlidingWindow | None:
-    """The model's sliding window: ``window`` if given, else the preset's (or None)."""
-    chosen = window if window is not None else PRESET_WINDOWS.get(model.name)
+    """The sliding window served: ``window`` if given, else the model's own (or None).
+
+    A model carries its window from its Hugging Face config or preset
+    (``ModelSpec.sliding_window`` / ``sliding_window_layers``; GPT-OSS-120B: 18 of 36
+    layers at 128 tokens).
+    """
+    chosen = window
+    if chosen is None and model.sliding_window_layers:
+        chosen = SlidingWindow(window=model.sliding_window,
+                               windowed_layers=model.sliding_window_layers)
     if chosen is not None and chosen.windowed_layers > model.num_layers:
         raise SpecError(
             f"sliding_window: windowed_layers={chosen.windowed_layers} exceeds the model's "
             f"num_layers={model.num_layers}"
         )
     return chosen
-
-
-def sliding_window_from_config(path: str | Path) -> SlidingWindow | None:
-    """Read ``sliding_window`` and ``layer_types`` from a Hugging Face ``config.json``.
-
-    HF convention (transformers ``configuration_*.py``): ``sliding_window`` is the window
-    in tokens (null: none); ``layer_types`` lists ``"sliding_attention"`` /
-    ``"full_attention"`` per layer; without it every layer is windowed (Mistral v0.1).
-    """
-    where = str(path)
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecError(f"{where}: cannot read config for sliding_window: {exc}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{where}: expected a JSON object")
-    window = data.get("sliding_window")
-    if window in (None, 0) or data.get("use_sliding_window") is False:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise SpecError(f"{where}: sliding_window must be a positive integer, got {window!r}")
-    types = data.get("layer_types")
-    if types is None:
-        layers = data.get("num_hidden_layers")
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise SpecError(f"{where}: num_hidden_layers must be a positive integer")
-        return SlidingWindow(window=window, windowed_layers=layers)
-    if not isinstance(types, list):
-        raise SpecError(f"{where}: layer_types must be a list, got {type(types).__name__}")
-    windowed = sum(1 for t in types if t == "sliding_attention")
-    return SlidingWindow(window=window, windowed_layers=windowed) if windowed else None
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
