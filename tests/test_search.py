@@ -79,7 +79,12 @@ def test_search_result_ranked_with_breakdowns() -> None:
     assert head == sorted(head, reverse=True)
     rest = tokens[len(tied):]
     assert rest == sorted(rest, reverse=True)
+    # the tied ones are marked, with one note saying why (only when two or more tie)
+    assert [e.tied for e in result.entries] == [
+        len(tied) > 1 and e in tied for e in result.entries]
+    assert bool(result.tie_note) == (len(tied) > 1)
     doc = result.to_dict()
+    assert [r["tied_with_best"] for r in doc["results"]] == [e.tied for e in result.entries]
     assert {"query", "considered", "valid", "feasible", "results"} <= doc.keys()
     first = doc["results"][0]
     for key in ("layout", "num_gpus", "fits", "step_time_s", "tokens_per_s",

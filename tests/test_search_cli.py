@@ -40,6 +40,9 @@ def test_search_table_with_launch_and_diverse() -> None:
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].split()[:3] == ["#", "tp", "pp"]
+    # layouts the tool cannot order carry "~" and the table says what the band is
+    marked = [line for line in lines[1:5] if line.split()[0].endswith("~")]
+    assert bool(marked) == ("~ tie: within" in result.out)
     assert "run_recipe.py --recipe" in result.out and \
         " model.tensor_model_parallel_size=" in result.out
     assert "pretrain_gpt.py" in result.out and " --tensor-model-parallel-size " in result.out

@@ -184,11 +184,14 @@ def _search_table(result: SearchResult, *, show_launch: bool) -> None:
     rows = []
     for e in result.entries:
         est, lay = e.estimate, e.layout
-        rows.append((e.rank, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp, lay.dp, lay.mbs,
+        rank = f"{e.rank}~" if e.tied else e.rank
+        rows.append((rank, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp, lay.dp, lay.mbs,
                      lay.sp, lay.recompute, est.tokens_per_s, est.step_time_s,
                      100 * est.mfu, est.memory_bytes["total"] / 2**30, e.headroom_bytes / 2**30,
                      est.bottleneck, e.launch.nodes))
     print_table(headers, rows)
+    if result.tie_note:
+        print(result.tie_note)
     if show_launch:
         print_launch(result)
 

@@ -116,11 +116,14 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
                             on_rows=advance)
     picks = rank_feasible(scan, top=top, diverse=diverse) if scan.feasible else np.zeros(0, int)
     estimates = order_ties(cm, estimates_for_rows(cm, table, scan.feasible_rows[picks]))
+    floor = tie_floor(cm, estimates)
+    ties = sum(floor is not None and e.tokens_per_s_per_gpu >= floor for e in estimates)
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_for_cluster(model, training, e.layout, cluster,
                                               options=cm.options, gpu=cm.fabric.gpu),
-                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)))
+                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)),
+                    tied=ties > 1 and floor is not None and e.tokens_per_s_per_gpu >= floor)
         for i, e in enumerate(estimates))
     smallest = None
     if not scan.feasible:
@@ -129,22 +132,45 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
         query=search_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
         considered=scan.considered, valid=scan.valid, feasible=scan.feasible, entries=entries,
         elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest,
-        examined=scan.checked)
+        examined=scan.checked, tie_note=tie_note(cm) if ties > 1 else "")
 
 
-def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
-    """Layouts within the prediction's error band of the best, most memory headroom first.
+def tie_floor(cm: Any, estimates: Sequence[Estimate]) -> float | None:
+    """Tokens/s per GPU above which a layout is a tie with the best (``None``: no band).
 
     The band is the out-of-sample spread of this kind of prediction (the
     profile's ``uncertainty``: half the 10th-90th percentile width of
-    measured/predicted); the tool cannot tell such layouts apart, so the one
-    least likely to run out of memory leads.  Without a band the order is unchanged.
+    measured/predicted); the tool cannot tell layouts inside it apart.
     """
     band, _ = band_for(cm.profile.uncertainty, cm.model.is_moe, cm.training.precision)
     if band is None or not estimates:
-        return list(estimates)
+        return None
     best = max(e.tokens_per_s_per_gpu for e in estimates)
-    floor = best * (1.0 - band.relative_halfwidth)
+    return best * (1.0 - band.relative_halfwidth)
+
+
+def tie_note(cm: Any) -> str:
+    """One sentence saying what a tie means for this kind of prediction ("" without a band)."""
+    band, extrapolated = band_for(cm.profile.uncertainty, cm.model.is_moe,
+                                  cm.training.precision)
+    if band is None:
+        return ""
+    kind = f"{cm.profile.name} {'MoE' if cm.model.is_moe else 'dense'} {cm.training.precision}"
+    basis = ("; no such run was calibrated, so the generation's widest band"
+             if extrapolated else "")
+    return (f"~ tie: within {band.relative_halfwidth:.0%} of the best, closer than the tool "
+            f"can tell (out of sample, {kind} runs measured {math.exp(-band.high):.2f}-"
+            f"{math.exp(-band.low):.2f}x of prediction, 10th-90th percentile{basis}).\n"
+            "  Ties are listed by memory headroom; profile them to choose.")
+
+
+def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
+    """Layouts within the prediction's error band of the best (:func:`tie_floor`), most
+    memory headroom first: the one least likely to run out of memory leads.  Without a
+    band the order is unchanged."""
+    floor = tie_floor(cm, estimates)
+    if floor is None:
+        return list(estimates)
     tied = [e for e in estimates if e.tokens_per_s_per_gpu >= floor]
     rest = [e for e in estimates if e.tokens_per_s_per_gpu < floor]
     tied.sort(key=lambda e: e.capacity_bytes - e.memory_bytes["total"], reverse=True)

@@ -24,6 +24,8 @@ class SearchEntry:
     estimate: Estimate
     launch: LaunchSettings
     flags: tuple[str, ...] = ()  # soft rules of the layout spec it breaks
+    #: within the prediction's error band of the best: the tool cannot order them
+    tied: bool = False
 
     @property
     def layout(self) -> Layout:
@@ -38,7 +40,8 @@ class SearchEntry:
         out = {"rank": self.rank, **self.estimate.to_dict()}
         out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
                    headroom_gib_per_gpu=self.headroom_bytes / GIB, nodes=self.launch.nodes,
-                   launch=self.launch.to_dict(), flags=list(self.flags))
+                   launch=self.launch.to_dict(), flags=list(self.flags),
+                   tied_with_best=self.tied)
         return out
 
 
@@ -54,6 +57,7 @@ class SearchResult:
     elapsed_s: float
     smallest_memory_gib: float | None = None
     examined: int | None = None  # valid layouts checked (None: all of them)
+    tie_note: str = ""  # what the ``tied`` entries share ("" when fewer than two tie)
 
     @property
     def best(self) -> SearchEntry | None:
@@ -69,7 +73,8 @@ class SearchResult:
                 "feasible": self.feasible,
                 "examined": self.valid if self.examined is None else self.examined,
                 "pruned": self.pruned, "exact": True,
-                "results": [e.to_dict() for e in self.entries], "elapsed_s": self.elapsed_s}
+                "results": [e.to_dict() for e in self.entries], "elapsed_s": self.elapsed_s,
+                "tie_note": self.tie_note or None}
 
 
 @dataclass(frozen=True)
