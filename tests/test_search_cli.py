@@ -112,3 +112,16 @@ def test_search_lists_one_layout_per_shape_unless_asked_for_every_variant() -> N
     assert len({tuple(r[k] for k in shapes) for r in default}) == len(default)
     every = listed("--no-diverse")
     assert len({tuple(r[k] for k in shapes) for r in every}) < len(every)
+
+
+def test_search_csv_says_which_rows_are_tied() -> None:
+    import csv
+    import io
+
+    result = run_cli("search", *COMMON, "--gpus", "8", "--top", "4", "--format", "csv")
+    assert result.code == 0, result.err
+    rows = list(csv.DictReader(io.StringIO(result.out)))
+    doc = json.loads(run_cli("search", *COMMON, "--gpus", "8", "--top", "4",
+                             "--format", "json").out)
+    assert [r["tied_with_best"] for r in rows] == [
+        str(r["tied_with_best"]) for r in doc["results"]]

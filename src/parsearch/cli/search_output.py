@@ -23,7 +23,7 @@ SEARCH_FORMATS: tuple[str, ...] = ("table", "json", "csv", "jsonl")
 CSV_COLUMNS: tuple[str, ...] = (
     "rank", "key", "tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute",
     "tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "mfu", "memory_gib_per_gpu",
-    "headroom_gib_per_gpu", "bottleneck", "nodes", "env", "megatron_lm_args",
+    "headroom_gib_per_gpu", "tied_with_best", "bottleneck", "nodes", "env", "megatron_lm_args",
     "megatron_bridge_overrides",
 )
 
@@ -75,7 +75,8 @@ def csv_row(e: SearchEntry) -> dict[str, Any]:
         "sp": lay.sp, "recompute": lay.recompute, "tokens_per_s": est.tokens_per_s,
         "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "step_time_s": est.step_time_s,
         "mfu": est.mfu, "memory_gib_per_gpu": est.memory_bytes["total"] / 2**30,
-        "headroom_gib_per_gpu": e.headroom_bytes / 2**30, "bottleneck": est.bottleneck,
+        "headroom_gib_per_gpu": e.headroom_bytes / 2**30, "tied_with_best": e.tied,
+        "bottleneck": est.bottleneck,
         "nodes": launch.nodes,
         "env": " ".join(f"{k}={v}" for k, v in launch.env),
         "megatron_lm_args": launch.command_line(),
