@@ -94,17 +94,20 @@ def core_attention_forward_flops(model: ModelSpec, seq_len: int, causal: bool = 
 def attended_keys(seq_len: int, causal: bool, window: int = 0) -> float:
     """Mean keys one query attends to: ``κ·s`` without a window (κ = 1/2 causal, the
     MCORE convention); with a causal window ``w < s`` query ``i`` sees ``min(i, w)``
-    keys, a mean of ``w − w(w−1)/(2s)`` (a bidirectional window: ``min(w, s)``).
+    keys, a mean of ``w − w(w−1)/(2s)``, scaled by ``s/(s+1)`` as the convention scales
+    the exact causal mean ``(s+1)/2`` to ``s/2`` (so the two meet at ``w = s``); a
+    bidirectional window: ``min(w, s)``.
 
-    >>> attended_keys(4096, True), attended_keys(4096, True, 128)
-    (2048.0, 126.015625)
+    >>> attended_keys(4096, True), round(attended_keys(4096, True, 128), 4)
+    (2048.0, 125.9849)
     """
     full = (0.5 if causal else 1.0) * seq_len
     if window <= 0 or window >= seq_len:
         return full
     if not causal:
         return float(window)
-    return window - window * (window - 1) / (2.0 * seq_len)
+    exact = window - window * (window - 1) / (2.0 * seq_len)
+    return exact * seq_len / (seq_len + 1.0)
 
 
 def dense_mlp_forward_flops(model: ModelSpec) -> float:
