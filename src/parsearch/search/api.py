@@ -115,15 +115,17 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
                             considered=considered_count(model, training, num_gpus),
                             on_rows=advance)
     picks = rank_feasible(scan, top=top, diverse=diverse) if scan.feasible else np.zeros(0, int)
-    estimates = order_ties(cm, estimates_for_rows(cm, table, scan.feasible_rows[picks]))
-    floor = tie_floor(cm, estimates)
-    ties = sum(floor is not None and e.tokens_per_s_per_gpu >= floor for e in estimates)
+    found = estimates_for_rows(cm, table, scan.feasible_rows[picks])
+    floor = tie_floor(cm, found)
+    estimates = order_ties(found, floor)
+    in_band = [floor is not None and e.tokens_per_s_per_gpu >= floor for e in estimates]
+    ties = sum(in_band)
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_for_cluster(model, training, e.layout, cluster,
                                               options=cm.options, gpu=cm.fabric.gpu),
                     flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)),
-                    tied=ties > 1 and floor is not None and e.tokens_per_s_per_gpu >= floor)
+                    tied=ties > 1 and in_band[i])
         for i, e in enumerate(estimates))
     smallest = None
     if not scan.feasible:
@@ -150,7 +152,7 @@ def tie_floor(cm: Any, estimates: Sequence[Estimate]) -> float | None:
 
 
 def tie_note(cm: Any) -> str:
-    """One sentence saying what a tie means for this kind of prediction ("" without a band)."""
+    """The note under a table of ties: the band, what it rests on ("" without a band)."""
     band, extrapolated = band_for(cm.profile.uncertainty, cm.model.is_moe,
                                   cm.training.precision)
     if band is None:
@@ -164,11 +166,10 @@ def tie_note(cm: Any) -> str:
             "  Ties are listed by memory headroom; profile them to choose.")
 
 
-def order_ties(cm: Any, estimates: Sequence[Estimate]) -> list[Estimate]:
-    """Layouts within the prediction's error band of the best (:func:`tie_floor`), most
-    memory headroom first: the one least likely to run out of memory leads.  Without a
-    band the order is unchanged."""
-    floor = tie_floor(cm, estimates)
+def order_ties(estimates: Sequence[Estimate], floor: float | None) -> list[Estimate]:
+    """Layouts at or above ``floor`` (:func:`tie_floor`: within the prediction's error band
+    of the best), most memory headroom first: the one least likely to run out of memory
+    leads.  Without a band (``None``) the order is unchanged."""
     if floor is None:
         return list(estimates)
     tied = [e for e in estimates if e.tokens_per_s_per_gpu >= floor]
