@@ -30,6 +30,22 @@ class NoValidLayoutError(ParsearchError):
     """A query admits no valid layout at all."""
 
 
+def yaml_problem(error: Exception) -> tuple[str, str]:
+    """``(" at line L, column C" or "", problem on one line)`` of a PyYAML error.
+
+    >>> import yaml
+    >>> try:
+    ...     yaml.safe_load("a: [1, 2")
+    ... except yaml.YAMLError as exc:
+    ...     yaml_problem(exc)[0]
+    ' at line 1, column 9'
+    """
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(error, "problem", None) or str(error)
+    return where, " ".join(str(problem).split())
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken layout rule, with the values that break it.

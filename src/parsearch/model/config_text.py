@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from parsearch.errors import SpecError
+from parsearch.errors import SpecError, yaml_problem
 
 
 def one_line(text: object) -> str:
@@ -79,10 +79,8 @@ def parse_mapping_file(path: Path) -> dict[str, Any]:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise SpecError(f"{path}: invalid YAML{where}: {one_line(problem)}") from exc
+            where, problem = yaml_problem(exc)
+            raise SpecError(f"{path}: invalid YAML{where}: {problem}") from exc
         except (ValueError, RecursionError) as exc:
             raise SpecError(f"{path}: invalid YAML: {one_line(str(exc))[:200]}") from None
     if not isinstance(data, dict):

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from parsearch.errors import TopologyError
+from parsearch.errors import TopologyError, yaml_problem
 from parsearch.resources import data_dir
 from parsearch.topology.hardware import list_gpu_profiles
 from parsearch.workload import short_repr
@@ -369,11 +369,8 @@ def load_cluster_file(path: Path) -> ClusterSpec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
-        raise TopologyError(f"{path}: not valid YAML{where}: "
-                            f"{' '.join(str(problem).split())[:200]}") from None
+        where, problem = yaml_problem(error)
+        raise TopologyError(f"{path}: not valid YAML{where}: {problem[:200]}") from None
     except (ValueError, RecursionError) as error:
         raise TopologyError(f"{path}: not valid YAML: {' '.join(str(error).split())[:200]}") \
             from None
