@@ -20,9 +20,7 @@ on one GPU is built from what its kernels do:
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -33,8 +31,7 @@ from parsearch.cost.quantization import quantize_bytes_per_element
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
-from parsearch.errors import SpecError
-from parsearch.topology.hardware import GpuProfile, load_gpu_profile
+from parsearch.topology.hardware import GpuProfile, generation_profiles
 from parsearch.workload import ModelSpec, TrainingSpec
 
 ACT_BYTES = 2.0  # bf16 activations
@@ -137,15 +134,10 @@ def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bo
     return captured + 0.0 * total
 
 
-@cache
 def _generation_matmul_reference(gpus: tuple[str, ...], precision: str) -> float | None:
     """Mean measured large-matmul fraction of a generation's GPUs (``None``: none measured)."""
-    measured = []
-    for name in gpus:
-        with contextlib.suppress(SpecError):
-            share = load_gpu_profile(name).large_matmul_fraction.get(precision)
-            if share is not None:
-                measured.append(share)
+    measured = [p.large_matmul_fraction[precision] for p in generation_profiles(gpus)
+                if precision in p.large_matmul_fraction]
     return sum(measured) / len(measured) if measured else None
 
 
@@ -159,6 +151,7 @@ def matmul_scale(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) ->
     generation's mean, one without keeps the mean (1.0).
 
     >>> from parsearch.cost.efficiency import efficiency_for_gpu
+    >>> from parsearch.topology.hardware import load_gpu_profile
     >>> round(matmul_scale(load_gpu_profile("gb200"), efficiency_for_gpu("gb200"), "bf16"), 3)
     0.955
     """

@@ -18,12 +18,8 @@ generation's mean at the model's head dims (:func:`attention_scale`), the way
 
 from __future__ import annotations
 
-import contextlib
-from functools import cache
-
 from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.errors import SpecError
-from parsearch.topology.hardware import GpuProfile, load_gpu_profile
+from parsearch.topology.hardware import GpuProfile, generation_profiles
 from parsearch.workload import ModelSpec
 
 #: Share of the exponential time that the tensor-core matmuls do not hide.  From NVIDIA's
@@ -62,15 +58,10 @@ def attention_speed(gpu: GpuProfile, score_flops: float, *, backward: bool) -> f
     return 1.0 / (1.0 + EXP_EXPOSED_SHARE * exp_over_mma)
 
 
-@cache
 def _generation_speed(gpus: tuple[str, ...], score_flops: float, backward: bool) -> float | None:
     """Mean :func:`attention_speed` of a generation's GPUs that state an SFU rate."""
-    speeds = []
-    for name in gpus:
-        with contextlib.suppress(SpecError):
-            speed = attention_speed(load_gpu_profile(name), score_flops, backward=backward)
-            if speed is not None:
-                speeds.append(speed)
+    speeds = [speed for p in generation_profiles(gpus)
+              if (speed := attention_speed(p, score_flops, backward=backward)) is not None]
     return sum(speeds) / len(speeds) if speeds else None
 
 
@@ -81,6 +72,7 @@ def attention_scale(gpu: GpuProfile, profile: EfficiencyProfile, model: ModelSpe
     >>> from parsearch.cost.efficiency import efficiency_for_gpu
     >>> from parsearch.presets import get_preset
     >>> llama = get_preset("llama3-70b")
+    >>> from parsearch.topology.hardware import load_gpu_profile
     >>> gb300 = load_gpu_profile("gb300")
     >>> round(attention_scale(gb300, efficiency_for_gpu("gb300"), llama, backward=False), 3)
     1.093

@@ -15,8 +15,10 @@ False
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,14 @@ def load_gpu_profile(name: str) -> GpuProfile:
     except yaml.YAMLError as error:
         raise SpecError(f"{path}: not valid YAML ({error})") from None
     return gpu_profile_from_dict(data, str(path))
+
+
+@cache
+def generation_profiles(names: tuple[str, ...]) -> tuple[GpuProfile, ...]:
+    """The built-in profiles of a generation's GPUs (an efficiency profile's ``gpus``),
+    skipping names with no profile; loaded once per set of names."""
+    profiles = []
+    for name in names:
+        with contextlib.suppress(SpecError):
+            profiles.append(load_gpu_profile(name))
+    return tuple(profiles)
