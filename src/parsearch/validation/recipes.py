@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
+from parsearch.cost.communication import FLEX_DISPATCH_SMS
 from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
@@ -108,9 +109,9 @@ def _setup(row: dict[str, str]) -> RunSetup:
     return RunSetup(
         id=cell["id"],
         moe_dispatcher=cell.get("moe_dispatcher") or None,
-        moe_flex_backend=(cell.get("moe_flex_backend", "").lower()
-                          if cell.get("moe_flex_backend", "").lower() in ("deepep", "hybridep")
-                          else None),
+        # a recipe names a concrete backend: one whose SM budget the cost model prices
+        moe_flex_backend=(backend if (backend := cell.get("moe_flex_backend", "").lower())
+                          in FLEX_DISPATCH_SMS else None),
         tp_comm_overlap=_flag(cell.get("tp_comm_overlap", "")),
         moe_a2a_overlap=_flag(cell.get("moe_a2a_overlap", "")),
         overlap_grad_reduce=_flag(cell.get("overlap_grad_reduce", "")),
