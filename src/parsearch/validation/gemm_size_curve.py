@@ -1,0 +1,104 @@
+"""GEMM efficiency against problem size, fitted to a measured matmul sweep.
+
+The cost model prices a GEMM of ``F`` FLOPs at ``eta_max * F / (F + F_half)`` of the
+dense peak (:func:`parsearch.cost.compute.gemm_efficiency`).  ``eta_max`` is the
+large-matmul ceiling; ``F_half`` is where a GEMM reaches half of it.  This module
+reads a measured sweep of GEMM shapes (``cost_models/references/``) and fits both
+by least squares on the log efficiency, so a profile's ``gemm_half_flops`` comes
+from a cited measurement rather than from the training runs.
+
+Bundled sweep: XLA's default matmul performance table for ``sm_90``
+(``xla/service/gpu/model/matmul_interpolator_data.h`` in tensorflow/tensorflow,
+commits 372d578 and 9bebee8; 375 shapes each, batch 1-4, M, N, K 256-4096, BF16 in
+and out).  The table does not name the part; its best shape reaches 810 TFLOP/s,
+0.82 of the 989 TFLOP/s dense BF16 peak of the H100/H200 SXM class, so it is read
+as that.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from parsearch.errors import SpecError
+from parsearch.resources import data_dir
+
+#: The bundled sweep (module docstring), relative to the cost-model data directory.
+H100_BF16_SWEEP = Path("references") / "xla_matmul_h100_bf16.csv"
+#: Dense BF16 peak the sweep is divided by (NVIDIA H100 SXM datasheet, dense).
+H100_BF16_PEAK_FLOPS = 989.4e12
+
+
+@dataclass(frozen=True)
+class MatmulSweep:
+    """Measured GEMMs: FLOPs per call, achieved share of the peak, smallest dimension."""
+
+    flops: np.ndarray
+    efficiency: np.ndarray
+    smallest_dim: np.ndarray
+
+
+@dataclass(frozen=True)
+class SizeCurve:
+    """``eta_max * F / (F + half_flops)`` fitted to a sweep, with its log-RMS misfit."""
+
+    eta_max: float
+    half_flops: float
+    rms_log_error: float
+    n: int
+
+    def efficiency(self, flops: np.ndarray) -> np.ndarray:
+        """The curve's share of the peak at ``flops`` per call."""
+        f = np.asarray(flops, dtype=np.float64)
+        return self.eta_max * f / (f + self.half_flops)
+
+
+def load_matmul_sweep(path: Path | None = None,
+                      peak_flops: float = H100_BF16_PEAK_FLOPS) -> MatmulSweep:
+    """Read a sweep CSV (``b, m, n, k, flops_per_s`` columns) as shares of ``peak_flops``."""
+    path = path or data_dir("cost_models") / H100_BF16_SWEEP
+    flops, achieved, smallest = [], [], []
+    with open(path, newline="", encoding="utf-8") as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            try:
+                b, m, n, k = (int(row[key]) for key in ("b", "m", "n", "k"))
+                rate = float(row["flops_per_s"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise SpecError(f"{path} line {line}: needs integer b, m, n, k and a number "
+                                f"flops_per_s ({exc})") from None
+            if min(b, m, n, k) <= 0 or rate <= 0:
+                raise SpecError(f"{path} line {line}: sizes and flops_per_s must be positive")
+            flops.append(2.0 * b * m * n * k)  # one multiply-add = 2 FLOPs
+            achieved.append(rate / peak_flops)
+            smallest.append(min(m, n, k))
+    if not flops:
+        raise SpecError(f"{path}: no GEMM rows")
+    return MatmulSweep(np.array(flops), np.array(achieved), np.array(smallest))
+
+
+def fit_size_curve(sweep: MatmulSweep, min_dim: int = 0) -> SizeCurve:
+    """Least-squares fit of ``eta_max`` and ``half_flops`` on log efficiency.
+
+    ``min_dim`` keeps only shapes whose smallest of M, N, K is at least that (skinny
+    GEMMs lose more than their FLOP count says; the curve has no shape term).
+    """
+    keep = sweep.smallest_dim >= min_dim
+    if keep.sum() < 3:
+        raise SpecError(f"fewer than 3 GEMM shapes have every dimension >= {min_dim}")
+    flops, eff = sweep.flops[keep], sweep.efficiency[keep]
+
+    def residuals(p: np.ndarray) -> np.ndarray:
+        eta_max, half_gflops = p
+        return np.log(eta_max * flops / (flops + half_gflops * 1e9)) - np.log(eff)
+
+    fit = least_squares(residuals, x0=[0.8, 2.0], bounds=([0.05, 1e-3], [1.0, 1e3]))
+    return SizeCurve(eta_max=float(fit.x[0]), half_flops=float(fit.x[1]) * 1e9,
+                     rms_log_error=float(np.sqrt(np.mean(fit.fun**2))), n=int(keep.sum()))
+
+
+__all__ = ["H100_BF16_PEAK_FLOPS", "H100_BF16_SWEEP", "MatmulSweep", "SizeCurve",
+           "fit_size_curve", "load_matmul_sweep"]

@@ -1,0 +1,68 @@
+"""The GEMM size curve: the fit recovers known curves, and the Hopper profile's
+``gemm_half_flops`` and BF16 ceiling agree with the bundled H100 matmul sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsearch.cost.compute import gemm_efficiency
+from parsearch.cost.efficiency import efficiency_for_gpu
+from parsearch.errors import SpecError
+from parsearch.validation.gemm_size_curve import (
+    MatmulSweep,
+    fit_size_curve,
+    load_matmul_sweep,
+)
+
+SIZES = (256, 512, 1024, 2048, 4096)
+
+
+def _synthetic(eta_max: float, half_flops: float) -> MatmulSweep:
+    flops = np.array([2.0 * m * n * k for m in SIZES for n in SIZES for k in SIZES])
+    eff = eta_max * flops / (flops + half_flops)
+    smallest = np.array([min(m, n, k) for m in SIZES for n in SIZES for k in SIZES])
+    return MatmulSweep(flops, eff, smallest)
+
+
+@settings(max_examples=25, deadline=None)
+@given(eta_max=st.floats(0.3, 0.95), half_gflops=st.floats(0.5, 20.0))
+def test_fit_recovers_a_curve_it_was_given(eta_max: float, half_gflops: float) -> None:
+    curve = fit_size_curve(_synthetic(eta_max, half_gflops * 1e9))
+    assert curve.eta_max == pytest.approx(eta_max, rel=0.02)
+    assert curve.half_flops == pytest.approx(half_gflops * 1e9, rel=0.02)
+    assert curve.rms_log_error < 1e-3
+
+
+def test_hopper_half_flops_is_the_one_the_h100_sweep_measures() -> None:
+    sweep = load_matmul_sweep()
+    assert len(sweep.flops) == 750  # 375 shapes from each of two XLA commits
+    curve = fit_size_curve(sweep)
+    profile = efficiency_for_gpu("h100-sxm")
+    assert profile.gemm_half_flops == pytest.approx(curve.half_flops, rel=0.15)
+    # Square-ish GEMMs follow the curve closely; the large-GEMM ceiling the sweep
+    # implies sits inside the profile's cited BF16 range.
+    square = fit_size_curve(sweep, min_dim=1024)
+    assert square.rms_log_error < 0.06
+    prior = profile.priors["gemm_efficiency.bf16"]
+    assert prior.low <= square.eta_max <= prior.high + 0.01
+
+
+def test_the_model_curve_tracks_the_sweep() -> None:
+    """The shipped curve (fitted ceiling, sweep's half point) within 12% log-RMS."""
+    sweep = load_matmul_sweep()
+    profile = efficiency_for_gpu("h100-sxm")
+    keep = sweep.smallest_dim >= 512
+    model = gemm_efficiency(profile, "bf16", sweep.flops[keep])
+    assert float(np.sqrt(np.mean(np.log(model / sweep.efficiency[keep]) ** 2))) < 0.12
+
+
+def test_a_bad_sweep_row_is_named(tmp_path) -> None:
+    bad = tmp_path / "sweep.csv"
+    bad.write_text("b,m,n,k,flops_per_s\n1,256,256,x,1e12\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="line 2"):
+        load_matmul_sweep(bad)
+    with pytest.raises(SpecError, match="fewer than 3"):
+        fit_size_curve(_synthetic(0.8, 2e9), min_dim=8192)
