@@ -58,6 +58,23 @@ def test_deduplicating_dispatch_never_sends_more_over_the_network(per_domain: in
         assert float(plain) == 0.0
 
 
+@given(per_domain=st.sampled_from([2, 4, 8]), efficiency=st.floats(0.55, 1.0),
+       dispatcher=st.sampled_from(["alltoall", "allgather", "flex"]))
+def test_alltoall_efficiency_prices_the_network_only(per_domain: int, efficiency: float,
+                                                     dispatcher: str) -> None:
+    """Inside one NVLink domain the all-to-all runs at the ring rate, whatever the
+    network all-to-all efficiency; across domains NCCL's efficiency can only slow it."""
+    inside = [float(dispatch_time(_link(per_domain, per_domain), 4096, 7168.0, 8, dispatcher,
+                                  eff, 0.0)[0][0]) for eff in (efficiency, 1.0)]
+    assert inside[0] == pytest.approx(inside[1])
+    if dispatcher == "alltoall":  # 4096 tokens x 8 copies, (p-1)/p leave the rank, 400 GB/s
+        assert inside[1] == pytest.approx(4096 * 8 * (per_domain - 1) / per_domain * 7168.0
+                                          / 400e9)
+    spread = [float(dispatch_time(_link(8 * per_domain, per_domain), 4096, 7168.0, 8,
+                                  dispatcher, eff, 0.0)[0][0]) for eff in (efficiency, 1.0)]
+    assert spread[0] >= spread[1] - 1e-15
+
+
 def _gpt_oss(ep: int) -> float:
     model = get_preset("gpt-oss-120b")
     training = TrainingSpec(seq_len=4096, global_batch=1280)

@@ -181,24 +181,27 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     """(seconds, network bytes) of one dispatch (or combine) call of ``tokens`` per rank.
 
     NVLink and network copies proceed at once; the slower link sets the time
-    (formulas.md §7.1 hierarchical all-to-all).  All-to-all kernels reach
-    ``alltoall_efficiency`` of the ring-collective bandwidth the cluster file
-    states (nccl-tests busbw; DeepEP/HybridEP on NVLink); DeepEP's RDMA kernels run
-    near line rate across nodes (DeepEP README: 43-58 GB/s per 400 Gb/s NIC), so
-    ``flex`` uses the full network rate.  Latency:
-    one call plus one network step per remote domain (NCCL sends to every peer).
+    (formulas.md §7.1 hierarchical all-to-all).  Inside an NVSwitch domain every
+    pair has its own path, so all-to-all reaches the ring-collective rate the
+    cluster file states (NCCL maintainer: about 370 of 450 GB/s on 8x H100 for
+    the collectives other than all-reduce, nccl-tests issue #212; DeepEP v2
+    726 of 900 GB/s on B200, references/microbenchmarks.yaml).  Across the
+    network, NCCL all-to-all reaches ``alltoall_efficiency`` of the ring rate
+    (nccl-tests all-to-all vs all-reduce busbw over NDR); DeepEP's RDMA kernels
+    run near line rate (DeepEP README: 43-58 GB/s per 400 Gb/s NIC), so ``flex``
+    uses the full network rate.  Latency: one call plus one network step per
+    remote domain (NCCL sends to every peer).
     """
     k, m, n = split_group(link)
     intra, inter = dispatch_copies(k, n, top_k, dispatcher, groups)
     t = np.asarray(tokens, dtype=np.float64)
-    # NVLink: NCCL all-to-all and the DeepEP/HybridEP kernels alike reach well under the
-    # link rate (HybridEP on GB200 546 of 900 GB/s, DeepEP v2 on B200 726 of 900;
-    # references/microbenchmarks.yaml); the network: DeepEP's RDMA near line rate.
+    # NVLink at the cluster's ring rate (docstring; HybridEP's 546 of 900 GB/s on a
+    # 24-rank NVL72 domain is the slower exception); the network: NCCL all-to-all at
+    # alltoall_efficiency of the ring rate, DeepEP's RDMA near line rate.
     network_eff = 1.0 if dispatcher == "flex" else alltoall_efficiency
     net_bytes = t * inter * bytes_per_token
     intra_s = safe_div(t * intra * bytes_per_token,
-                       np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64)
-                       * alltoall_efficiency)
+                       np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64))
     inter_s = safe_div(net_bytes,
                        np.asarray(link.network_bandwidth_Bps, dtype=np.float64) * network_eff)
     peers = (m - 1.0) if dispatcher != "flex" else np.minimum(m - 1.0, 1.0)

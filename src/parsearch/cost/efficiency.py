@@ -118,8 +118,9 @@ class EfficiencyProfile:
       backward kernels in eager mode; a layer whose GPU work is shorter waits
       for the host (CUDA graphs remove most of it);
     * ``step_overhead_s``: fixed time per optimizer step;
-    * ``alltoall_efficiency``: NCCL all-to-all busbw relative to the
-      ring-collective bandwidth the cluster file states;
+    * ``alltoall_efficiency``: NCCL all-to-all busbw across the network
+      relative to the ring-collective bandwidth the cluster file states
+      (inside an NVLink domain all-to-all runs at the ring rate);
     * ``collective_latency_s``: base latency of one collective call;
     * ``comm_sm_share``: share of SMs communication kernels occupy while they
       overlap compute (the overlapped compute runs that much slower);

@@ -132,11 +132,14 @@ def serving_all_reduce(link: LinkArrays, size_bytes: float, rates: Rates) -> flo
 
 
 def _alltoall(link: LinkArrays, size_bytes: float, rates: Rates) -> float:
-    """Dispatch or combine all-to-all: alpha-beta time at the all-to-all efficiency, plus one
-    call latency (DeepEP low-latency kernels are latency bound at decode batch sizes)."""
+    """Dispatch or combine all-to-all: alpha-beta time, plus one call latency (DeepEP
+    low-latency kernels are latency bound at decode batch sizes).  Inside an NVLink domain
+    all-to-all runs at the ring rate; across the network at the all-to-all efficiency
+    (:func:`parsearch.cost.communication.dispatch_time` gives the sources)."""
     if float(link.size) <= 1:
         return 0.0
-    return float(all_to_all_time(link, size_bytes)) / rates.alltoall + rates.collective_latency_s
+    efficiency = rates.alltoall if float(link.network_bandwidth_Bps) > 0 else 1.0
+    return float(all_to_all_time(link, size_bytes)) / efficiency + rates.collective_latency_s
 
 
 def _gemm_eff(rates: Rates, flops_per_gemm: float) -> float:
