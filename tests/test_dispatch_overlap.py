@@ -75,16 +75,23 @@ def test_alltoall_efficiency_prices_the_network_only(per_domain: int, efficiency
     assert spread[0] >= spread[1] - 1e-15
 
 
-def _gpt_oss(ep: int) -> float:
+def _gpt_oss(ep: int, cuda_graphs: bool = False) -> float:
     model = get_preset("gpt-oss-120b")
     training = TrainingSpec(seq_len=4096, global_batch=1280)
-    cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-b200"), 64))
+    cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-b200"), 64),
+                          options=replace(CostOptions(), cuda_graphs=cuda_graphs))
     return estimate(cm, parse_layout_string(f"ep={ep},mbs=1", 64)).tokens_per_s_per_gpu
 
 
 def test_expert_parallelism_inside_the_node_beats_spilling_over_eight_nodes() -> None:
-    """Published GPT-OSS-120B on 64 B200s: EP=8 near 13.6k tokens/s/GPU, EP=64 near 8k."""
-    assert _gpt_oss(8) > 1.3 * _gpt_oss(64)
+    """Published GPT-OSS-120B on 64 B200s (issue 8): EP=8 near 13.6k tokens/s/GPU, EP=64
+    near 8k.  With whole-layer CUDA graphs both are predicted within 15% and EP=8 wins
+    by more than 1.5x; eager, the host issue time of EP=8's 16 local experts narrows the
+    gap, but the order holds."""
+    assert _gpt_oss(8, cuda_graphs=True) == pytest.approx(13_600, rel=0.15)
+    assert _gpt_oss(64, cuda_graphs=True) == pytest.approx(8_000, rel=0.15)
+    assert _gpt_oss(8, cuda_graphs=True) > 1.5 * _gpt_oss(64, cuda_graphs=True)
+    assert _gpt_oss(8) > 1.1 * _gpt_oss(64)
 
 
 FEATURES = ("tp_comm_overlap", "moe_a2a_overlap", "overlap_grad_reduce", "overlap_param_gather")
