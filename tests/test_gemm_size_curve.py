@@ -12,6 +12,8 @@ from parsearch.cost.compute import gemm_efficiency
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.errors import SpecError
 from parsearch.validation.gemm_size_curve import (
+    B200_BF16_PEAK_FLOPS,
+    SM100_BF16_SWEEP,
     MatmulSweep,
     fit_size_curve,
     load_matmul_sweep,
@@ -38,7 +40,7 @@ def test_fit_recovers_a_curve_it_was_given(eta_max: float, half_gflops: float) -
 
 def test_hopper_half_flops_is_the_one_the_h100_sweep_measures() -> None:
     sweep = load_matmul_sweep()
-    assert len(sweep.flops) == 750  # 375 shapes from each of two XLA commits
+    assert len(sweep.flops) == 1125  # 375 shapes from each of three XLA commits
     curve = fit_size_curve(sweep)
     profile = efficiency_for_gpu("h100-sxm")
     assert profile.gemm_half_flops == pytest.approx(curve.half_flops, rel=0.15)
@@ -48,6 +50,15 @@ def test_hopper_half_flops_is_the_one_the_h100_sweep_measures() -> None:
     assert square.rms_log_error < 0.06
     prior = profile.priors["gemm_efficiency.bf16"]
     assert prior.low <= square.eta_max <= prior.high + 0.01
+
+
+def test_blackwell_half_flops_is_the_one_the_sm100_sweep_measures() -> None:
+    sweep = load_matmul_sweep(SM100_BF16_SWEEP, B200_BF16_PEAK_FLOPS)
+    curve = fit_size_curve(sweep)
+    assert efficiency_for_gpu("b200").gemm_half_flops == pytest.approx(curve.half_flops,
+                                                                        rel=0.15)
+    # A faster GPU needs a larger GEMM to fill: B200's half point lies above H100's.
+    assert curve.half_flops > 1.5 * fit_size_curve(load_matmul_sweep()).half_flops
 
 
 def test_the_model_curve_tracks_the_sweep() -> None:

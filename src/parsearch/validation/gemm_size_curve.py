@@ -7,12 +7,19 @@ reads a measured sweep of GEMM shapes (``cost_models/references/``) and fits bot
 by least squares on the log efficiency, so a profile's ``gemm_half_flops`` comes
 from a cited measurement rather than from the training runs.
 
-Bundled sweep: XLA's default matmul performance table for ``sm_90``
-(``xla/service/gpu/model/matmul_interpolator_data.h`` in tensorflow/tensorflow,
-commits 372d578 and 9bebee8; 375 shapes each, batch 1-4, M, N, K 256-4096, BF16 in
-and out).  The table does not name the part; its best shape reaches 810 TFLOP/s,
-0.82 of the 989 TFLOP/s dense BF16 peak of the H100/H200 SXM class, so it is read
-as that.
+Bundled sweeps, XLA's default matmul performance tables (375 shapes each: batch 1-4,
+M, N, K 256-4096, BF16 in and out):
+
+* ``sm_90``: ``xla/service/gpu/model/matmul_interpolator_data.h`` in
+  tensorflow/tensorflow, commits 372d578 and 9bebee8.  The table names no part; its
+  best shape reaches 810 TFLOP/s, 0.82 of the 989 TFLOP/s dense BF16 peak of the
+  H100/H200 SXM class, so it is read as that.
+* ``sm_100``: ``xla/backends/gpu/cost_model/matmul_interpolator_data.h``, commit
+  a305421: a B200-class part (best shape 1,670 TFLOP/s, 0.74 of B200's 2,250).  The
+  same file's FP8 columns are left out: its sm_90 FP8 rows exceed the H100's dense
+  FP8 peak (2.6 of 1.98 PFLOP/s), so they do not time what they say.
+
+``F_half`` does not depend on which peak the rates are divided by; ``eta_max`` does.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from scipy.optimize import least_squares
 from parsearch.errors import SpecError
 from parsearch.resources import data_dir
 
-#: The bundled sweep (module docstring), relative to the cost-model data directory.
+#: The bundled sweeps (module docstring), relative to the cost-model data directory.
 H100_BF16_SWEEP = Path("references") / "xla_matmul_h100_bf16.csv"
-#: Dense BF16 peak the sweep is divided by (NVIDIA H100 SXM datasheet, dense).
+SM100_BF16_SWEEP = Path("references") / "xla_matmul_sm100_bf16.csv"
+#: Dense BF16 peaks the sweeps are divided by (NVIDIA H100 SXM and HGX B200 datasheets).
 H100_BF16_PEAK_FLOPS = 989.4e12
+B200_BF16_PEAK_FLOPS = 2250e12
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,13 @@ class SizeCurve:
 
 def load_matmul_sweep(path: Path | None = None,
                       peak_flops: float = H100_BF16_PEAK_FLOPS) -> MatmulSweep:
-    """Read a sweep CSV (``b, m, n, k, flops_per_s`` columns) as shares of ``peak_flops``."""
-    path = path or data_dir("cost_models") / H100_BF16_SWEEP
+    """Read a sweep CSV (``b, m, n, k, flops_per_s`` columns) as shares of ``peak_flops``.
+
+    A relative ``path`` is read from the cost-model data directory (default: the H100 sweep).
+    """
+    path = path or H100_BF16_SWEEP
+    if not path.is_absolute():
+        path = data_dir("cost_models") / path
     flops, achieved, smallest = [], [], []
     with open(path, newline="", encoding="utf-8") as handle:
         for line, row in enumerate(csv.DictReader(handle), start=2):
@@ -100,5 +114,13 @@ def fit_size_curve(sweep: MatmulSweep, min_dim: int = 0) -> SizeCurve:
                      rms_log_error=float(np.sqrt(np.mean(fit.fun**2))), n=int(keep.sum()))
 
 
-__all__ = ["H100_BF16_PEAK_FLOPS", "H100_BF16_SWEEP", "MatmulSweep", "SizeCurve",
-           "fit_size_curve", "load_matmul_sweep"]
+__all__ = [
+    "B200_BF16_PEAK_FLOPS",
+    "H100_BF16_PEAK_FLOPS",
+    "H100_BF16_SWEEP",
+    "SM100_BF16_SWEEP",
+    "MatmulSweep",
+    "SizeCurve",
+    "fit_size_curve",
+    "load_matmul_sweep",
+]
