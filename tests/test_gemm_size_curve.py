@@ -75,5 +75,7 @@ def test_a_bad_sweep_row_is_named(tmp_path) -> None:
     bad.write_text("b,m,n,k,flops_per_s\n1,256,256,x,1e12\n", encoding="utf-8")
     with pytest.raises(SpecError, match="line 2"):
         load_matmul_sweep(bad)
+    with pytest.raises(SpecError, match="cannot read the matmul sweep"):
+        load_matmul_sweep(tmp_path / "missing.csv")
     with pytest.raises(SpecError, match="fewer than 3"):
         fit_size_curve(_synthetic(0.8, 2e9), min_dim=8192)

@@ -76,19 +76,22 @@ def load_matmul_sweep(path: Path | None = None,
     if not path.is_absolute():
         path = data_dir("cost_models") / path
     flops, achieved, smallest = [], [], []
-    with open(path, newline="", encoding="utf-8") as handle:
-        for line, row in enumerate(csv.DictReader(handle), start=2):
-            try:
-                b, m, n, k = (int(row[key]) for key in ("b", "m", "n", "k"))
-                rate = float(row["flops_per_s"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise SpecError(f"{path} line {line}: needs integer b, m, n, k and a number "
-                                f"flops_per_s ({exc})") from None
-            if min(b, m, n, k) <= 0 or rate <= 0:
-                raise SpecError(f"{path} line {line}: sizes and flops_per_s must be positive")
-            flops.append(2.0 * b * m * n * k)  # one multiply-add = 2 FLOPs
-            achieved.append(rate / peak_flops)
-            smallest.append(min(m, n, k))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the matmul sweep {path}: {exc}") from None
+    for line, row in enumerate(csv.DictReader(text.splitlines()), start=2):
+        try:
+            b, m, n, k = (int(row[key]) for key in ("b", "m", "n", "k"))
+            rate = float(row["flops_per_s"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SpecError(f"{path} line {line}: needs integer b, m, n, k and a number "
+                            f"flops_per_s ({exc})") from None
+        if min(b, m, n, k) <= 0 or rate <= 0:
+            raise SpecError(f"{path} line {line}: sizes and flops_per_s must be positive")
+        flops.append(2.0 * b * m * n * k)  # one multiply-add = 2 FLOPs
+        achieved.append(rate / peak_flops)
+        smallest.append(min(m, n, k))
     if not flops:
         raise SpecError(f"{path}: no GEMM rows")
     return MatmulSweep(np.array(flops), np.array(achieved), np.array(smallest))
