@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import yaml
+
 
 class ParsearchError(Exception):
     """Base class of every error parsearch raises on purpose."""
@@ -44,6 +46,28 @@ def yaml_problem(error: Exception) -> tuple[str, str]:
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
     problem = getattr(error, "problem", None) or str(error)
     return where, " ".join(str(problem).split())
+
+
+def parse_yaml_text(text: str, where: str,
+                    error: type[ParsearchError] = SpecError) -> object:
+    """``yaml.safe_load(text)``; a parse failure becomes one ``error`` line naming ``where``,
+    the line and column and the problem (model files and cluster files alike).
+
+    >>> parse_yaml_text("a: 1", "x.yaml")
+    {'a': 1}
+    >>> try:
+    ...     parse_yaml_text("a: [1, 2", "x.yaml")
+    ... except SpecError as exc:
+    ...     str(exc)[:31]
+    'x.yaml: invalid YAML at line 1,'
+    """
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        line, problem = yaml_problem(exc)
+        raise error(f"{where}: invalid YAML{line}: {problem[:200]}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5,000 digits
+        raise error(f"{where}: invalid YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
 @dataclass(frozen=True)

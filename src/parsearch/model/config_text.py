@@ -9,9 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from parsearch.errors import SpecError, yaml_problem
+from parsearch.errors import SpecError, parse_yaml_text
 
 
 def one_line(text: object) -> str:
@@ -76,13 +74,7 @@ def parse_mapping_file(path: Path) -> dict[str, Any]:
         except (ValueError, RecursionError) as exc:  # e.g. an integer of 5,000 digits
             raise SpecError(f"{path}: invalid JSON: {one_line(str(exc))[:200]}") from None
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            where, problem = yaml_problem(exc)
-            raise SpecError(f"{path}: invalid YAML{where}: {problem}") from exc
-        except (ValueError, RecursionError) as exc:
-            raise SpecError(f"{path}: invalid YAML: {one_line(str(exc))[:200]}") from None
+        data = parse_yaml_text(text, str(path))
     if not isinstance(data, dict):
         raise SpecError(
             f"{path}: expected a mapping of keys to values at the top level, "

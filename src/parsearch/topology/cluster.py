@@ -42,9 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from parsearch.errors import TopologyError, yaml_problem
+from parsearch.errors import TopologyError, parse_yaml_text
 from parsearch.resources import data_dir
 from parsearch.topology.hardware import list_gpu_profiles
 from parsearch.workload import short_repr
@@ -366,14 +364,7 @@ def load_cluster_file(path: Path) -> ClusterSpec:
     except UnicodeDecodeError as error:
         raise TopologyError(f"cluster file {path} is not UTF-8 text (byte {error.start}: "
                             f"{error.reason})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        where, problem = yaml_problem(error)
-        raise TopologyError(f"{path}: not valid YAML{where}: {problem[:200]}") from None
-    except (ValueError, RecursionError) as error:
-        raise TopologyError(f"{path}: not valid YAML: {' '.join(str(error).split())[:200]}") \
-            from None
+    data = parse_yaml_text(text, str(path), TopologyError)
     return cluster_from_dict(data, str(path))
 
 
