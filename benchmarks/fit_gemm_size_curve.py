@@ -20,23 +20,20 @@ import numpy as np
 
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.validation.gemm_size_curve import (
-    B200_BF16_PEAK_FLOPS,
-    H100_BF16_PEAK_FLOPS,
     H100_BF16_SWEEP,
     SM100_BF16_SWEEP,
     fit_size_curve,
     load_matmul_sweep,
 )
 
-SWEEPS = (("h100-sxm", H100_BF16_SWEEP, H100_BF16_PEAK_FLOPS),
-          ("b200", SM100_BF16_SWEEP, B200_BF16_PEAK_FLOPS))
+SWEEPS = (("h100-sxm", H100_BF16_SWEEP), ("b200", SM100_BF16_SWEEP))
 
 BINS_GFLOP = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 1000.0)
 
 
 def main() -> int:
-    for gpu, path, peak in SWEEPS:
-        sweep = load_matmul_sweep(path, peak)
+    for gpu, path in SWEEPS:
+        sweep = load_matmul_sweep(path, gpu)
         print(f"{path.name} (shares of the {gpu} dense BF16 peak):")
         for min_dim in (0, 512, 1024):
             curve = fit_size_curve(sweep, min_dim=min_dim)

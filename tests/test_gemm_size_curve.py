@@ -12,7 +12,6 @@ from parsearch.cost.compute import gemm_efficiency
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.errors import SpecError
 from parsearch.validation.gemm_size_curve import (
-    B200_BF16_PEAK_FLOPS,
     SM100_BF16_SWEEP,
     MatmulSweep,
     fit_size_curve,
@@ -53,7 +52,7 @@ def test_hopper_half_flops_is_the_one_the_h100_sweep_measures() -> None:
 
 
 def test_blackwell_half_flops_is_the_one_the_sm100_sweep_measures() -> None:
-    sweep = load_matmul_sweep(SM100_BF16_SWEEP, B200_BF16_PEAK_FLOPS)
+    sweep = load_matmul_sweep(SM100_BF16_SWEEP, "b200")
     curve = fit_size_curve(sweep)
     assert efficiency_for_gpu("b200").gemm_half_flops == pytest.approx(curve.half_flops,
                                                                         rel=0.15)

@@ -33,13 +33,11 @@ from scipy.optimize import least_squares
 
 from parsearch.errors import SpecError
 from parsearch.resources import data_dir
+from parsearch.topology.hardware import load_gpu_profile
 
 #: The bundled sweeps (module docstring), relative to the cost-model data directory.
 H100_BF16_SWEEP = Path("references") / "xla_matmul_h100_bf16.csv"
 SM100_BF16_SWEEP = Path("references") / "xla_matmul_sm100_bf16.csv"
-#: Dense BF16 peaks the sweeps are divided by (NVIDIA H100 SXM and HGX B200 datasheets).
-H100_BF16_PEAK_FLOPS = 989.4e12
-B200_BF16_PEAK_FLOPS = 2250e12
 
 
 @dataclass(frozen=True)
@@ -66,12 +64,13 @@ class SizeCurve:
         return self.eta_max * f / (f + self.half_flops)
 
 
-def load_matmul_sweep(path: Path | None = None,
-                      peak_flops: float = H100_BF16_PEAK_FLOPS) -> MatmulSweep:
-    """Read a sweep CSV (``b, m, n, k, flops_per_s`` columns) as shares of ``peak_flops``.
+def load_matmul_sweep(path: Path | None = None, gpu: str = "h100-sxm") -> MatmulSweep:
+    """Read a sweep CSV (``b, m, n, k, flops_per_s`` columns) as shares of ``gpu``'s dense
+    BF16 peak (its hardware profile).
 
     A relative ``path`` is read from the cost-model data directory (default: the H100 sweep).
     """
+    peak_flops = load_gpu_profile(gpu).peak_flops["bf16"]
     path = path or H100_BF16_SWEEP
     if not path.is_absolute():
         path = data_dir("cost_models") / path
@@ -118,8 +117,6 @@ def fit_size_curve(sweep: MatmulSweep, min_dim: int = 0) -> SizeCurve:
 
 
 __all__ = [
-    "B200_BF16_PEAK_FLOPS",
-    "H100_BF16_PEAK_FLOPS",
     "H100_BF16_SWEEP",
     "SM100_BF16_SWEEP",
     "MatmulSweep",
