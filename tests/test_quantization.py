@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from parsearch.cost.analytic import build_cost_model, estimate
 from parsearch.cost.compute import memory_bound_bytes_per_token
 from parsearch.cost.options import CostOptions
-from parsearch.cost.quantization import QUANTIZE_BYTES_PER_ELEMENT, quantize_bytes_per_element
+from parsearch.cost.quantization import (
+    MXFP8_GEMM_RATE,
+    QUANTIZE_BYTES_PER_ELEMENT,
+    TRANSPOSED_COPY_RECIPES,
+    gemm_rate_factor,
+    quantize_bytes_per_element,
+)
 from parsearch.errors import SpecError
 from parsearch.layout import parse_layout_string
 from parsearch.presets import get_preset
@@ -39,9 +45,20 @@ def test_hand_count_of_cast_bytes_per_token() -> None:
 
 def test_current_scaling_reads_the_tensor_once_more() -> None:
     q = QUANTIZE_BYTES_PER_ELEMENT
-    assert q["tensorwise"] - q["mxfp8"] == 2.0  # the amax pass over the BF16 tensor
+    assert q["tensorwise"] - q["delayed"] == 2.0  # the amax pass over the BF16 tensor
     assert q["nvfp4"] > q["tensorwise"]  # amax pass plus a second (Hadamard) cast
     assert quantize_bytes_per_element("bf16", "tensorwise", 9.0) == 0.0
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "mxfp8", "blockwise"])
+def test_only_per_tensor_scaling_skips_the_transposed_copy_on_blackwell(recipe: str) -> None:
+    """Hopper's FP8 GEMMs take TN operands only, so every recipe writes a transposed copy;
+    Blackwell (SM 10.x) reads per-tensor scaled FP8 in any layout, but block scales run
+    along one dimension, so block-scaled recipes still write both copies."""
+    hopper = quantize_bytes_per_element("fp8", recipe, 9.0)
+    blackwell = quantize_bytes_per_element("fp8", recipe, 10.0)
+    assert hopper - blackwell == (1.0 if recipe in TRANSPOSED_COPY_RECIPES else 0.0)
+    assert quantize_bytes_per_element("fp8", recipe, 12.0) == hopper  # consumer parts: TN only
 
 
 def _step(cluster: str, precision: str, recipe: str) -> float:
@@ -52,10 +69,20 @@ def _step(cluster: str, precision: str, recipe: str) -> float:
 
 
 @settings(max_examples=10, deadline=None)
-@given(recipe=st.sampled_from(["delayed", "blockwise", "mxfp8"]))
-def test_a_recipe_scaled_without_an_amax_pass_is_never_slower(recipe: str) -> None:
-    cluster = "dgx-b200"
-    assert _step(cluster, "fp8", recipe) <= _step(cluster, "fp8", "tensorwise")
+@given(cluster=st.sampled_from(["dgx-h100", "dgx-b200"]))
+def test_delayed_scaling_without_an_amax_pass_is_never_slower(cluster: str) -> None:
+    assert _step(cluster, "fp8", "delayed") < _step(cluster, "fp8", "tensorwise")
+
+
+def test_mxfp8_runs_behind_current_scaling_on_blackwell() -> None:
+    """NeMo's Llama 3 8B FP8 pairs on B200, GB200 and GB300 (25.09, 25.11) measure MXFP8
+    3.6-5.5% below current scaling; TE's GEMM profiling guide puts MXFP8 GEMMs at 0.951 of
+    per-tensor FP8 on B300 with a cheaper cast.  The priced gap lies between none and the
+    GEMM gap alone."""
+    tensorwise, mxfp8 = _step("dgx-b200", "fp8", "tensorwise"), _step("dgx-b200", "fp8", "mxfp8")
+    assert 1.0 < mxfp8 / tensorwise < 1.0 / MXFP8_GEMM_RATE
+    assert gemm_rate_factor("fp8", "blockwise", 10.0) == MXFP8_GEMM_RATE  # emulated as MXFP8
+    assert gemm_rate_factor("fp8", "blockwise", 9.0) == 1.0
 
 
 def test_auto_prices_what_the_launch_asks_for() -> None:

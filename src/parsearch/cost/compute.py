@@ -27,7 +27,7 @@ import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.flops import stage_flops_core
-from parsearch.cost.quantization import quantize_bytes_per_element
+from parsearch.cost.quantization import gemm_rate_factor, quantize_bytes_per_element
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
@@ -282,7 +282,10 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                              mbs=mbs, recompute_code=code, causal=causal)
     # GEMMs run at the GPU's own measured large-matmul ceiling relative to its
     # generation's (matmul_scale); fused attention has its own efficiency.
-    peak = gpu.peak_flops[precision] * matmul_scale(gpu, profile, precision)
+    # Block-scaled FP8 GEMMs run below the per-tensor rate the FP8 efficiency is
+    # anchored on (cost/quantization.py MXFP8_GEMM_RATE: TE GEMM profiling guide).
+    peak = (gpu.peak_flops[precision] * matmul_scale(gpu, profile, precision)
+            * gemm_rate_factor(precision, fp8_recipe, gpu.compute_capability))
     peak_bf16 = gpu.peak_flops["bf16"]
     peak_bf16_gemm = peak_bf16 * matmul_scale(gpu, profile, "bf16")
     # Dense-class GEMMs: QKV, attention output, FC1, FC2 per layer (4 calls).
