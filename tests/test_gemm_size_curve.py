@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.compute import gemm_efficiency
+from parsearch.cost.compute import gemm_efficiency, gemm_half_flops
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.errors import SpecError
 from parsearch.validation.gemm_size_curve import (
     SM100_BF16_SWEEP,
+    SM100_FP8_SWEEP,
     MatmulSweep,
     fit_size_curve,
     load_matmul_sweep,
@@ -60,6 +61,26 @@ def test_blackwell_half_flops_is_the_one_the_sm100_sweep_measures() -> None:
     assert curve.half_flops > 1.5 * fit_size_curve(load_matmul_sweep()).half_flops
 
 
+def test_the_fp8_half_point_is_the_bf16_one_scaled_by_the_rate() -> None:
+    """XLA's sm_100 FP8 sweep: the same ceiling share as BF16 and the half point moved by
+    the FP8/BF16 rate ratio (one fixed time per call), as the cost model prices it."""
+    bf16 = fit_size_curve(load_matmul_sweep(SM100_BF16_SWEEP, "b200"))
+    fp8_sweep = load_matmul_sweep(SM100_FP8_SWEEP, "b200", precision="fp8")
+    assert len(fp8_sweep.flops) == 375
+    fp8 = fit_size_curve(fp8_sweep)
+    assert fp8.eta_max == pytest.approx(bf16.eta_max, abs=0.03)
+    # Same fixed time per call: the half point moves with the large-GEMM rate.
+    measured_rate_ratio = fp8.eta_max * 4.5e15 / (bf16.eta_max * 2.25e15)
+    assert fp8.half_flops / bf16.half_flops == pytest.approx(measured_rate_ratio, rel=0.1)
+    profile = efficiency_for_gpu("b200")
+    priced = gemm_half_flops(profile, "fp8", 4.5e15, 2.25e15) / profile.gemm_half_flops
+    assert priced == pytest.approx(2.0 * profile.gemm_efficiency["fp8"]
+                                   / profile.gemm_efficiency["bf16"])
+    # The FP8 sweep's ceiling lies inside the profile's cited FP8 range.
+    prior = profile.priors["gemm_efficiency.fp8"]
+    assert prior.low <= fp8.eta_max <= prior.high
+
+
 def test_the_model_curve_tracks_the_sweep() -> None:
     """The shipped curve (fitted ceiling, sweep's half point) within 12% log-RMS."""
     sweep = load_matmul_sweep()
@@ -76,5 +97,7 @@ def test_a_bad_sweep_row_is_named(tmp_path) -> None:
         load_matmul_sweep(bad)
     with pytest.raises(SpecError, match="cannot read the matmul sweep"):
         load_matmul_sweep(tmp_path / "missing.csv")
+    with pytest.raises(SpecError, match="has no fp4 peak"):
+        load_matmul_sweep(precision="fp4")
     with pytest.raises(SpecError, match="fewer than 3"):
         fit_size_curve(_synthetic(0.8, 2e9), min_dim=8192)

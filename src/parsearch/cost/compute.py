@@ -162,15 +162,44 @@ def matmul_scale(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) ->
     return own / reference
 
 
-def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any) -> Any:
+def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any,
+                    half_flops: float | None = None) -> Any:
     """eta(F) = eta_max * F / (F + F_half): small GEMMs reach less of the peak.
 
     ``eta_max`` is capped by the large-matmul throughput measured on the GPU
     (the profile's cited range); the saturating form is a smooth version of
     Calculon's size-stepped matrix efficiency (``systems/h100_80g_nvl8.json``).
+    ``half_flops`` is ``F_half`` for ``precision`` (:func:`gemm_half_flops`); without
+    it, the profile's BF16 value.
     """
     f = np.maximum(np.asarray(flops_per_call, dtype=np.float64), 1.0)
-    return profile.gemm_efficiency[precision] * f / (f + profile.gemm_half_flops)
+    f_half = profile.gemm_half_flops if half_flops is None else half_flops
+    return profile.gemm_efficiency[precision] * f / (f + f_half)
+
+
+def gemm_half_flops(profile: EfficiencyProfile, precision: str, peak_flops: float,
+                    bf16_peak_flops: float) -> float:
+    """``F_half`` of ``precision`` at a GEMM peak of ``peak_flops``: same fixed time per call.
+
+    A call costs a fixed time ``t0`` (launch, prologue and epilogue, the last wave) plus
+    ``F / R_max``, so its efficiency is ``eta_max F / (F + t0 R_max)``: the half-rate
+    size is ``t0 R_max``.  The profile's ``gemm_half_flops`` sets ``t0`` at the BF16 rate,
+    and every precision keeps that ``t0``, so a GEMM is never slower in FP8 than in
+    BF16.  XLA's measured sm_100 tables
+    (``cost_models/references/xla_matmul_sm100_{bf16,fp8}.csv``) bear this out: FP8
+    17.6 GFLOP and BF16 8.8 GFLOP at large-GEMM rates of 0.621 x 4.5 and 0.624 x 2.25
+    PFLOP/s, a fixed time of 6.3 us for both.
+
+    >>> from parsearch.cost.efficiency import efficiency_for_gpu
+    >>> profile = efficiency_for_gpu("b200")
+    >>> ratio = gemm_half_flops(profile, "fp8", 4.5e15, 2.25e15) / profile.gemm_half_flops
+    >>> round(ratio, 6) == round(2 * profile.gemm_efficiency["fp8"]
+    ...                          / profile.gemm_efficiency["bf16"], 6)
+    True
+    """
+    rate = profile.gemm_efficiency[precision] * peak_flops
+    bf16_rate = profile.gemm_efficiency["bf16"] * bf16_peak_flops
+    return profile.gemm_half_flops * rate / bf16_rate
 
 
 def tile_padding(rows_per_expert: Any) -> Any:
@@ -289,15 +318,16 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     peak_bf16 = gpu.peak_flops["bf16"]
     peak_bf16_gemm = peak_bf16 * matmul_scale(gpu, profile, "bf16")
     # Dense-class GEMMs: QKV, attention output, FC1, FC2 per layer (4 calls).
+    half = gemm_half_flops(profile, precision, peak, peak_bf16_gemm)
     t_gemm_fwd = flops.dense_gemm_flops / (
-        peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / 4.0))
+        peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / 4.0, half))
     # Expert GEMMs: one grouped GEMM per projection over the local experts, priced at the
     # per-expert shape (rows = tokens per expert), rows padded to the tile.
     local_experts = np.maximum(np.asarray(flops.gemm.local_experts, dtype=np.float64), 1.0)
     per_expert_call = flops.routed_expert_flops / (2.0 * local_experts)
     padding = tile_padding(flops.gemm.expert_tokens) if model.moe else 1.0
     t_routed_fwd = imbalance * padding * flops.routed_expert_flops / (
-        peak * gemm_efficiency(profile, precision, per_expert_call)
+        peak * gemm_efficiency(profile, precision, per_expert_call, half)
         * profile.grouped_gemm_efficiency)
     # Fused attention on blocks of s/cp tokens (CP's ring runs over the local chunk),
     # BF16 unless FP8 attention is requested (MCORE transformer_config fp8_dot_product_attention).

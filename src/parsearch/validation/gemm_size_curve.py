@@ -15,9 +15,12 @@ M, N, K 256-4096, BF16 in and out):
   best shape reaches 810 TFLOP/s, 0.82 of the 989 TFLOP/s dense BF16 peak of the
   H100/H200 SXM class, so it is read as that.
 * ``sm_100``: ``xla/backends/gpu/cost_model/matmul_interpolator_data.h``, commit
-  a305421: a B200-class part (best shape 1,670 TFLOP/s, 0.74 of B200's 2,250).  The
-  same file's FP8 columns are left out: its sm_90 FP8 rows exceed the H100's dense
-  FP8 peak (2.6 of 1.98 PFLOP/s), so they do not time what they say.
+  a305421: a B200-class part (best shape 1,670 TFLOP/s, 0.74 of B200's 2,250).  Its
+  FP8 (E4M3 x E4M3 -> BF16, per-tensor scaled) rows are copied too (best shape 3,280
+  TFLOP/s, 0.73 of B200's 4,500): they fix how the half point moves with the
+  precision's rate (:func:`parsearch.cost.compute.gemm_half_flops`).  The same
+  file's sm_90 FP8 rows are left out: they exceed the H100's dense FP8 peak (2.6 of
+  1.98 PFLOP/s), so they do not time what they say.
 
 ``F_half`` does not depend on which peak the rates are divided by; ``eta_max`` does.
 """
@@ -38,6 +41,7 @@ from parsearch.topology.hardware import load_gpu_profile
 #: The bundled sweeps (module docstring), relative to the cost-model data directory.
 H100_BF16_SWEEP = Path("references") / "xla_matmul_h100_bf16.csv"
 SM100_BF16_SWEEP = Path("references") / "xla_matmul_sm100_bf16.csv"
+SM100_FP8_SWEEP = Path("references") / "xla_matmul_sm100_fp8.csv"
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,17 @@ class SizeCurve:
         return self.eta_max * f / (f + self.half_flops)
 
 
-def load_matmul_sweep(path: Path | None = None, gpu: str = "h100-sxm") -> MatmulSweep:
+def load_matmul_sweep(path: Path | None = None, gpu: str = "h100-sxm",
+                      precision: str = "bf16") -> MatmulSweep:
     """Read a sweep CSV (``b, m, n, k, flops_per_s`` columns) as shares of ``gpu``'s dense
-    BF16 peak (its hardware profile).
+    ``precision`` peak (its hardware profile).
 
     A relative ``path`` is read from the cost-model data directory (default: the H100 sweep).
     """
-    peak_flops = load_gpu_profile(gpu).peak_flops["bf16"]
+    peaks = load_gpu_profile(gpu).peak_flops
+    if precision not in peaks:
+        raise SpecError(f"GPU {gpu!r} has no {precision} peak; it has {', '.join(peaks)}")
+    peak_flops = peaks[precision]
     path = path or H100_BF16_SWEEP
     if not path.is_absolute():
         path = data_dir("cost_models") / path
@@ -119,6 +127,7 @@ def fit_size_curve(sweep: MatmulSweep, min_dim: int = 0) -> SizeCurve:
 __all__ = [
     "H100_BF16_SWEEP",
     "SM100_BF16_SWEEP",
+    "SM100_FP8_SWEEP",
     "MatmulSweep",
     "SizeCurve",
     "fit_size_curve",
