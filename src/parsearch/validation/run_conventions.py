@@ -28,6 +28,7 @@ LLAMA3 = "LLAMA3"
 MEGASCALE = "MEGASCALE"
 TORCHTITAN = "TORCHTITAN"
 DEEPSEEK_V3 = "DEEPSEEK-V3"
+MBRIDGE_AB = "MBRIDGE-AB"
 OTHER = "OTHER"
 
 _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -40,6 +41,7 @@ _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("MegaScale", MEGASCALE),
     ("torchtitan", TORCHTITAN),
     ("DeepSeek-V3 technical report", DEEPSEEK_V3),
+    ("Megatron-Bridge perf skills", MBRIDGE_AB),
 )
 
 # Peaks the sources divide by to report MFU (TFLOP/s, dense 16-bit).
