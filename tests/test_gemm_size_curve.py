@@ -73,12 +73,25 @@ def test_the_fp8_half_point_is_the_bf16_one_scaled_by_the_rate() -> None:
     measured_rate_ratio = fp8.eta_max * 4.5e15 / (bf16.eta_max * 2.25e15)
     assert fp8.half_flops / bf16.half_flops == pytest.approx(measured_rate_ratio, rel=0.1)
     profile = efficiency_for_gpu("b200")
-    priced = gemm_half_flops(profile, "fp8", 4.5e15, 2.25e15) / profile.gemm_half_flops
-    assert priced == pytest.approx(2.0 * profile.gemm_efficiency["fp8"]
-                                   / profile.gemm_efficiency["bf16"])
+    measured_t0 = bf16.half_flops / (bf16.eta_max * 2.25e15)
+    assert fp8.half_flops / (fp8.eta_max * 4.5e15) == pytest.approx(measured_t0, rel=0.1)
+    # The model's fixed time per call is the same in both precisions and is the sweep's.
+    t0 = {p: gemm_half_flops(profile, p, peak, 2.25e15) / (profile.gemm_efficiency[p] * peak)
+          for p, peak in (("bf16", 2.25e15), ("fp8", 4.5e15))}
+    assert t0["fp8"] == pytest.approx(t0["bf16"])
+    assert t0["bf16"] == pytest.approx(measured_t0, rel=0.05)
     # The FP8 sweep's ceiling lies inside the profile's cited FP8 range.
     prior = profile.priors["gemm_efficiency.fp8"]
     assert prior.low <= fp8.eta_max <= prior.high
+
+
+@pytest.mark.parametrize(("sweep", "gpu"), [(None, "h100-sxm"), (SM100_BF16_SWEEP, "b200")])
+def test_the_half_point_ceiling_is_the_sweeps(sweep, gpu: str) -> None:
+    """``gemm_half_flops_ceiling`` is the large-GEMM share the sweep behind
+    ``gemm_half_flops`` reached, so the fixed time per call is measured, not fitted."""
+    curve = fit_size_curve(load_matmul_sweep(sweep, gpu))
+    profile = efficiency_for_gpu(gpu)
+    assert profile.gemm_half_flops_ceiling == pytest.approx(curve.eta_max, abs=0.02)
 
 
 def test_the_model_curve_tracks_the_sweep() -> None:

@@ -179,27 +179,28 @@ def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: 
 
 def gemm_half_flops(profile: EfficiencyProfile, precision: str, peak_flops: float,
                     bf16_peak_flops: float) -> float:
-    """``F_half`` of ``precision`` at a GEMM peak of ``peak_flops``: same fixed time per call.
+    """``F_half`` of ``precision`` at a GEMM peak of ``peak_flops``: one fixed time per call.
 
     A call costs a fixed time ``t0`` (launch, prologue and epilogue, the last wave) plus
     ``F / R_max``, so its efficiency is ``eta_max F / (F + t0 R_max)``: the half-rate
-    size is ``t0 R_max``.  The profile's ``gemm_half_flops`` sets ``t0`` at the BF16 rate,
-    and every precision keeps that ``t0``, so a GEMM is never slower in FP8 than in
-    BF16.  XLA's measured sm_100 tables
+    size is ``t0 R_max``.  ``t0`` is the profile's ``gemm_half_flops`` over the BF16 rate
+    of the sweep that measured it (``gemm_half_flops_ceiling`` of the BF16 peak; without
+    one, the fitted BF16 efficiency), the same for every precision, so a GEMM is never
+    slower in FP8 than in BF16.  XLA's measured sm_100 tables
     (``cost_models/references/xla_matmul_sm100_{bf16,fp8}.csv``) bear this out: FP8
     17.6 GFLOP and BF16 8.8 GFLOP at large-GEMM rates of 0.621 x 4.5 and 0.624 x 2.25
     PFLOP/s, a fixed time of 6.3 us for both.
 
     >>> from parsearch.cost.efficiency import efficiency_for_gpu
     >>> profile = efficiency_for_gpu("b200")
-    >>> ratio = gemm_half_flops(profile, "fp8", 4.5e15, 2.25e15) / profile.gemm_half_flops
-    >>> round(ratio, 6) == round(2 * profile.gemm_efficiency["fp8"]
-    ...                          / profile.gemm_efficiency["bf16"], 6)
-    True
+    >>> t0 = profile.gemm_half_flops / (profile.gemm_half_flops_ceiling * 2.25e15)
+    >>> half = gemm_half_flops(profile, "fp8", 4.5e15, 2.25e15)
+    >>> round(half / (profile.gemm_efficiency["fp8"] * 4.5e15) / t0, 6)
+    1.0
     """
+    ceiling = profile.gemm_half_flops_ceiling or profile.gemm_efficiency["bf16"]
     rate = profile.gemm_efficiency[precision] * peak_flops
-    bf16_rate = profile.gemm_efficiency["bf16"] * bf16_peak_flops
-    return profile.gemm_half_flops * rate / bf16_rate
+    return profile.gemm_half_flops * rate / (ceiling * bf16_peak_flops)
 
 
 def tile_padding(rows_per_expert: Any) -> Any:
@@ -319,6 +320,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     peak_bf16_gemm = peak_bf16 * matmul_scale(gpu, profile, "bf16")
     # Dense-class GEMMs: QKV, attention output, FC1, FC2 per layer (4 calls).
     half = gemm_half_flops(profile, precision, peak, peak_bf16_gemm)
+    half_bf16 = gemm_half_flops(profile, "bf16", peak_bf16_gemm, peak_bf16_gemm)
     t_gemm_fwd = flops.dense_gemm_flops / (
         peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / 4.0, half))
     # Expert GEMMs: one grouped GEMM per projection over the local experts, priced at the
@@ -349,11 +351,12 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         full_scores = flops.core_attention_flops * (2.0 if causal else 1.0)
         heads = max(model.num_attention_heads, 1)
         per_call = full_scores / (2.0 * np.maximum(mbs * heads / tp, 1.0))
-        t_attn_fwd = full_scores / (peak_bf16_gemm * gemm_efficiency(profile, "bf16", per_call))
+        t_attn_fwd = full_scores / (peak_bf16_gemm
+                                    * gemm_efficiency(profile, "bf16", per_call, half_bf16))
         t_attn_bwd = 2.0 * t_attn_fwd
     # The output layer stays BF16 by default (MCORE transformer_config fp8_output_proj).
     t_logits_fwd = flops.logits_flops / (
-        peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops))
+        peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops, half_bf16))
 
     gemm = (3.0 + recompute.gemm) * t_gemm_fwd
     routed = (3.0 + recompute.routed) * t_routed_fwd

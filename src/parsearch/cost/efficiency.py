@@ -102,8 +102,11 @@ class EfficiencyProfile:
 
     * ``gemm_efficiency[precision]``: a large GEMM's fraction of that
       precision's dense datasheet peak (cuBLAS large-matmul measurements);
-    * ``gemm_half_flops``: per-call FLOPs at which a GEMM reaches half of it,
-      ``eta(F) = eta_max * F / (F + F_half)``;
+    * ``gemm_half_flops``: per-call FLOPs at which a BF16 GEMM reaches half of it,
+      ``eta(F) = eta_max * F / (F + F_half)``, and ``gemm_half_flops_ceiling`` (optional):
+      the BF16 large-GEMM share of the peak the sweep that measured it reached; with it,
+      a GEMM's fixed time per call is the measured ``F_half / (ceiling * peak)`` in every
+      precision, never a fitted quantity (:func:`parsearch.cost.compute.gemm_half_flops`);
     * ``grouped_gemm_efficiency``: an MoE grouped GEMM relative to one dense
       GEMM of the same per-expert shape (tile padding is counted separately);
     * ``attention_forward_efficiency``, ``attention_backward_efficiency``:
@@ -147,6 +150,7 @@ class EfficiencyProfile:
     source: str
     priors: dict[str, Prior] = field(default_factory=dict)
     uncertainty: dict[str, ErrorBand] = field(default_factory=dict)
+    gemm_half_flops_ceiling: float | None = None
 
     def get(self, name: str) -> float:
         """A parameter by its dotted name (``gemm_efficiency.fp8``)."""
@@ -179,7 +183,8 @@ class EfficiencyProfile:
 
 _SCALAR_FIELDS = tuple(
     f.name for f in fields(EfficiencyProfile)
-    if f.name not in ("name", "gpus", "gemm_efficiency", "source", "priors", "uncertainty")
+    if f.name not in ("name", "gpus", "gemm_efficiency", "source", "priors", "uncertainty",
+                      "gemm_half_flops_ceiling")
 )
 
 
@@ -205,7 +210,7 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
     missing = [n for n in required if n not in data]
     if missing:
         raise SpecError(f"efficiency profile {where}: missing field(s) {', '.join(missing)}")
-    unknown = sorted(set(data) - {*required, "priors", "uncertainty"})
+    unknown = sorted(set(data) - {*required, "priors", "uncertainty", "gemm_half_flops_ceiling"})
     if unknown:
         raise SpecError(f"efficiency profile {where}: unknown field(s) {', '.join(unknown)}")
     gemm = data["gemm_efficiency"]
@@ -229,6 +234,9 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
             values[name] = _non_negative(where, name, data[name])
     if values["moe_imbalance"] < 1.0:
         raise SpecError(f"efficiency profile {where}: moe_imbalance must be >= 1 (max/mean)")
+    if data.get("gemm_half_flops_ceiling") is not None:
+        values["gemm_half_flops_ceiling"] = _fraction(where, "gemm_half_flops_ceiling",
+                                                      data["gemm_half_flops_ceiling"])
     values["priors"] = _priors(where, data.get("priors") or {})
     values["uncertainty"] = _bands(where, data.get("uncertainty") or {})
     return EfficiencyProfile(**values)
@@ -327,6 +335,8 @@ def profile_to_yaml(profile: EfficiencyProfile, header: str = "") -> str:
                                                profile.gemm_efficiency.items()}}
     for name in _SCALAR_FIELDS:
         doc[name] = float(f"{profile.get(name):.4g}")
+        if name == "gemm_half_flops" and profile.gemm_half_flops_ceiling is not None:
+            doc["gemm_half_flops_ceiling"] = profile.gemm_half_flops_ceiling
     doc["source"] = profile.source
     doc["priors"] = {name: {"value": p.value, "low": p.low, "high": p.high, "source": p.source}
                      for name, p in profile.priors.items()}
