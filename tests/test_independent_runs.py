@@ -27,13 +27,14 @@ from parsearch.validation.run_conventions import (
     DEEPSEEK_V3,
     LLAMA3,
     MBRIDGE_AB,
+    MBRIDGE_CARD,
     MEGASCALE,
     TORCHTITAN,
 )
 from parsearch.validation.runs import validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
-INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB}
+INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert {tags[f"i{n:04d}"] for n in (*range(20, 34), *range(38, 48))} == {TORCHTITAN}
     assert tags["i0048"] == DEEPSEEK_V3
     assert {tags["i0049"], tags["i0050"]} == {MBRIDGE_AB}
+    assert tags["i0051"] == MBRIDGE_CARD
 
 
 def test_published_runs_keep_their_tags() -> None:
@@ -120,6 +122,9 @@ def test_reported_rows_keep_their_number(independent: dict[str, PublishedRun]) -
     # / 20.9920 s = 12,487.8.
     assert independent["i0049"].measured_tokens_per_s_per_gpu == pytest.approx(10607.2, abs=0.1)
     assert independent["i0050"].measured_tokens_per_s_per_gpu == pytest.approx(12487.8, abs=0.1)
+    # Qwen3-8B verification card: 1024 x 4096 / 16 / 25.07032 s = 10,456.3, as the card prints.
+    assert independent["i0051"].measured_tokens_per_s_per_gpu == pytest.approx(
+        1024 * 4096 / 16 / 25.07032, abs=0.1)
 
 
 def test_conversions_are_documented() -> None:
@@ -183,7 +188,7 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     report = validate_runs(independent.values(), deduplicate=False, include_partial=True)
     kept = {r.id for r in independent.values() if r.skip_reason is None}
     assert {row.id for row in report.rows} == kept  # nothing usable is dropped
-    assert len(kept) == 19
+    assert len(kept) == 20
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0

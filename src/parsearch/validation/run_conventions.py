@@ -29,6 +29,7 @@ MEGASCALE = "MEGASCALE"
 TORCHTITAN = "TORCHTITAN"
 DEEPSEEK_V3 = "DEEPSEEK-V3"
 MBRIDGE_AB = "MBRIDGE-AB"
+MBRIDGE_CARD = "MBRIDGE-CARD"
 OTHER = "OTHER"
 
 _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -42,6 +43,7 @@ _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("torchtitan", TORCHTITAN),
     ("DeepSeek-V3 technical report", DEEPSEEK_V3),
     ("Megatron-Bridge perf skills", MBRIDGE_AB),
+    ("Megatron-Bridge model verification card", MBRIDGE_CARD),
 )
 
 # Peaks the sources divide by to report MFU (TFLOP/s, dense 16-bit).
