@@ -368,15 +368,14 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
 
     # TP comm overlap (Transformer Engine userbuffers) runs the forward GEMMs and the
     # dgrad of the projection and FC2 as ring exchanges over the TP group, one GEMM per
-    # received chunk (Megatron-Bridge training/comm_overlap.py userbuffers_*_h100_*
-    # configs: qkv/proj/fc1/fc2_fprop and proj/fc2_dgrad ring exchange; qkv/fc1_dgrad and
-    # the wgrads bulk-overlapped, unsplit).  Under eta(F) = eta_max F / (F + F_half) a
-    # call costs F / R_max plus a fixed t0 = F_half / R_max, so cutting a call into
-    # ``splits`` adds (splits - 1) fixed times and nothing else.
+    # received chunk: calls of 1/tp the size (Megatron-Bridge training/comm_overlap.py
+    # userbuffers_*_h100_* configs: qkv/proj/fc1/fc2_fprop and proj/fc2_dgrad ring
+    # exchange; qkv/fc1_dgrad and the wgrads bulk-overlapped, unsplit).
     splits = np.asarray(tp_overlap_splits, dtype=np.float64)
-    fixed_time = half / (peak * profile.gemm_efficiency[precision])
-    ring_calls = 4.0 * (1.0 + recompute.gemm + UB_SPLIT_DGRAD_SHARE)
-    chunk_loss = ring_calls * (splits - 1.0) * fixed_time
+    t_gemm_split = flops.dense_gemm_flops / (
+        peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / (4.0 * splits),
+                               half))
+    chunk_loss = (1.0 + recompute.gemm + UB_SPLIT_DGRAD_SHARE) * (t_gemm_split - t_gemm_fwd)
     gemm = (3.0 + recompute.gemm) * t_gemm_fwd + chunk_loss
     routed = (3.0 + recompute.routed) * t_routed_fwd
     attention = t_attn_fwd + t_attn_bwd + recompute.core_attention * t_attn_fwd
