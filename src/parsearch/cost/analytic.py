@@ -155,17 +155,12 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
     opt = cm.options
     layer = unit in ("dense", "moe", "mtp")
     recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
-    # userbuffers TP overlap: on, SP on and the TP group inside one NVLink domain
-    userbuffers = (opt.tp_comm_overlap & cols["sp"].astype(bool)
-                   & (np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)))
     compute = unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
                            recompute=recompute, causal=opt.causal,
                            imbalance=float(opt.moe_imbalance or 1.0),
                            cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
                            fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
-                           flash_attention=opt.flash_attention,
-                           tp_overlap_splits=np.where(userbuffers,
-                                                      cols["tp"].astype(np.float64), 1.0))
+                           flash_attention=opt.flash_attention)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,

@@ -74,8 +74,7 @@ class UnitComm:
     """Exposed seconds per micro-batch of one unit, plus what overlap costs in SMs.
 
     ``sm_slowdown`` is compute time added because overlapped communication
-    kernels hold SMs, less the userbuffers chunk loss where the plain TP path is
-    priced instead (it is negative there); ``network_bytes`` the bytes this GPU sends across the
+    kernels hold SMs; ``network_bytes`` the bytes this GPU sends across the
     NVLink-domain boundary (for the NIC-sharing floor).
     """
 
@@ -327,18 +326,11 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     userbuffers = options.tp_comm_overlap & sp & tp_in_domain
     hidden_ub = np.minimum(tp_total, compute.tp_gemm)
     # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
-    # Userbuffers' ring exchanges cost their smaller GEMMs (compute.tp_chunk_loss); the
-    # recipes tune the overlap per model, TP and batch (Megatron-Bridge's named
-    # userbuffers configs), so it is priced where what it hides beyond the plain async
-    # path, less the SMs it holds, pays for its chunks; elsewhere as the async path.
-    plain = compute.total - compute.tp_chunk_loss
-    gain = (1.0 - share) * (np.minimum(hidden_ub, plain) - np.minimum(async_hidden, plain))
-    use_ub = userbuffers & (gain >= compute.tp_chunk_loss)
-    budget = np.where(use_ub, compute.total, plain)
-    tp_hidden = np.minimum(np.where(use_ub, hidden_ub, async_hidden), budget)
+    budget = compute.total
+    tp_hidden = np.minimum(np.where(userbuffers, hidden_ub, async_hidden), budget)
     budget = budget - tp_hidden
     tp_exposed = tp_total - tp_hidden
-    sm_slowdown = share * tp_hidden - np.where(use_ub, 0.0, compute.tp_chunk_loss)
+    sm_slowdown = share * tp_hidden
 
     # --- CP (p2p ring of K/V blocks beside the attention) --------------------------------
     cp_exposed = zeros

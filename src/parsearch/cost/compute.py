@@ -71,9 +71,6 @@ CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_p
 KERNELS_ATTENTION_SUBLAYER = 25.0
 KERNELS_ROUTER = 45.0
 KERNELS_PREPROCESS = 30.0
-#: Share of the dgrad GEMMs userbuffers TP overlap runs as ring exchanges (projection and
-#: FC2 of the four; Megatron-Bridge ``training/comm_overlap.py`` userbuffers configs).
-UB_SPLIT_DGRAD_SHARE = 0.5
 #: Backward FLOPs of fused attention relative to forward (FlashAttention-2 §3.2).
 ATTENTION_BACKWARD_RATIO = 2.5
 #: Unfused attention (Megatron before FlashAttention): HBM bytes per attention-score
@@ -276,8 +273,7 @@ class UnitCompute:
     the fused attention, ``memory_bound`` the non-GEMM kernels, ``overhead``
     the per-kernel GPU time plus the host time the GPU waits for.
     ``tp_gemm`` is the GEMM time of the TP-sharded linears (what TP overlap
-    can hide behind); ``tp_chunk_loss`` is the part of ``gemm`` that userbuffers' smaller
-    ring-exchange GEMMs add (0 without TP overlap).
+    can hide behind).
     """
 
     gemm: np.ndarray
@@ -287,7 +283,6 @@ class UnitCompute:
     memory_bound: np.ndarray
     overhead: np.ndarray
     tp_gemm: np.ndarray
-    tp_chunk_loss: Any = 0.0
 
     @property
     def total(self) -> np.ndarray:
@@ -301,15 +296,12 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  flash_attention: bool = True,
                  cuda_graph_scope: tuple[str, ...] = (),
                  fp8_recipe: str = "auto",
-                 moe_dispatcher: str = "alltoall",
-                 tp_overlap_splits: Any = 1.0) -> UnitCompute:
+                 moe_dispatcher: str = "alltoall") -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
     backward (:func:`parsearch.cost.recompute.recompute_shares`: full, partial
-    ``--recompute-num-layers`` or per-module selective recompute).  ``tp_overlap_splits``
-    is how many chunks TP communication overlap cuts the overlapped GEMMs into (the TP
-    size where userbuffers overlap runs, else 1).
+    ``--recompute-num-layers`` or per-module selective recompute).
     """
     tp, cp, ep, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "ep", "etp", "mbs"))
     sp = cols["sp"].astype(bool)
@@ -366,17 +358,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     t_logits_fwd = flops.logits_flops / (
         peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops, half_bf16))
 
-    # TP comm overlap (Transformer Engine userbuffers) runs the forward GEMMs and the
-    # dgrad of the projection and FC2 as ring exchanges over the TP group, one GEMM per
-    # received chunk: calls of 1/tp the size (Megatron-Bridge training/comm_overlap.py
-    # userbuffers_*_h100_* configs: qkv/proj/fc1/fc2_fprop and proj/fc2_dgrad ring
-    # exchange; qkv/fc1_dgrad and the wgrads bulk-overlapped, unsplit).
-    splits = np.asarray(tp_overlap_splits, dtype=np.float64)
-    t_gemm_split = flops.dense_gemm_flops / (
-        peak * gemm_efficiency(profile, precision, flops.dense_gemm_flops / (4.0 * splits),
-                               half))
-    chunk_loss = (1.0 + recompute.gemm + UB_SPLIT_DGRAD_SHARE) * (t_gemm_split - t_gemm_fwd)
-    gemm = (3.0 + recompute.gemm) * t_gemm_fwd + chunk_loss
+    gemm = (3.0 + recompute.gemm) * t_gemm_fwd
     routed = (3.0 + recompute.routed) * t_routed_fwd
     attention = t_attn_fwd + t_attn_bwd + recompute.core_attention * t_attn_fwd
     logits = 3.0 * t_logits_fwd
@@ -441,5 +423,4 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     paced = (gpu_busy**4 + host**4) ** 0.25
     overhead = kernel_time + (paced - gpu_busy)
     return UnitCompute(gemm=gemm, routed=routed, attention=attention, logits=logits,
-                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits,
-                       tp_chunk_loss=chunk_loss)
+                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits)
