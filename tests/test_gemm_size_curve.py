@@ -99,7 +99,8 @@ def test_the_model_curve_tracks_the_sweep() -> None:
     sweep = load_matmul_sweep()
     profile = efficiency_for_gpu("h100-sxm")
     keep = sweep.smallest_dim >= 512
-    model = gemm_efficiency(profile, "bf16", sweep.flops[keep])
+    half = gemm_half_flops(profile, "bf16", 989.4e12, 989.4e12)  # the peaks cancel for BF16
+    model = gemm_efficiency(profile, "bf16", sweep.flops[keep], half)
     assert float(np.sqrt(np.mean(np.log(model / sweep.efficiency[keep]) ** 2))) < 0.12
 
 

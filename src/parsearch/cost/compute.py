@@ -163,18 +163,16 @@ def matmul_scale(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) ->
 
 
 def gemm_efficiency(profile: EfficiencyProfile, precision: str, flops_per_call: Any,
-                    half_flops: float | None = None) -> Any:
+                    half_flops: float) -> Any:
     """eta(F) = eta_max * F / (F + F_half): small GEMMs reach less of the peak.
 
     ``eta_max`` is capped by the large-matmul throughput measured on the GPU
     (the profile's cited range); the saturating form is a smooth version of
     Calculon's size-stepped matrix efficiency (``systems/h100_80g_nvl8.json``).
-    ``half_flops`` is ``F_half`` for ``precision`` (:func:`gemm_half_flops`); without
-    it, the profile's BF16 value.
+    ``half_flops`` is ``F_half`` for ``precision`` at its peak (:func:`gemm_half_flops`).
     """
     f = np.maximum(np.asarray(flops_per_call, dtype=np.float64), 1.0)
-    f_half = profile.gemm_half_flops if half_flops is None else half_flops
-    return profile.gemm_efficiency[precision] * f / (f + f_half)
+    return profile.gemm_efficiency[precision] * f / (f + half_flops)
 
 
 def gemm_half_flops(profile: EfficiencyProfile, precision: str, peak_flops: float,

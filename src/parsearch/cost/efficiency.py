@@ -181,10 +181,12 @@ class EfficiencyProfile:
         return bad
 
 
+#: Scalar fields a profile file may leave out.
+_OPTIONAL_SCALARS = ("gemm_half_flops_ceiling",)
 _SCALAR_FIELDS = tuple(
     f.name for f in fields(EfficiencyProfile)
     if f.name not in ("name", "gpus", "gemm_efficiency", "source", "priors", "uncertainty",
-                      "gemm_half_flops_ceiling")
+                      *_OPTIONAL_SCALARS)
 )
 
 
@@ -210,7 +212,7 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
     missing = [n for n in required if n not in data]
     if missing:
         raise SpecError(f"efficiency profile {where}: missing field(s) {', '.join(missing)}")
-    unknown = sorted(set(data) - {*required, "priors", "uncertainty", "gemm_half_flops_ceiling"})
+    unknown = sorted(set(data) - {*required, "priors", "uncertainty", *_OPTIONAL_SCALARS})
     if unknown:
         raise SpecError(f"efficiency profile {where}: unknown field(s) {', '.join(unknown)}")
     gemm = data["gemm_efficiency"]
@@ -234,9 +236,9 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
             values[name] = _non_negative(where, name, data[name])
     if values["moe_imbalance"] < 1.0:
         raise SpecError(f"efficiency profile {where}: moe_imbalance must be >= 1 (max/mean)")
-    if data.get("gemm_half_flops_ceiling") is not None:
-        values["gemm_half_flops_ceiling"] = _fraction(where, "gemm_half_flops_ceiling",
-                                                      data["gemm_half_flops_ceiling"])
+    for name in _OPTIONAL_SCALARS:
+        if data.get(name) is not None:
+            values[name] = _fraction(where, name, data[name])
     values["priors"] = _priors(where, data.get("priors") or {})
     values["uncertainty"] = _bands(where, data.get("uncertainty") or {})
     return EfficiencyProfile(**values)
