@@ -50,7 +50,7 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert {tags[f"i{n:04d}"] for n in (*range(20, 34), *range(38, 48))} == {TORCHTITAN}
     assert tags["i0048"] == DEEPSEEK_V3
     assert {tags["i0049"], tags["i0050"]} == {MBRIDGE_AB}
-    assert tags["i0051"] == MBRIDGE_CARD
+    assert {tags[f"i{n:04d}"] for n in range(51, 68)} == {MBRIDGE_CARD}
 
 
 def test_published_runs_keep_their_tags() -> None:
@@ -188,7 +188,7 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     report = validate_runs(independent.values(), deduplicate=False, include_partial=True)
     kept = {r.id for r in independent.values() if r.skip_reason is None}
     assert {row.id for row in report.rows} == kept  # nothing usable is dropped
-    assert len(kept) == 20
+    assert len(kept) == 36
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
@@ -244,3 +244,89 @@ def test_ep_overlap_gain_on_h100_matches_the_bridge_a_b(
     predicted_gain = predicted["i0050"] / predicted["i0049"]
     assert predicted_gain > 1.0
     assert abs(predicted_gain - measured_gain) < (measured_gain - 1.0) / 3.0
+
+
+# Megatron-Bridge verification cards (examples/model_verification_cards/*/card.yaml @ 067f987df0):
+# each row's GPUs, global batch and last-10-step step time (ms) as the card prints them.  The
+# card's tokens/s/GPU is a separate field; it must equal GBS x 4096 / GPUs / step time.
+CARD_STEPS = {
+    "i0052": (1024, 16384, 61756.130), "i0053": (256, 4096, 13841.180),
+    "i0054": (256, 4096, 10667.300), "i0055": (64, 1280, 4995.630),
+    "i0056": (64, 1280, 2481.140), "i0057": (256, 8192, 17905.340),
+    "i0058": (256, 8192, 14920.840), "i0059": (16, 1024, 30289.550),
+    "i0060": (16, 1024, 20147.290), "i0061": (8, 512, 12362.340),
+    "i0062": (8, 512, 6501.120), "i0063": (8, 512, 5854.910),
+    "i0064": (8, 512, 5889.420), "i0065": (32, 2048, 5814.290),
+    "i0066": (128, 8192, 5831.720), "i0067": (256, 16384, 5818.620),
+}
+
+
+@pytest.mark.parametrize("run_id", sorted(CARD_STEPS))
+def test_card_throughput_matches_its_step_time(
+        independent: dict[str, PublishedRun], run_id: str) -> None:
+    gpus, gbs, step_ms = CARD_STEPS[run_id]
+    run = independent[run_id]
+    assert run.source_tag == MBRIDGE_CARD and run.conversion == CONV_REPORTED
+    assert (run.num_gpus, run.global_batch, run.seq_len) == (gpus, gbs, 4096)
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(
+        gbs * 4096 / gpus / (step_ms / 1000), rel=1e-3)
+
+
+def test_card_models_resolve_to_their_presets(independent: dict[str, PublishedRun]) -> None:
+    # head_dim 128 != 4096/64 (Qwen3-235B) and 64 != 2880/64 plus sliding-window layers
+    # (gpt-oss-120b) are beyond the CSV columns: the rows must get the presets.
+    expected = {"i0052": "preset:deepseek-v3", "i0055": "preset:gpt-oss-120b",
+                "i0057": "preset:qwen3-235b-a22b", "i0059": "preset:qwen3-30b-a3b"}
+    for run_id, source in expected.items():
+        assert independent[run_id].model_source == source
+    assert independent["i0055"].model_spec.sliding_window_layers == 18
+    assert independent["i0057"].model_spec.head_dim == 128
+
+
+def test_card_setups_are_read_from_their_recipes(independent: dict[str, PublishedRun]) -> None:
+    """What run_setups.csv records for a few card rows reaches the cost options."""
+    from parsearch.cost.analytic import CostOptions
+    from parsearch.validation.runs import memory_saving_candidates, recipe_accounting
+
+    def read(run_id: str):
+        run = independent[run_id]
+        readings = memory_saving_candidates(run)
+        assert len(readings) == 1  # recompute and FSDP stated: nothing is guessed
+        return readings[0][1], *recipe_accounting(run, readings[0][0], CostOptions())
+
+    layout, training, options = read("i0052")  # DeepSeek-V3 1024 H100 BF16
+    assert layout.recompute == "selective"
+    assert set(training.recompute_modules) == {"mla_up_proj", "mlp"}
+    assert training.pipeline_layout == "Et|(tt|)*30mL"
+    assert (options.moe_dispatcher, options.moe_flex_backend) == ("flex", "hybridep")
+    assert not options.moe_a2a_overlap and not options.overlap_grad_reduce
+    assert not options.cuda_graphs
+    layout, training, options = read("i0054")  # selective with recompute_modules=[]
+    assert layout.recompute == "none"
+    assert options.cuda_graphs and options.moe_a2a_overlap and options.fp8_recipe == "mxfp8"
+    layout, training, options = read("i0055")  # gpt-oss GB200: flex named, never applied
+    assert options.moe_dispatcher == "alltoall"
+    assert set(training.recompute_modules) == {"layernorm", "moe_act"}
+
+
+@pytest.mark.parametrize("run_id", sorted(CARD_STEPS))
+def test_card_rows_are_valid_and_fit_as_recorded(
+        independent: dict[str, PublishedRun], run_id: str) -> None:
+    """Every card row is a valid layout and fits in HBM under its recorded setup, with no
+    memory saving added by validation (these runs ran)."""
+    from dataclasses import replace
+
+    from parsearch.constraints import check_layout
+    from parsearch.cost.analytic import CostOptions
+    from parsearch.validation.published_runs import training_spec
+    from parsearch.validation.runs import best_reading, fabric_for
+
+    run = independent[run_id]
+    assert run.skip_reason is None and run.verified == "yes"
+    assert run.model_spec is not None and run.cluster is not None
+    assert check_layout(run.model_spec, training_spec(run), run.layout) == []
+    options = replace(CostOptions(), memory_margin=0.0)  # as validate_runs
+    reading = best_reading(run, fabric_for({}, run.cluster, run.num_gpus), options)
+    assert reading.note == ""
+    assert reading.estimate.fits
+    assert math.isfinite(reading.estimate.tokens_per_s_per_gpu)

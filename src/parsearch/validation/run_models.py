@@ -40,6 +40,10 @@ _PRESET_CANDIDATES: dict[str, tuple[str, ...]] = {
     "Llama-3.1-70B": ("llama3-70b",),
     "Llama-3.1-405B": ("llama3.1-405b",),
     "DeepSeek-V3": ("deepseek-v3",),
+    # Megatron-Bridge verification cards: head_dim != h/a (and gpt-oss's sliding-window
+    # layers) are beyond the CSV columns, so these rows need their presets.
+    "Qwen3-235B-A22B": ("qwen3-235b-a22b",),
+    "gpt-oss-120b": ("gpt-oss-120b",),
 }
 
 # Fields the CSV leaves blank, filled from the model's public config when no
