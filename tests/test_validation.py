@@ -113,6 +113,22 @@ def test_recipe_recompute_layers_count_only_with_the_block_method() -> None:
         assert training.recompute_num_layers == layers
 
 
+def test_selective_recompute_with_an_empty_module_list_recomputes_nothing() -> None:
+    """Megatron-Core defaults the modules to core_attn only when the list is None; a recipe
+    that sets ``recompute_modules=[]`` (DeepSeek-V3 GB300, r0001) recomputes nothing, while a
+    listed module is still priced."""
+    setups = load_run_setups()
+    runs = {r.id: r for r in load_published_runs()}
+    empty = [i for i in ("r0001", "r0040", "r0041", "r0228", "r0229") if i in setups]
+    assert empty
+    for run_id in empty:
+        assert setups[run_id].recompute == "none"
+        readings = memory_saving_candidates(runs[run_id])
+        assert {layout.recompute for _t, layout, _n in readings} == {"none"}
+    listed = setups["r0043"]  # DeepSeek-V3 B300: selective, mla_up_proj
+    assert listed.recompute == "selective" and listed.recompute_modules == ("mla_up_proj",)
+
+
 def _training(run):  # type: ignore[no-untyped-def]
     from parsearch.validation.published_runs import training_spec
 

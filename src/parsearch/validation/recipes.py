@@ -104,8 +104,13 @@ def _setup(row: dict[str, str]) -> RunSetup:
     cell = {k: (v or "").strip() for k, v in row.items()}
     granularity = cell.get("recompute_granularity", "").lower() or None
     graphs = cell.get("cuda_graphs", "").lower()
-    modules = tuple(m for m in cell.get("recompute_modules", "").replace(",", " ").split()
-                    if m in RECOMPUTE_MODULES)
+    listed = cell.get("recompute_modules", "").replace(",", " ").split()
+    modules = tuple(m for m in listed if m in RECOMPUTE_MODULES)
+    if granularity == "selective" and not listed:
+        # The recipe set an empty module list: Megatron-Core fills in its default
+        # (core_attn) only when the list is None (TransformerConfig.__post_init__), so
+        # nothing is recomputed (RUN_SETUPS.md).
+        granularity = "none"
     return RunSetup(
         id=cell["id"],
         moe_dispatcher=cell.get("moe_dispatcher") or None,
