@@ -317,14 +317,25 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     blocks = _tp_blocks(model, unit)
     ops_per_block = np.where(sp, 5.0, 4.0) + 2.0 * recompute.tp_comm
     tp_total = blocks * ops_per_block * op
+    # Each collective overlaps only with the GEMM of its own linear layer: Transformer
+    # Engine's userbuffers pairs qkv/fc1 fprop and proj/fc2 dgrad (ring exchange),
+    # proj/fc2 fprop (pipelined reduce-scatter) and qkv/fc1 dgrad+wgrad (bulk) with
+    # that layer's GEMM (TE pytorch/module/base.py initialize_ub, default methods);
+    # Megatron's async path overlaps a linear's gradient collectives with its own
+    # dgrad/wgrad GEMMs (LinearWithGradAccumulationAndAsyncCommunication).  So a
+    # block's traffic hides behind that block's GEMMs only: the attention block's
+    # small QKV/projection GEMMs cannot borrow the MLP's (compute.tp_attention_share).
+    share_attention = compute.tp_attention_share
+    shares = (share_attention, 1.0 - share_attention) if blocks == 2.0 else (1.0,)
+    per_block = 1.0 / len(shares)
     # Plain Megatron: the wgrad input re-gather (SP) or the dgrad all-reduce (no SP) and the
     # dgrad reduce-scatter run asynchronously beside the backward GEMMs.
     async_ops = blocks * 2.0 * op
-    backward_gemm = compute.tp_gemm * (2.0 / 3.0)
-    async_hidden = np.minimum(async_ops, backward_gemm)
+    async_hidden = sum(np.minimum(per_block * async_ops, compute.tp_gemm * (2.0 / 3.0) * f)
+                       for f in shares)
     tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
     userbuffers = options.tp_comm_overlap & sp & tp_in_domain
-    hidden_ub = np.minimum(tp_total, compute.tp_gemm)
+    hidden_ub = sum(np.minimum(per_block * tp_total, compute.tp_gemm * f) for f in shares)
     # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
     budget = compute.total
     tp_hidden = np.minimum(np.where(userbuffers, hidden_ub, async_hidden), budget)

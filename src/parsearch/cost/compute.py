@@ -26,7 +26,12 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.cost.flops import stage_flops_core
+from parsearch.cost.flops import (
+    attention_gemm_forward_flops,
+    dense_mlp_forward_flops,
+    shared_expert_forward_flops,
+    stage_flops_core,
+)
 from parsearch.cost.quantization import gemm_rate_factor, quantize_bytes_per_element
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
@@ -271,7 +276,9 @@ class UnitCompute:
     the fused attention, ``memory_bound`` the non-GEMM kernels, ``overhead``
     the per-kernel GPU time plus the host time the GPU waits for.
     ``tp_gemm`` is the GEMM time of the TP-sharded linears (what TP overlap
-    can hide behind).
+    can hide behind); ``tp_attention_share`` the share of it in the attention block
+    (QKV and output projection), the rest being the MLP block's
+    (:func:`attention_block_share`).
     """
 
     gemm: np.ndarray
@@ -281,11 +288,33 @@ class UnitCompute:
     memory_bound: np.ndarray
     overhead: np.ndarray
     tp_gemm: np.ndarray
+    tp_attention_share: float = 1.0
 
     @property
     def total(self) -> np.ndarray:
         return (self.gemm + self.routed + self.attention + self.logits + self.memory_bound
                 + self.overhead)
+
+
+def attention_block_share(model: ModelSpec, unit: str) -> float:
+    """Share of a layer unit's TP-sharded GEMM FLOPs in its attention block.
+
+    The attention block holds the QKV and output projections, the MLP block the dense
+    MLP or the shared experts (formulas.md §3.5 counts); units with one TP block
+    (embedding, output layer, MoE layers without shared experts) give 1.0.
+
+    >>> from parsearch.presets import get_preset
+    >>> round(attention_block_share(get_preset("llama3-70b"), "dense"), 3)
+    0.176
+    >>> attention_block_share(get_preset("mixtral-8x7b"), "moe")
+    1.0
+    """
+    if unit not in ("dense", "moe", "mtp"):
+        return 1.0
+    attention = attention_gemm_forward_flops(model)
+    mlp = (shared_expert_forward_flops(model) if is_moe_unit(model, unit)
+           else dense_mlp_forward_flops(model))
+    return attention / (attention + mlp) if attention + mlp > 0 else 1.0
 
 
 def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
@@ -421,4 +450,5 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     paced = (gpu_busy**4 + host**4) ** 0.25
     overhead = kernel_time + (paced - gpu_busy)
     return UnitCompute(gemm=gemm, routed=routed, attention=attention, logits=logits,
-                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits)
+                       memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits,
+                       tp_attention_share=attention_block_share(model, unit))
