@@ -60,6 +60,10 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("grad reduce bf16", {}, {"grad_reduce_bytes": 2.0}),
     ("fp8 dispatch", {}, {"fp8_dispatch": True}),
     ("fp8 recipe", {"precision": "fp8"}, {"fp8_recipe": "delayed"}),
+    ("fp8 attention", {"precision": "fp8"}, {"fp8_attention": True}),
+    # MXFP8 only (Blackwell): refused on these Hopper cases, launched in test_fp8_attention.py
+    ("fp8 output proj", {"precision": "fp8"}, {"fp8_output_proj": True}),
+    ("fused expert mlp", {"precision": "fp8"}, {"fused_expert_mlp": True}),
     ("fp8 param gather", {}, {"param_gather_bytes": 1.0,
                               "memory": MemoryOptions(fp8_param_gather=True)}),
 )

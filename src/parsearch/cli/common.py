@@ -206,6 +206,18 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        help="FP8 scaling priced and launched with --precision fp8 (default "
                        "auto: mxfp8 on Blackwell, tensorwise current scaling before; "
                        "tensorwise pays an extra amax read per cast)")
+    group.add_argument("--fp8-attention", action=argparse.BooleanOptionalAction, default=False,
+                       help="with --precision fp8/fp4: fused attention in FP8 (Megatron "
+                       "fp8_dot_product_attention; both attention matmuls at the FP8 rate; "
+                       "default off)")
+    group.add_argument("--fp8-output-proj", action=argparse.BooleanOptionalAction,
+                       default=False, help="with --precision fp8 and the mxfp8 recipe: the "
+                       "output layer (LM head) GEMM in MXFP8 (Megatron fp8_output_proj; "
+                       "default off: BF16)")
+    group.add_argument("--fused-expert-mlp", action=argparse.BooleanOptionalAction,
+                       default=False, help="MoE experts through Transformer Engine's op "
+                       "fuser: SwiGLU and its casts in the grouped GEMM epilogues (Blackwell, "
+                       "mxfp8 or fp4; Megatron --use-transformer-engine-op-fuser; default off)")
     group.add_argument("--cuda-graph-scope", type=choice_list(CUDA_GRAPH_SCOPES), default=(),
                        metavar="LIST",
                        help="with --cuda-graphs: the parts of each layer captured, among "
@@ -283,6 +295,9 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         cuda_graphs=args.cuda_graphs,
         cuda_graph_scope=tuple(args.cuda_graph_scope),
         fp8_recipe=args.fp8_recipe,
+        fp8_attention=args.fp8_attention,
+        fp8_output_proj=args.fp8_output_proj,
+        fused_expert_mlp=args.fused_expert_mlp,
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher,
         moe_flex_backend=args.moe_flex_backend,

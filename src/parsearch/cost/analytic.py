@@ -36,6 +36,7 @@ from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_fo
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.offload import offload_exposed
+from parsearch.cost.option_checks import check_precision_options
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
 from parsearch.cost.stage_time import (
@@ -101,26 +102,8 @@ def build_cost_model(
 ) -> CostModel:
     """Bundle the inputs; checks that the GPU can run the requested precision."""
     profile = profile or efficiency_for_gpu(fabric.gpu.name)
-    if training.precision not in fabric.gpu.peak_flops:
-        have = ", ".join(sorted(fabric.gpu.peak_flops))
-        raise SpecError(
-            f"precision {training.precision} is not supported by {fabric.gpu.name} "
-            f"(cluster {fabric.cluster.name}); it supports {have}"
-        )
-    if training.precision not in profile.gemm_efficiency:
-        raise SpecError(f"efficiency profile {profile.name} has no gemm_efficiency for "
-                        f"{training.precision}; add it to the profile")
-    options = (options or CostOptions()).resolved(profile)
-    if training.precision == "bf16" and options.memory.fp8_param_gather:
-        raise SpecError("fp8 parameter gather needs --precision fp8 or fp4")
-    capability = fabric.gpu.compute_capability
-    if (training.precision == "fp8" and options.fp8_recipe == "mxfp8"
-            and capability is not None and capability < 10):
-        # MXFP8 block scaling is a Blackwell tensor-core format (Transformer Engine
-        # MXFP8BlockScaling: compute capability 10.0 or newer).
-        raise SpecError(f"fp8 recipe mxfp8 needs a Blackwell GPU (compute capability >= 10); "
-                        f"{fabric.gpu.name} has {capability}: use tensorwise, delayed or "
-                        "blockwise")
+    options = check_precision_options(training, fabric.gpu, fabric.cluster.name, profile,
+                                      (options or CostOptions()).resolved(profile))
     return CostModel(model, training, fabric, profile, options)
 
 
@@ -160,7 +143,10 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
                            imbalance=float(opt.moe_imbalance or 1.0),
                            cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
                            fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
-                           flash_attention=opt.flash_attention)
+                           flash_attention=opt.flash_attention,
+                           fp8_attention=opt.fp8_attention,
+                           fp8_output_proj=opt.fp8_output_proj,
+                           fused_expert_mlp=opt.fused_expert_mlp)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,

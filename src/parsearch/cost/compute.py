@@ -32,7 +32,11 @@ from parsearch.cost.flops import (
     shared_expert_forward_flops,
     stage_flops_core,
 )
-from parsearch.cost.quantization import gemm_rate_factor, quantize_bytes_per_element
+from parsearch.cost.quantization import (
+    fp8_attention_cast_bytes_per_token,
+    gemm_rate_factor,
+    quantize_bytes_per_element,
+)
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
@@ -213,7 +217,8 @@ def tile_padding(rows_per_expert: Any) -> Any:
 
 
 def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: bool,
-                                 moe: bool, quantize_bytes: float) -> dict[str, Any]:
+                                 moe: bool, quantize_bytes: float,
+                                 fused_expert_mlp: bool = False) -> dict[str, Any]:
     """HBM bytes per token of the non-GEMM kernels of one layer, forward + backward.
 
     Counted per tensor an op reads and writes (bf16, 2 bytes), our count from
@@ -232,6 +237,13 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
       column-wise for dgrad and wgrad), plus the amax read of recipes that scale
       by the current tensor: ``quantize_bytes`` per element of the operands
       (:mod:`parsearch.cost.quantization`; 0 for BF16).
+
+    With ``fused_expert_mlp`` (Transformer Engine's op-fuser grouped MLP) the expert
+    activation and the casts of its output and of its input gradient run in the epilogues
+    of the FC1 GEMM (forward: SwiGLU, routing-probability scale and the MXFP8 cast written
+    for FC2) and of FC2's dgrad GEMM (backward: SwiGLU backward and the cast for FC1's
+    dgrad and wgrad), overlapped with the GEMMs like any GEMM output: those bytes leave
+    ``per_routed_copy`` and ``quantize_routed_copy``.
     """
     h = float(model.hidden_size)
     attn_width = (model.num_attention_heads + model.num_query_groups) * model.head_dim
@@ -252,7 +264,7 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     out["per_ffn"] = ffn_factor * ffn / tp
     if moe and model.moe is not None:
         fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
-        out["per_routed_copy"] = 16.0 * h + ffn_factor * fe
+        out["per_routed_copy"] = 16.0 * h + (0.0 if fused_expert_mlp else ffn_factor * fe)
     q = float(quantize_bytes)
     if q > 0 and (dense or moe):
         # Inputs of QKV and FC1 (h, quantized on the SP shard before the FP8 all-gather)
@@ -264,7 +276,8 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
         out["quantize_rows"] = q * (q_width + qkv + ffn * (1 + glu)) / tp
         if moe and model.moe is not None:
             fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
-            out["quantize_routed_copy"] = q * (2.0 * h + fe * (1 + glu))
+            out["quantize_routed_copy"] = q * (2.0 * h + (0.0 if fused_expert_mlp
+                                                          else fe * (1 + glu)))
     return out
 
 
@@ -323,7 +336,10 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  flash_attention: bool = True,
                  cuda_graph_scope: tuple[str, ...] = (),
                  fp8_recipe: str = "auto",
-                 moe_dispatcher: str = "alltoall") -> UnitCompute:
+                 moe_dispatcher: str = "alltoall",
+                 fp8_attention: bool = False,
+                 fp8_output_proj: bool = False,
+                 fused_expert_mlp: bool = False) -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
@@ -359,19 +375,24 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         peak * gemm_efficiency(profile, precision, per_expert_call, half)
         * profile.grouped_gemm_efficiency)
     # Fused attention on blocks of s/cp tokens (CP's ring runs over the local chunk),
-    # BF16 unless FP8 attention is requested (MCORE transformer_config fp8_dot_product_attention).
+    # BF16 unless FP8 attention is requested (MCORE transformer_config
+    # fp8_dot_product_attention; Transformer Engine fp8_dpa runs forward and backward in FP8
+    # in the FusedAttention backend): then both matmuls run at the FP8 rate beside the same
+    # exponentials (cost/softmax.py attention_scale).
     # With CP > 1 the causal load balancing splits each rank's share into two chunks of
     # s/(2 cp) tokens and the ring runs one kernel per chunk pair (Megatron-Core
     # context_parallel.md; Transformer Engine AttnFuncWithCPAndKVP2P).
     block = np.where(cp > 1, s / (2.0 * cp), float(s))
     size_factor = block / (block + profile.attention_half_block)
     # Each GPU's softmax exponential rate against its generation's (cost/softmax.py).
+    attn_precision = "fp8" if fp8_attention and precision != "bf16" else "bf16"
+    peak_attn = gpu.peak_flops[attn_precision]
     t_attn_fwd = flops.core_attention_flops / (
-        peak_bf16 * profile.attention_forward_efficiency * size_factor
-        * attention_scale(gpu, profile, model, backward=False))
+        peak_attn * profile.attention_forward_efficiency * size_factor
+        * attention_scale(gpu, profile, model, backward=False, precision=attn_precision))
     t_attn_bwd = ATTENTION_BACKWARD_RATIO * flops.core_attention_flops / (
-        peak_bf16 * profile.attention_backward_efficiency * size_factor
-        * attention_scale(gpu, profile, model, backward=True))
+        peak_attn * profile.attention_backward_efficiency * size_factor
+        * attention_scale(gpu, profile, model, backward=True, precision=attn_precision))
     if not flash_attention:
         # Batched GEMMs over the full score matrix (the causal half is computed and
         # masked), one (s/cp x d x s/cp) GEMM per head; backward 2x forward (NAR21).
@@ -381,9 +402,14 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         t_attn_fwd = full_scores / (peak_bf16_gemm
                                     * gemm_efficiency(profile, "bf16", per_call, half_bf16))
         t_attn_bwd = 2.0 * t_attn_fwd
-    # The output layer stays BF16 by default (MCORE transformer_config fp8_output_proj).
-    t_logits_fwd = flops.logits_flops / (
-        peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops, half_bf16))
+    # The output layer stays BF16 unless fp8_output_proj runs it under the MXFP8 autocast
+    # (MCORE transformer_config fp8_output_proj, TELMHeadColumnParallelLinear).
+    if fp8_output_proj and precision == "fp8":
+        t_logits_fwd = flops.logits_flops / (
+            peak * gemm_efficiency(profile, precision, flops.logits_flops, half))
+    else:
+        t_logits_fwd = flops.logits_flops / (
+            peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops, half_bf16))
 
     gemm = (3.0 + recompute.gemm) * t_gemm_fwd
     routed = (3.0 + recompute.routed) * t_routed_fwd
@@ -396,7 +422,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     counts = memory_bound_bytes_per_token(
         model, tp=tp, etp=etp, dense=is_layer and not moe_unit, moe=moe_unit,
         quantize_bytes=quantize_bytes_per_element(precision, fp8_recipe,
-                                                  gpu.compute_capability))
+                                                  gpu.compute_capability),
+        fused_expert_mlp=fused_expert_mlp)
     tokens_sp = mbs * s / (cp * np.where(sp, tp, 1.0))  # rows of the SP-sharded tensors
     rows = mbs * s / cp  # rows of the GEMMs after the SP all-gather
     routed_copies = mbs * s / (tp * cp) * (model.moe.top_k if (moe_unit and model.moe) else 0)
@@ -416,6 +443,9 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         steps = cp  # the rank's mbs*s/cp tokens, merged once per ring step
         byte_count = byte_count + np.where(
             cp > 1, rows * heads_width * steps * CP_MERGE_BYTES, 0.0)
+    if is_layer and attn_precision == "fp8":
+        # FP8 attention's casts in and out of the FP8 kernels (cost/quantization.py).
+        byte_count = byte_count + rows * fp8_attention_cast_bytes_per_token(model, tp)
     if not flash_attention and is_layer:
         score_bytes = (UNFUSED_SCORE_BYTES_FORWARD + UNFUSED_SCORE_BYTES_BACKWARD
                        + recompute.core_attention * UNFUSED_SCORE_BYTES_FORWARD)

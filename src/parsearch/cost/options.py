@@ -68,6 +68,16 @@ class CostOptions:
     * ``fp8_recipe``: FP8 scaling (``tensorwise`` current scaling, ``delayed``, ``mxfp8``,
       ``blockwise``; ``auto``: MXFP8 on Blackwell, else tensorwise): what the casts
       cost (:mod:`parsearch.cost.quantization`) and what the launch settings ask for.
+    * ``fp8_attention``: fused attention in FP8 when training in FP8 or FP4 (Megatron-Core
+      ``fp8_dot_product_attention``, Transformer Engine ``fp8_dpa``: Q, K, V cast to FP8,
+      both attention matmuls at the FP8 tensor rate, outputs cast back).
+    * ``fp8_output_proj``: the LM-head (output layer) GEMM in MXFP8 (Megatron-Core
+      ``fp8_output_proj``; only with the MXFP8 recipe).  Without it the output layer is BF16.
+    * ``fused_expert_mlp``: MoE experts through Transformer Engine's op fuser (Megatron-Core
+      ``use_transformer_engine_op_fuser`` with ``moe_mlp_glu_interleave_size=32``): the
+      grouped FC1 GEMM applies SwiGLU and writes block-scaled FP8 in its epilogue, and FC2's
+      dgrad GEMM applies the SwiGLU backward (``ForwardGroupedMLP_CuTeGEMMSwiGLU`` /
+      ``BackwardGroupedMLP_CuTeGEMMDSwiGLU``, SM100+, block-scaled FP8/FP4 only).
     * ``memory_margin``: the share of HBM a layout must leave free to count as fitting.
     """
 
@@ -86,6 +96,9 @@ class CostOptions:
     param_gather_bytes: float = 2.0
     fp8_dispatch: bool = False
     fp8_recipe: str = "auto"
+    fp8_attention: bool = False
+    fp8_output_proj: bool = False
+    fused_expert_mlp: bool = False
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     memory: MemoryOptions = field(default_factory=MemoryOptions)
 

@@ -44,7 +44,12 @@ that rate there.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from parsearch.errors import SpecError
+from parsearch.workload import ModelSpec
 
 #: FP8 scaling recipes a run can ask for (``auto``: MXFP8 on Blackwell, else tensorwise).
 FP8_RECIPE_CHOICES: tuple[str, ...] = ("auto", "tensorwise", "delayed", "mxfp8", "blockwise")
@@ -135,3 +140,34 @@ def gemm_rate_factor(precision: str, fp8_recipe: str,
 __all__ = ["FP8_RECIPE_CHOICES", "MXFP8_GEMM_RATE", "QUANTIZE_BYTES_PER_ELEMENT",
            "TRANSPOSED_COPY_RECIPES", "gemm_rate_factor", "quantize_bytes_per_element",
            "resolve_fp8_recipe", "runs_non_tn_fp8_gemms"]
+
+
+#: HBM bytes per element of one FP8 attention cast: read BF16 and write FP8, or read FP8
+#: and write BF16 (2 + 1).
+FP8_ATTENTION_CAST_BYTES = 3.0
+
+
+def fp8_attention_cast_bytes_per_token(model: ModelSpec, tp: Any) -> Any:
+    """HBM bytes per token (one rank's heads) that FP8 attention spends on casts.
+
+    Transformer Engine's FP8 dot-product attention (recipe ``fp8_dpa``) casts its inputs
+    to FP8 and its outputs back (recipe docstring, ``transformer_engine/common/recipe``):
+    forward Q, K, V in and O out; backward dO in and dQ, dK, dV out, so every element of
+    Q, K, V and O is cast twice per pass pair (``FP8_ATTENTION_CAST_BYTES`` each).  Q and O
+    carry the rank's query heads; K and V its KV heads (GQA), or every query head's latent
+    up-projection under MLA.
+
+    >>> from parsearch.presets import get_preset
+    >>> float(fp8_attention_cast_bytes_per_token(get_preset("llama3-8b"), 1))
+    61440.0
+    """
+    tp = np.asarray(tp, dtype=np.float64)
+    heads = model.num_attention_heads / tp
+    mla = model.mla
+    if mla is not None:
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        elements = heads * (2.0 * qk + 2.0 * mla.v_head_dim)
+    else:
+        kv_heads = model.num_query_groups / np.minimum(tp, model.num_query_groups)
+        elements = heads * 2.0 * model.head_dim + kv_heads * 2.0 * model.head_dim
+    return 2.0 * FP8_ATTENTION_CAST_BYTES * elements

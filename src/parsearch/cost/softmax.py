@@ -46,15 +46,18 @@ def flops_per_score(model: ModelSpec) -> float:
     return 2.0 * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
 
 
-def attention_speed(gpu: GpuProfile, score_flops: float, *, backward: bool) -> float | None:
+def attention_speed(gpu: GpuProfile, score_flops: float, *, backward: bool,
+                    precision: str = "bf16") -> float | None:
     """Matmul time over matmul + exposed exponential time (1.0: no SFU limit).
 
-    ``None`` when the profile states no SFU rate.
+    ``precision`` is the attention matmuls' (``fp8`` with FP8 attention): at twice the
+    tensor rate the same exponentials weigh twice as much.  ``None`` when the profile
+    states no SFU rate.
     """
     if gpu.exp_per_s is None:
         return None
     flops = score_flops * (BACKWARD_FLOPS_RATIO if backward else 1.0)
-    exp_over_mma = (gpu.peak_flops["bf16"] / flops) / gpu.exp_per_s
+    exp_over_mma = (gpu.peak_flops[precision] / flops) / gpu.exp_per_s
     return 1.0 / (1.0 + EXP_EXPOSED_SHARE * exp_over_mma)
 
 
@@ -66,8 +69,15 @@ def _generation_speed(gpus: tuple[str, ...], score_flops: float, backward: bool)
 
 
 def attention_scale(gpu: GpuProfile, profile: EfficiencyProfile, model: ModelSpec, *,
-                    backward: bool) -> float:
+                    backward: bool, precision: str = "bf16") -> float:
     """This GPU's fused-attention speed relative to its generation's mean (1.0: unknown).
+
+    The profile's attention efficiency is the generation's BF16 end-to-end rate, so the
+    reference is always the BF16 speed; ``precision="fp8"`` (FP8 attention) gives this
+    GPU's speed with the matmuls at the FP8 rate against that reference, which with the
+    FP8 peak prices FP8 attention as the same kernel with faster matmuls and the same
+    exponentials (FlashAttention-3, arXiv 2407.08608, abstract: about 1.2 PFLOP/s in
+    FP8 against 740 TFLOP/s in FP16 on H100, 1.6x; this model gives 1.65x at head dim 128).
 
     >>> from parsearch.cost.efficiency import efficiency_for_gpu
     >>> from parsearch.presets import get_preset
@@ -78,7 +88,7 @@ def attention_scale(gpu: GpuProfile, profile: EfficiencyProfile, model: ModelSpe
     1.093
     """
     score_flops = flops_per_score(model)
-    own = attention_speed(gpu, score_flops, backward=backward)
+    own = attention_speed(gpu, score_flops, backward=backward, precision=precision)
     reference = _generation_speed(tuple(profile.gpus), score_flops, backward)
     if own is None or reference is None:
         return 1.0

@@ -36,6 +36,7 @@ _BF16_BASE: dict[str, Any] = {
     "num_layers_at_start_in_bf16": 0, "num_layers_at_end_in_bf16": 0,
     "fp8_param": False, "fp8_param_gather": False, "fp4_param": False,
     "fp4_param_gather": False, "reuse_grad_buf_for_mxfp8_param_ag": False,
+    "fp8_dot_product_attention": False,
 }
 #: Groups ``MixedPrecisionConfig.setup`` copies its fields into.
 PRECISION_GROUPS: tuple[str, ...] = ("model", "optimizer", "ddp")
@@ -79,6 +80,7 @@ def precision_fields(plan: LaunchPlan) -> dict[str, Any]:
     elif plan.precision == "fp4":
         fields.update(fp4="e2m1", fp4_recipe="nvfp4", fp4_param=plan.fp8_param_gather,
                       fp4_param_gather=plan.fp8_param_gather)
+    fields["fp8_dot_product_attention"] = plan.fp8_attention
     return fields
 
 
@@ -144,6 +146,13 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         fields["checkpoint.ckpt_format"] = "fsdp_dtensor"
     if not plan.flash_attention:
         fields["model.attention_backend"] = "unfused"
+    if plan.precision == "fp8":
+        fields["model.fp8_output_proj"] = plan.fp8_output_proj
+    if plan.fused_expert_mlp:
+        # both are needed: without the 32-wide GLU interleave Transformer Engine declines
+        # the fusion silently (Megatron-Core moe_mlp_glu_interleave_size docstring)
+        fields["model.use_transformer_engine_op_fuser"] = True
+        fields["model.moe_mlp_glu_interleave_size"] = 32
     if plan.is_moe:
         fields.update({
             "model.moe_token_dispatcher_type": plan.moe_dispatcher,

@@ -121,6 +121,10 @@ def _precision_args(plan: LaunchPlan) -> list[str]:
         args += ["--fp8-format", fmt, "--fp8-recipe", str(plan.fp8_recipe)]
         if plan.fp8_param_gather:
             args.append("--fp8-param-gather")
+        if plan.fp8_output_proj:
+            # generated from TransformerConfig.fp8_output_proj (arguments.py
+            # ArgumentGroupFactory over TransformerConfig)
+            args.append("--fp8-output-proj")
     elif plan.precision == "fp4":
         args += ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
         if plan.fp8_param_gather:
@@ -146,6 +150,9 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
             args += ["--cuda-graph-scope", *plan.cuda_graph_scope]
     if not plan.flash_attention:
         args += ["--attention-backend", "unfused"]
+    if plan.fused_expert_mlp:
+        # TransformerConfig fields, generated as arguments (arguments.py ArgumentGroupFactory)
+        args += ["--use-transformer-engine-op-fuser", "--moe-mlp-glu-interleave-size", "32"]
     return args
 
 

@@ -68,6 +68,9 @@ class LaunchPlan:
     cuda_graphs: bool
     cuda_graph_scope: tuple[str, ...]
     flash_attention: bool
+    fp8_attention: bool
+    fp8_output_proj: bool
+    fused_expert_mlp: bool
     offload_layers: int
     optimizer: str
     # precision-aware optimizer: dtypes of main grads and Adam moments (None: fp32 default)
@@ -237,6 +240,18 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         conflicts.append("FP8 token dispatch was priced (fp8_dispatch), but Megatron-LM has no "
                          "switch for it; the launch dispatches BF16 tokens")
     capability = compute_capability
+    fp8_attention = opt.fp8_attention and training.precision != "bf16"
+    if fp8_attention:
+        # Megatron-LM's arguments.py lists fp8_dot_product_attention among the
+        # TransformerConfig fields with no CLI argument; Megatron-Bridge sets it
+        # (mixed_precision.fp8_dot_product_attention).
+        conflicts.append("FP8 attention was priced (fp8_dot_product_attention), but "
+                         "Megatron-LM has no command-line switch for it; set "
+                         "TransformerConfig.fp8_dot_product_attention=True in code or launch "
+                         "with Megatron-Bridge")
+    recipe = (resolve_fp8_recipe(opt.fp8_recipe if fp8_recipe == "auto" else fp8_recipe,
+                                 capability)
+              if training.precision == "fp8" else None)
     return LaunchPlan(
         layout=lay, seq_len=training.seq_len, global_batch=training.global_batch, is_moe=moe,
         pipeline_layout=pipeline, layers_per_virtual_stage=per_stage,
@@ -244,9 +259,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         recompute_num_layers=rec_layers, recompute_modules=modules,
         precision=training.precision,
         # the recipe the cost model priced unless the caller names one
-        fp8_recipe=(resolve_fp8_recipe(opt.fp8_recipe if fp8_recipe == "auto" else fp8_recipe,
-                                       capability)
-                    if training.precision == "fp8" else None),
+        fp8_recipe=recipe,
         fp8_param_gather=fp8_gather,
         grad_reduce_in_fp32=opt.grad_reduce_bytes >= 4,
         distributed_optimizer=training.distributed_optimizer and not training.fsdp,
@@ -267,6 +280,10 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         cuda_graphs=opt.cuda_graphs,
         cuda_graph_scope=opt.cuda_graph_scope if opt.cuda_graphs else (),
         flash_attention=opt.flash_attention,
+        fp8_attention=fp8_attention,
+        # Megatron-Core runs the MXFP8 LM head only with the MXFP8 recipe
+        fp8_output_proj=opt.fp8_output_proj and recipe == "mxfp8",
+        fused_expert_mlp=opt.fused_expert_mlp and moe and training.precision != "bf16",
         offload_layers=offload,
         optimizer=training.optimizer,
         main_grads_dtype=main_grads, moment_dtype=moments,

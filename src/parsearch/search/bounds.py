@@ -140,7 +140,10 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
                                cuda_graphs=opt.cuda_graphs,
                                cuda_graph_scope=opt.cuda_graph_scope,
                                fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
-                               flash_attention=opt.flash_attention)
+                               flash_attention=opt.flash_attention,
+                               fp8_attention=opt.fp8_attention,
+                               fp8_output_proj=opt.fp8_output_proj,
+                               fused_expert_mlp=opt.fused_expert_mlp)
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,

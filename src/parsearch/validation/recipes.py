@@ -49,6 +49,9 @@ class RunSetup:
     grad_reduce_in_fp32: bool | None
     pipeline_layout: str | None
     locator: str
+    fp8_attention: bool | None = None
+    fp8_output_proj: bool | None = None
+    fused_expert_mlp: bool | None = None
 
 
 def _flag(text: str) -> bool | None:
@@ -135,6 +138,9 @@ def _setup(row: dict[str, str]) -> RunSetup:
         grad_reduce_in_fp32=_flag(cell.get("grad_reduce_in_fp32", "")),
         pipeline_layout=cell.get("pipeline_layout") or None,
         locator=cell.get("recipe_locator", ""),
+        fp8_attention=_flag(cell.get("fp8_attention", "")),
+        fp8_output_proj=_flag(cell.get("fp8_output_proj", "")),
+        fused_expert_mlp=_flag(cell.get("fused_expert_mlp", "")),
     )
 
 
@@ -170,6 +176,16 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["grad_reduce_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
     if setup.fp8_recipe is not None and precision == "fp8":
         changes["fp8_recipe"] = setup.fp8_recipe
+    # FP8 attention runs inside the FP8/FP4 autocast only; the MXFP8 LM head only with
+    # the MXFP8 recipe (Megatron-Core is_mxfp8_output_proj_active).
+    if setup.fp8_attention is not None and precision != "bf16":
+        changes["fp8_attention"] = setup.fp8_attention
+    if setup.fp8_output_proj is not None and precision == "fp8":
+        changes["fp8_output_proj"] = (setup.fp8_output_proj
+                                      and changes.get("fp8_recipe", options.fp8_recipe)
+                                      in ("mxfp8", "auto"))
+    if moe and setup.fused_expert_mlp is not None and precision != "bf16":
+        changes["fused_expert_mlp"] = setup.fused_expert_mlp
     if setup.fp8_param_gather is not None and precision != "bf16":
         changes["param_gather_bytes"] = 1.0 if setup.fp8_param_gather else 2.0
         changes["memory"] = replace(options.memory, fp8_param_gather=setup.fp8_param_gather)
