@@ -61,7 +61,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("fp8 dispatch", {}, {"fp8_dispatch": True}),
     ("fp8 recipe", {"precision": "fp8"}, {"fp8_recipe": "delayed"}),
     ("fp8 attention", {"precision": "fp8"}, {"fp8_attention": True}),
-    # MXFP8 only (Blackwell): refused on these Hopper cases, launched in test_fp8_attention.py
+    # MXFP8 only: priced on a B200 copy of the case below
     ("fp8 output proj", {"precision": "fp8"}, {"fp8_output_proj": True}),
     ("fused expert mlp", {"precision": "fp8"}, {"fused_expert_mlp": True}),
     ("fp8 param gather", {}, {"param_gather_bytes": 1.0,
@@ -118,6 +118,8 @@ def test_every_priced_option_changes_the_launch(case: tuple[Any, ...],
         layout = dataclasses.replace(case[2], recompute="full" if "layers" in name
                                      else "selective")
         case = (*case[:2], layout, case[3])
+    if name in ("fp8 output proj", "fused expert mlp"):  # MXFP8-only features: Blackwell
+        case = (case[0], "dgx-b200", *case[2:])
     if name == "offload":
         case = (*case[:2], dataclasses.replace(case[2], pp=1, num_gpus=16), case[3])
     try:

@@ -77,6 +77,9 @@ def test_fp8_attention_is_refused_in_bf16() -> None:
     with pytest.raises(SpecError, match="fp8 attention needs --precision fp8"):
         build_cost_model(model, TrainingSpec(seq_len=4096, global_batch=64), cluster,
                          options=CostOptions(fp8_attention=True))
+    with pytest.raises(SpecError, match="fused attention backend"):
+        build_cost_model(model, TrainingSpec(seq_len=4096, global_batch=64, precision="fp8"),
+                         cluster, options=CostOptions(fp8_attention=True, flash_attention=False))
 
 
 def test_cast_bytes_by_hand() -> None:

@@ -41,6 +41,11 @@ def check_precision_options(training: TrainingSpec, gpu: GpuProfile, cluster_nam
         # (recipe fp8_dpa), which BF16 training never opens.
         raise SpecError("fp8 attention needs --precision fp8 or fp4 (it runs inside the FP8 "
                         "autocast region); drop --fp8-attention or train in fp8")
+    if options.fp8_attention and not options.flash_attention:
+        # Transformer Engine recipe docstring: "FP8 DPA currently is only supported in the
+        # FusedAttention backend".
+        raise SpecError("fp8 attention runs only in the fused attention backend; drop "
+                        "--fp8-attention or price fused attention")
     if options.fp8_output_proj and not (
             training.precision == "fp8"
             and resolve_fp8_recipe(options.fp8_recipe, capability) == "mxfp8"):
