@@ -110,7 +110,7 @@ def test_mxfp8_lm_head_is_priced_and_launched_only_with_mxfp8() -> None:
     assert "--fp8-output-proj" not in plain_launch.megatron_lm_args
 
 
-def test_fp8_attention_launches_through_bridge_and_is_flagged_for_megatron_lm() -> None:
+def test_fp8_attention_launches_through_bridge_and_is_noted_for_megatron_lm() -> None:
     model = get_preset("llama3-8b")
     training = TrainingSpec(seq_len=8192, global_batch=128, precision="fp8")
     layout = Layout(num_gpus=8, tp=1, pp=1, mbs=2)
@@ -118,10 +118,12 @@ def test_fp8_attention_launches_through_bridge_and_is_flagged_for_megatron_lm() 
     options = CostOptions(fp8_attention=True)
     launch = launch_for_cluster(model, training, layout, cluster, options=options)
     assert any("fp8_dot_product_attention=true" in o for o in launch.bridge_overrides)
-    assert any("fp8_dot_product_attention" in c for c in launch.conflicts)
+    assert any("fp8_dot_product_attention" in g for g in launch.plan.megatron_lm_gaps)
+    assert not launch.conflicts  # Bridge runs it: not a conflict, a Megatron-LM gap
+    assert "not settable on this command line" in launch.shell_snippet()
     off = launch_for_cluster(model, training, layout, cluster, options=CostOptions())
     assert not any("fp8_dot_product_attention=true" in o for o in off.bridge_overrides)
-    assert not any("fp8_dot_product_attention" in c for c in off.conflicts)
+    assert not off.plan.megatron_lm_gaps
 
 
 def test_published_recipes_that_turn_fp8_attention_on_are_read_so() -> None:

@@ -78,6 +78,8 @@ class LaunchPlan:
     moment_dtype: str | None
     env: tuple[tuple[str, str], ...]
     conflicts: tuple[str, ...]
+    # priced settings the Megatron-LM command line cannot express (Bridge can)
+    megatron_lm_gaps: tuple[str, ...] = ()
 
 
 def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
@@ -241,14 +243,13 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
                          "switch for it; the launch dispatches BF16 tokens")
     capability = compute_capability
     fp8_attention = opt.fp8_attention and training.precision != "bf16"
+    gaps: list[str] = []
     if fp8_attention:
         # Megatron-LM's arguments.py lists fp8_dot_product_attention among the
         # TransformerConfig fields with no CLI argument; Megatron-Bridge sets it
         # (mixed_precision.fp8_dot_product_attention).
-        conflicts.append("FP8 attention was priced (fp8_dot_product_attention), but "
-                         "Megatron-LM has no command-line switch for it; set "
-                         "TransformerConfig.fp8_dot_product_attention=True in code or launch "
-                         "with Megatron-Bridge")
+        gaps.append("FP8 attention (TransformerConfig.fp8_dot_product_attention=True) has no "
+                    "Megatron-LM argument: set it in code, or use the Megatron-Bridge launch")
     recipe = (resolve_fp8_recipe(opt.fp8_recipe if fp8_recipe == "auto" else fp8_recipe,
                                  capability)
               if training.precision == "fp8" else None)
@@ -289,6 +290,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         main_grads_dtype=main_grads, moment_dtype=moments,
         env=_env(lay, training.fsdp, opt.moe_a2a_overlap and ep_comm, capability),
         conflicts=tuple(conflicts),
+        megatron_lm_gaps=tuple(gaps),
     )
 
 

@@ -91,6 +91,7 @@ class LaunchSettings:
             "'$NPROC_PER_NODE'", '"$NPROC_PER_NODE"')
             + ' --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"')
         lines.append("# Megatron-LM")
+        lines += [f"# not settable on this command line: {g}" for g in self.plan.megatron_lm_gaps]
         lines.append(f"{launcher} {script} \\\n    " + self.command_line())
         recipe = self.recipe or "RECIPE_FUNCTION_config"
         lines.append(f"# Megatron-Bridge {provenance()['megatron_bridge']}")
@@ -108,6 +109,7 @@ class LaunchSettings:
             "megatron_lm_args": list(self.megatron_lm_args),
             "torchrun_args": list(self.torchrun_args),
             "conflicts": list(self.conflicts),
+            "megatron_lm_gaps": list(self.plan.megatron_lm_gaps),
             "names_from": provenance(),
         }
 
