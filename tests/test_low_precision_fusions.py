@@ -181,3 +181,20 @@ def test_fused_expert_mlp_needs_blackwell_block_scaling_and_is_launched() -> Non
     assert "model.moe_mlp_glu_interleave_size=32" in launch.bridge_overrides
     off = launch_for_cluster(model, training, layout, cluster, options=plain.options)
     assert "--use-transformer-engine-op-fuser" not in off.megatron_lm_args
+
+
+def test_each_mtp_layer_prices_its_own_pass_of_the_output_head() -> None:
+    # Megatron-Core multi_token_prediction.py: every MTP depth runs output_layer and an LM
+    # loss; transformer_flops counts h·V·(1 + n_mtp).  The one-unit MTP price carries one.
+    from parsearch.cost.compute import unit_content
+    from parsearch.cost.flops import logits_forward_flops, stage_flops_core
+
+    model = get_preset("deepseek-v3")
+    assert model.mtp_layers >= 1
+    mtp = stage_flops_core(model, 4096, unit_content(model, "mtp"), tp=1, cp=1, ep=8, etp=1,
+                           mbs=1, recompute_code=0)
+    out = stage_flops_core(model, 4096, unit_content(model, "output"), tp=1, cp=1, ep=8,
+                           etp=1, mbs=1, recompute_code=0)
+    per_pass = 4096 * logits_forward_flops(model)
+    assert float(mtp.logits_flops) == pytest.approx(per_pass)
+    assert float(out.logits_flops) == pytest.approx(per_pass)

@@ -451,7 +451,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                        + recompute.core_attention * UNFUSED_SCORE_BYTES_FORWARD)
         byte_count = byte_count + (rows * model.num_attention_heads / tp * (s / cp)
                                    * score_bytes)
-    if unit == "output":  # fused cross-entropy reads the logits and writes their gradient
+    if unit in ("output", "mtp"):  # fused cross-entropy reads the logits, writes their grad
         byte_count = byte_count + rows * 8.0 * model.vocab_size / tp
     hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
     memory_bound = profile.memory_bound_factor * byte_count / hbm

@@ -399,7 +399,10 @@ def stage_flops_core(
     )
     routed = n_moe * routed_expert_forward_flops(model) + n_mtp * mtp_routed
     core_total = (n_dense + n_moe + n_mtp) * core
-    logits = logits_forward_flops(model) * (1 + n_mtp) if content.has_output else 0.0
+    # The output layer's logits, plus one more pass of the shared output head per MTP layer
+    # (MCORE multi_token_prediction.py: each MTP depth calls output_layer and its own LM
+    # loss; transformer_flops: h·V·(1 + n_mtp)).  A one-unit MTP content carries its own.
+    logits = logits_forward_flops(model) * (float(content.has_output) + n_mtp)
 
     dense_gemm = tokens * (layer_gemm + n_mtp * mtp_extra_forward_flops(model))
     routed_flops = tokens * routed
