@@ -137,11 +137,6 @@ def gemm_rate_factor(precision: str, fp8_recipe: str,
     return MXFP8_GEMM_RATE if block_scaled_mma else 1.0
 
 
-__all__ = ["FP8_RECIPE_CHOICES", "MXFP8_GEMM_RATE", "QUANTIZE_BYTES_PER_ELEMENT",
-           "TRANSPOSED_COPY_RECIPES", "gemm_rate_factor", "quantize_bytes_per_element",
-           "resolve_fp8_recipe", "runs_non_tn_fp8_gemms"]
-
-
 #: HBM bytes per element of one FP8 attention cast: read BF16 and write FP8, or read FP8
 #: and write BF16 (2 + 1).
 FP8_ATTENTION_CAST_BYTES = 3.0
@@ -171,3 +166,9 @@ def fp8_attention_cast_bytes_per_token(model: ModelSpec, tp: Any) -> Any:
         kv_heads = model.num_query_groups / np.minimum(tp, model.num_query_groups)
         elements = heads * 2.0 * model.head_dim + kv_heads * 2.0 * model.head_dim
     return 2.0 * FP8_ATTENTION_CAST_BYTES * elements
+
+
+__all__ = ["FP8_ATTENTION_CAST_BYTES", "FP8_RECIPE_CHOICES", "MXFP8_GEMM_RATE",
+           "QUANTIZE_BYTES_PER_ELEMENT", "TRANSPOSED_COPY_RECIPES",
+           "fp8_attention_cast_bytes_per_token", "gemm_rate_factor",
+           "quantize_bytes_per_element", "resolve_fp8_recipe", "runs_non_tn_fp8_gemms"]
