@@ -37,6 +37,21 @@ def test_explain_json_has_the_contract_keys_and_consistent_numbers() -> None:
     assert doc["fits"] == (mem["total"] <= mem["capacity"])
 
 
+def test_explain_says_what_the_number_assumes() -> None:
+    plain = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision", "fp8",
+                    "--format", "json")
+    fp8_attention = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision",
+                            "fp8", "--fp8-attention", "--no-tp-comm-overlap", "--format", "json")
+    assert plain.code == 0 and fp8_attention.code == 0, plain.err + fp8_attention.err
+    before, after = (json.loads(r.out)["priced_features"] for r in (plain, fp8_attention))
+    assert before[0] == "FP8 (tensorwise)" and "TP comm overlap" in before
+    assert "FP8 attention" not in before
+    assert "FP8 attention" in after and "TP comm overlap" not in after
+    table = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--fp8-attention",
+                    "--precision", "fp8")
+    assert "priced with: FP8 (tensorwise), FP8 attention" in table.out
+
+
 def test_explain_memory_options_change_the_accounting() -> None:
     def memory(*extra: str) -> dict[str, float]:
         result = run_cli(*EXPLAIN, "--layout", "tp=4,pp=4,sp=true", "--format", "json", *extra)

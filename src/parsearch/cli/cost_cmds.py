@@ -66,6 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_explain(args: argparse.Namespace) -> int:
     from parsearch.constraints import check_layout
     from parsearch.cost.analytic import estimate
+    from parsearch.launch import launch_for_cluster
+    from parsearch.launch.plan import priced_features
     from parsearch.soft_rules import soft_rule_flags
 
     model = model_from_args(args)
@@ -88,6 +90,10 @@ def run_explain(args: argparse.Namespace) -> int:
     document["slowest_stage"] = result.slowest_stage
     document["peak_memory_stage"] = result.peak_memory_stage
     document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
+    # what the number assumes, from the same plan the launch settings are written from
+    plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=cm.options,
+                              gpu=cm.fabric.gpu).plan
+    document["priced_features"] = list(priced_features(plan))
     if args.format == "json":
         print_json(document)
         return 0
@@ -110,6 +116,8 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
         kind = (basis if basis.startswith("no ") else
                 "out-of-sample error band of this kind of prediction")
         print(f"  likely {low:,.0f} .. {high:,.0f} tokens/s per GPU ({kind})")
+    if d.get("priced_features"):
+        print("  priced with: " + ", ".join(d["priced_features"]))
     total = d["step_time_s"]
     print_table(("time per step", "seconds", "share"),
                 [(k, f"{v:.4f}", f"{v / total:.1%}") for k, v in d["time_s"].items()])

@@ -96,6 +96,38 @@ def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
     return _layout_string(counts, model.mtp_layers), None
 
 
+def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
+    """The features a plan prices, in words, for a reader checking what a number assumes.
+
+    >>> from parsearch.presets import get_preset
+    >>> from parsearch.workload import TrainingSpec
+    >>> plan = launch_plan(get_preset("llama3-8b"), TrainingSpec(seq_len=4096, global_batch=64),
+    ...                    Layout(num_gpus=16, tp=2, sp=True, mbs=1))
+    >>> priced_features(plan)
+    ('BF16', 'TP comm overlap', 'grad-reduce overlap', 'param-gather overlap')
+    """
+    out = [{"fp8": f"FP8 ({plan.fp8_recipe})", "fp4": "NVFP4"}.get(plan.precision, "BF16")]
+    named = (
+        (plan.fp8_attention, "FP8 attention"),
+        (plan.fp8_output_proj, "MXFP8 LM head"),
+        (plan.fp8_param_gather, "FP8 parameter gather"),
+        (plan.moe_dispatcher is not None,
+         f"{plan.moe_dispatcher} dispatcher"
+         + (f" ({plan.flex_backend})" if plan.flex_backend else "")),
+        (plan.fused_expert_mlp, "fused expert MLP"),
+        (plan.tp_comm_overlap, "TP comm overlap"),
+        (plan.moe_a2a_overlap, "EP all-to-all overlap"),
+        (plan.overlap_grad_reduce, "grad-reduce overlap"),
+        (plan.overlap_param_gather, "param-gather overlap"),
+        (plan.cuda_graphs, "CUDA graphs"
+         + (f" ({', '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope else "")),
+        (plan.fsdp, "Megatron-FSDP"),
+        (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers)"),
+        (not plan.flash_attention, "unfused attention"),
+    )
+    return tuple(out + [text for on, text in named if on])
+
+
 def pipeline_layout_string(model: ModelSpec, pp: int, vpp: int, split: str) -> str | None:
     """Megatron's ``--pipeline-model-parallel-layout`` for an uneven split, else ``None``.
 
@@ -295,4 +327,4 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
 
 
 __all__ = ["FP8_RECIPE_CHOICES", "LaunchPlan", "launch_plan",
-           "pipeline_layout_string", "resolve_fp8_recipe"]
+           "pipeline_layout_string", "priced_features", "resolve_fp8_recipe"]
