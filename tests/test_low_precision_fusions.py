@@ -91,6 +91,23 @@ def test_cast_bytes_by_hand() -> None:
     assert fp8_attention_cast_bytes_per_token(get_preset("deepseek-v3"), 1) == 6 * 81920
 
 
+def _assert_faster_and_launched(model_name: str, training: TrainingSpec, layout: Layout,
+                                flag: dict[str, bool], megatron_arg: str,
+                                bridge_override: str) -> None:
+    """On a B200 node: ``flag`` prices a faster step and is launched, and off it is not."""
+    model = get_preset(model_name)
+    cluster = load_cluster("dgx-b200")
+    fabric = build_fabric(cluster, layout.num_gpus)
+    plain = build_cost_model(model, training, fabric, options=CostOptions())
+    on = build_cost_model(model, training, fabric, options=CostOptions(**flag))
+    assert estimate(on, layout).step_time_s < estimate(plain, layout).step_time_s
+    launch = launch_for_cluster(model, training, layout, cluster, options=on.options)
+    assert megatron_arg in launch.megatron_lm_args
+    assert bridge_override in launch.bridge_overrides
+    off = launch_for_cluster(model, training, layout, cluster, options=plain.options)
+    assert megatron_arg not in off.megatron_lm_args
+
+
 def test_mxfp8_lm_head_is_priced_and_launched_only_with_mxfp8() -> None:
     model = get_preset("llama3-8b")
     training = TrainingSpec(seq_len=8192, global_batch=128, precision="fp8")
@@ -98,16 +115,8 @@ def test_mxfp8_lm_head_is_priced_and_launched_only_with_mxfp8() -> None:
     h100 = build_fabric(load_cluster("dgx-h100"), 8)
     with pytest.raises(SpecError, match="mxfp8"):
         build_cost_model(model, training, h100, options=CostOptions(fp8_output_proj=True))
-    cluster = load_cluster("dgx-b200")
-    fabric = build_fabric(cluster, 8)
-    plain = build_cost_model(model, training, fabric, options=CostOptions())
-    head = build_cost_model(model, training, fabric, options=CostOptions(fp8_output_proj=True))
-    assert estimate(head, layout).step_time_s < estimate(plain, layout).step_time_s
-    launch = launch_for_cluster(model, training, layout, cluster, options=head.options)
-    assert "--fp8-output-proj" in launch.megatron_lm_args
-    assert "model.fp8_output_proj=true" in launch.bridge_overrides
-    plain_launch = launch_for_cluster(model, training, layout, cluster, options=plain.options)
-    assert "--fp8-output-proj" not in plain_launch.megatron_lm_args
+    _assert_faster_and_launched("llama3-8b", training, layout, {"fp8_output_proj": True},
+                                "--fp8-output-proj", "model.fp8_output_proj=true")
 
 
 def test_fp8_attention_launches_through_bridge_and_is_noted_for_megatron_lm() -> None:
@@ -167,20 +176,13 @@ def test_fused_expert_mlp_needs_blackwell_block_scaling_and_is_launched() -> Non
     hopper = build_fabric(load_cluster("dgx-h100"), 8)
     with pytest.raises(SpecError, match="fused-expert-mlp"):
         build_cost_model(model, training, hopper, options=CostOptions(fused_expert_mlp=True))
-    cluster = load_cluster("dgx-b200")
-    fabric = build_fabric(cluster, 8)
+    fabric = build_fabric(load_cluster("dgx-b200"), 8)
     with pytest.raises(SpecError, match="fused-expert-mlp"):
         build_cost_model(model, replace(training, precision="bf16"), fabric,
                          options=CostOptions(fused_expert_mlp=True))
-    plain = build_cost_model(model, training, fabric, options=CostOptions())
-    fused = build_cost_model(model, training, fabric,
-                             options=CostOptions(fused_expert_mlp=True))
-    assert estimate(fused, layout).step_time_s < estimate(plain, layout).step_time_s
-    launch = launch_for_cluster(model, training, layout, cluster, options=fused.options)
-    assert "--use-transformer-engine-op-fuser" in launch.megatron_lm_args
-    assert "model.moe_mlp_glu_interleave_size=32" in launch.bridge_overrides
-    off = launch_for_cluster(model, training, layout, cluster, options=plain.options)
-    assert "--use-transformer-engine-op-fuser" not in off.megatron_lm_args
+    _assert_faster_and_launched("qwen3-30b-a3b", training, layout, {"fused_expert_mlp": True},
+                                "--use-transformer-engine-op-fuser",
+                                "model.moe_mlp_glu_interleave_size=32")
 
 
 def test_each_mtp_layer_prices_its_own_pass_of_the_output_head() -> None:
