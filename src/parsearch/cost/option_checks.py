@@ -46,18 +46,16 @@ def check_precision_options(training: TrainingSpec, gpu: GpuProfile, cluster_nam
         # FusedAttention backend".
         raise SpecError("fp8 attention runs only in the fused attention backend; drop "
                         "--fp8-attention or price fused attention")
-    if options.fp8_output_proj and not (
-            training.precision == "fp8"
-            and resolve_fp8_recipe(options.fp8_recipe, capability) == "mxfp8"):
+    mxfp8 = (training.precision == "fp8"
+             and resolve_fp8_recipe(options.fp8_recipe, capability) == "mxfp8")
+    if options.fp8_output_proj and not mxfp8:
         # Megatron-Core is_mxfp8_output_proj_active: fp8=True and fp8_recipe='mxfp8' only.
         raise SpecError("fp8 output projection runs only with --precision fp8 and the mxfp8 "
                         "recipe (Megatron-Core fp8_output_proj); drop --fp8-output-proj or use "
                         "--fp8-recipe mxfp8 on a Blackwell GPU")
     if options.fused_expert_mlp and not (
             capability is not None and capability >= 10
-            and (training.precision == "fp4"
-                 or (training.precision == "fp8"
-                     and resolve_fp8_recipe(options.fp8_recipe, capability) == "mxfp8"))):
+            and (training.precision == "fp4" or mxfp8)):
         # Transformer Engine ForwardGroupedMLP_CuTeGEMMSwiGLU_*.is_supported: SM100+, and
         # only block-scaled (MXFP8 / NVFP4) grouped GEMMs.
         raise SpecError("the fused expert MLP (Transformer Engine op fuser) needs a Blackwell "
