@@ -148,3 +148,34 @@ def test_calibration_does_not_depend_on_values_an_earlier_fit_left() -> None:
     assert a.fitted == b.fitted
     for name in shipped.priors:
         assert a.profile.get(name) == pytest.approx(b.profile.get(name))
+
+
+def test_a_factor_no_run_resolves_is_not_fitted_and_keeps_its_prior() -> None:
+    """Only factors some run can tell apart from the scatter are fitted.
+
+    A factor whose whole cited range moves no run's prediction by more than the loss
+    scale is not identified by the runs; fitting it would let it drift onto a bound.
+    """
+    from parsearch.cost.efficiency import load_efficiency_profile
+    from parsearch.validation.calibration import (
+        FIT_ORDER,
+        LOSS_SCALE,
+        calibrate,
+        prepare_rows,
+        range_effect,
+    )
+
+    rows = [r for r in prepare_rows(load_published_runs()) if r.generation == "ampere"][:8]
+    shipped = load_efficiency_profile("ampere")
+    at_priors = shipped.with_values({n: p.value for n, p in shipped.priors.items()})
+    reach = {n: float(max(abs(range_effect(rows, at_priors, n))))
+             for n in FIT_ORDER if n in shipped.priors}
+    unresolved = [n for n, r in reach.items() if r <= LOSS_SCALE]
+    assert unresolved and len(unresolved) < len(reach), reach
+    result = calibrate(rows, shipped, max_evaluations=30)
+    assert result.fitted, "the resolved factors are fitted"
+    for name in result.fitted:
+        assert reach[name] > LOSS_SCALE, name
+    for name in unresolved:
+        assert name not in result.fitted
+        assert result.profile.get(name) == pytest.approx(shipped.priors[name].value), name

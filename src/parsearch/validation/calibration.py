@@ -10,6 +10,9 @@ residual factors, each a physical quantity with a cited prior and range
 * every factor bounded by its cited range; a fitted factor that ends on a
   bound means the structure is wrong, and the fit is reported as failed
   (:attr:`CalibrationResult.on_bound`) instead of widening the range;
+* a factor is fitted only where some run resolves it (its cited range moves the
+  run's prediction by more than the loss scale, :func:`resolved`); the others
+  stay at their priors;
 * with few runs, fewer factors are fitted (at most one per
   :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`.
 """
@@ -142,9 +145,33 @@ class CalibrationResult:
         return not self.on_bound
 
 
+def range_effect(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                 name: str) -> np.ndarray:
+    """Each row's log throughput change when ``name`` goes from its low to its high bound."""
+    prior = profile.priors[name]
+    low = predict(rows, profile.with_values({name: prior.low}))
+    high = predict(rows, profile.with_values({name: prior.high}))
+    return np.log(high / low)
+
+
+def resolved(rows: Sequence[PreparedRow], profile: EfficiencyProfile, name: str) -> bool:
+    """Whether some row tells ``name``'s cited range apart from the runs' scatter.
+
+    A row resolves a factor when moving the factor across its whole cited range (the
+    others where ``profile`` has them) moves the row's predicted throughput by more than
+    :data:`LOSS_SCALE` (10 % in log, the scale of the robust loss).  A factor no row
+    resolves is not identified: the fit would move it on scatter and structure error
+    alone, typically onto a bound, so it stays at its cited prior.
+    """
+    return bool(np.any(np.abs(range_effect(rows, profile, name)) > LOSS_SCALE))
+
+
 def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                 max_factors: int | None = None) -> list[str]:
-    """The factors the rows can inform, at most one per :data:`ROWS_PER_FACTOR` rows."""
+    """The factors the rows can inform, at most one per :data:`ROWS_PER_FACTOR` rows.
+
+    A factor no row resolves (:func:`resolved`) is left at its cited prior.
+    """
     precisions = {r.cost_model.training.precision for r in rows}
     any_moe = any(r.run.is_moe for r in rows)
     wanted = []
@@ -154,6 +181,8 @@ def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
         if name.startswith("gemm_efficiency.") and name.split(".")[1] not in precisions:
             continue
         if name in ("grouped_gemm_efficiency", "alltoall_efficiency") and not any_moe:
+            continue
+        if not resolved(rows, profile, name):
             continue
         wanted.append(name)
     limit = max(0, len(rows) // ROWS_PER_FACTOR)

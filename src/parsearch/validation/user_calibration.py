@@ -51,6 +51,7 @@ from parsearch.validation.calibration import (
     ROWS_PER_FACTOR,
     PreparedRow,
     predict,
+    range_effect,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
 from parsearch.validation.joint_fit import FactorFit, fit_factors
@@ -167,9 +168,7 @@ def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
         prior = profile.priors.get(name)
         if prior is None or prior.high <= prior.low:
             continue
-        low = predict(rows, profile.with_values({name: prior.low}))
-        high = predict(rows, profile.with_values({name: prior.high}))
-        out[name] = np.log(high / low)
+        out[name] = range_effect(rows, profile, name)
     for name, prior in (cluster_priors or {}).items():
         low = predict(rows_with_cluster_factors(rows, {name: prior.low}), profile)
         high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
