@@ -53,6 +53,8 @@ def main() -> int:
             prior = fit.profile.priors[name]
             print(f"  {name}: {fit.profile.get(name):.4g} (prior {prior.value:.4g}, "
                   f"range {prior.low:.4g}..{prior.high:.4g})")
+        if fit.unresolved:
+            print(f"  held at the prior (no run resolves it): {', '.join(fit.unresolved)}")
         if not args.write:
             continue
         bands = {key.split("/", 1)[1]: band for key, band in cv.bands.items()
@@ -60,6 +62,8 @@ def main() -> int:
         base = load_efficiency_profile(g)
         verdict = ("on a bound: " + ", ".join(fit.on_bound)) if fit.on_bound else "inside"
         note = f"; calibration {verdict}"
+        if fit.unresolved:
+            note += f"; held at the prior, no run resolves it: {', '.join(fit.unresolved)}"
         profile = dataclasses.replace(fit.profile, uncertainty=bands,
                                       source=base.source.split("; calibration")[0] + note)
         path = efficiency_dir() / f"{g}.yaml"

@@ -161,6 +161,7 @@ def test_a_factor_no_run_resolves_is_not_fitted_and_keeps_its_prior() -> None:
         FIT_ORDER,
         LOSS_SCALE,
         calibrate,
+        candidate_factors,
         prepare_rows,
         range_effect,
     )
@@ -179,3 +180,5 @@ def test_a_factor_no_run_resolves_is_not_fitted_and_keeps_its_prior() -> None:
     for name in unresolved:
         assert name not in result.fitted
         assert result.profile.get(name) == pytest.approx(shipped.priors[name].value), name
+    priced = candidate_factors(rows, at_priors)
+    assert set(result.unresolved) == {n for n in unresolved if n in priced}

@@ -138,6 +138,8 @@ class CalibrationResult:
     loss_before: float
     loss_after: float
     n_rows: int
+    #: Factors these rows price but none resolves: held at their cited priors.
+    unresolved: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -166,15 +168,12 @@ def resolved(rows: Sequence[PreparedRow], profile: EfficiencyProfile, name: str)
     return bool(np.any(np.abs(range_effect(rows, profile, name)) > LOSS_SCALE))
 
 
-def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                max_factors: int | None = None) -> list[str]:
-    """The factors the rows can inform, at most one per :data:`ROWS_PER_FACTOR` rows.
-
-    A factor no row resolves (:func:`resolved`) is left at its cited prior.
-    """
+def candidate_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile) -> list[str]:
+    """The factors of :data:`FIT_ORDER` that price work these rows do (their precisions,
+    MoE layers), in that order."""
     precisions = {r.cost_model.training.precision for r in rows}
     any_moe = any(r.run.is_moe for r in rows)
-    wanted = []
+    out = []
     for name in FIT_ORDER:
         if name not in profile.priors:
             continue
@@ -182,9 +181,17 @@ def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
             continue
         if name in ("grouped_gemm_efficiency", "alltoall_efficiency") and not any_moe:
             continue
-        if not resolved(rows, profile, name):
-            continue
-        wanted.append(name)
+        out.append(name)
+    return out
+
+
+def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                max_factors: int | None = None) -> list[str]:
+    """The factors the rows can inform, at most one per :data:`ROWS_PER_FACTOR` rows.
+
+    A factor no row resolves (:func:`resolved`) is left at its cited prior.
+    """
+    wanted = [n for n in candidate_factors(rows, profile) if resolved(rows, profile, n)]
     limit = max(0, len(rows) // ROWS_PER_FACTOR)
     if max_factors is not None:
         limit = min(limit, max_factors)
@@ -233,10 +240,12 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     # value an earlier fit (for instance on held-out runs) left in the profile.
     start = start.with_values({name: prior.value for name, prior in start.priors.items()})
     names = list(factors) if factors is not None else factors_for(rows, start)
+    unresolved = () if factors is not None else tuple(
+        n for n in candidate_factors(rows, start) if not resolved(rows, start, n))
     measured = np.array([r.measured for r in rows])
     before = _robust_mean(np.log(predict(rows, start) / measured))
     if not names:
-        return CalibrationResult(start, (), (), before, before, len(rows))
+        return CalibrationResult(start, (), (), before, before, len(rows), unresolved)
     priors = [start.priors[n] for n in names]
     u_prior = np.array([_to_unit(p, p.value) for p in priors])
 
@@ -252,4 +261,5 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     after = _robust_mean(np.log(predict(rows, best) / measured))
     on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
                      if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
-    return CalibrationResult(best, tuple(names), on_bound, before, after, len(rows))
+    return CalibrationResult(best, tuple(names), on_bound, before, after, len(rows),
+                             unresolved)
