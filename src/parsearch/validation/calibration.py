@@ -192,10 +192,15 @@ def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     A factor no row resolves (:func:`resolved`) is left at its cited prior.
     """
     wanted = [n for n in candidate_factors(rows, profile) if resolved(rows, profile, n)]
-    limit = max(0, len(rows) // ROWS_PER_FACTOR)
+    return _within_limit(wanted, len(rows), max_factors)
+
+
+def _within_limit(names: Sequence[str], n_rows: int, max_factors: int | None = None) -> list[str]:
+    """The first ``names``, at most one per :data:`ROWS_PER_FACTOR` rows (and ``max_factors``)."""
+    limit = max(0, n_rows // ROWS_PER_FACTOR)
     if max_factors is not None:
         limit = min(limit, max_factors)
-    return wanted[:limit]
+    return list(names[:limit])
 
 
 def _robust_mean(log_ratios: np.ndarray) -> float:
@@ -239,9 +244,14 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     # Every factor starts at its prior: a factor this fit does not move must not carry a
     # value an earlier fit (for instance on held-out runs) left in the profile.
     start = start.with_values({name: prior.value for name, prior in start.priors.items()})
-    names = list(factors) if factors is not None else factors_for(rows, start)
-    unresolved = () if factors is not None else tuple(
-        n for n in candidate_factors(rows, start) if not resolved(rows, start, n))
+    unresolved: tuple[str, ...] = ()
+    if factors is not None:
+        names = list(factors)
+    else:
+        candidates = candidate_factors(rows, start)
+        informed = [n for n in candidates if resolved(rows, start, n)]
+        unresolved = tuple(n for n in candidates if n not in informed)
+        names = _within_limit(informed, len(rows))
     measured = np.array([r.measured for r in rows])
     before = _robust_mean(np.log(predict(rows, start) / measured))
     if not names:
