@@ -48,6 +48,10 @@ def test_leave_one_source_out_on_ampere_is_within_ten_percent() -> None:
     assert summary.holdout == "source" and summary.folds == 2
     assert summary.mape_out <= 0.10, f"out-of-sample MAPE {summary.mape_out:.3f}"
     assert summary.mape_in <= summary.mape_out + 1e-9 or summary.mape_in <= 0.05
+    # the report names what the fit left at the prior, and never both fits and holds one
+    fit = cv.to_dict()["in_sample_fits"]["ampere"]
+    assert fit["held_at_prior"] == list(cv.in_sample_profiles["ampere"].unresolved)
+    assert fit["held_at_prior"] and not set(fit["held_at_prior"]) & set(fit["fitted"])
 
 
 def test_every_source_and_generation_is_covered(report) -> None:

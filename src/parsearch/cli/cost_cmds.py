@@ -193,6 +193,12 @@ def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
           f"{g.mape_in:.1%}", f"{g.median_ape_out:.1%}", g.order_pairs,
           _pct(g.order_accuracy_out), _pct(g.order_accuracy_in),
           f"{g.fits_on_bound} of {g.folds + 1}") for g in cv.generations])
+    for generation, fit in cv.in_sample_profiles.items():
+        if fit.on_bound:
+            print(f"{generation}: on a bound of its cited range: {', '.join(fit.on_bound)}")
+        if fit.unresolved:
+            print(f"{generation}: held at the prior (no run resolves it): "
+                  f"{', '.join(fit.unresolved)}")
     print()
     print("error bands (out-of-sample measured/predicted, 10th-90th percentile):")
     for key, band in cv.bands.items():

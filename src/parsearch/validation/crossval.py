@@ -100,6 +100,7 @@ class CrossValidation:
             "bands": {k: b.__dict__ for k, b in self.bands.items()},
             "rows": [r.to_dict() for r in self.rows],
             "in_sample_fits": {g: {"fitted": list(c.fitted), "on_bound": list(c.on_bound),
+                                   "held_at_prior": list(c.unresolved),
                                    "values": {n: c.profile.get(n) for n in c.fitted}}
                                for g, c in self.in_sample_profiles.items()},
         }
