@@ -185,22 +185,9 @@ def candidate_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile) -
     return out
 
 
-def factors_for(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                max_factors: int | None = None) -> list[str]:
-    """The factors the rows can inform, at most one per :data:`ROWS_PER_FACTOR` rows.
-
-    A factor no row resolves (:func:`resolved`) is left at its cited prior.
-    """
-    wanted = [n for n in candidate_factors(rows, profile) if resolved(rows, profile, n)]
-    return _within_limit(wanted, len(rows), max_factors)
-
-
-def _within_limit(names: Sequence[str], n_rows: int, max_factors: int | None = None) -> list[str]:
-    """The first ``names``, at most one per :data:`ROWS_PER_FACTOR` rows (and ``max_factors``)."""
-    limit = max(0, n_rows // ROWS_PER_FACTOR)
-    if max_factors is not None:
-        limit = min(limit, max_factors)
-    return list(names[:limit])
+def _within_limit(names: Sequence[str], n_rows: int) -> list[str]:
+    """The first ``names``, at most one per :data:`ROWS_PER_FACTOR` rows."""
+    return list(names[:max(0, n_rows // ROWS_PER_FACTOR)])
 
 
 def _robust_mean(log_ratios: np.ndarray) -> float:
