@@ -31,7 +31,7 @@ import numpy as np
 from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.collectives import LinkArrays, p2p_time
 from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
-from parsearch.cost.compute import ACT_BYTES, is_moe_unit, unit_compute
+from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
@@ -132,21 +132,28 @@ def process_groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
     return Groups(**out)
 
 
+def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
+                        recompute: LayerShares) -> UnitCompute:
+    """:func:`unit_compute` of ``unit`` under the cost model's options."""
+    opt = cm.options
+    return unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
+                        recompute=recompute, causal=opt.causal,
+                        imbalance=float(opt.moe_imbalance or 1.0),
+                        cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
+                        fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
+                        flash_attention=opt.flash_attention,
+                        fp8_attention=opt.fp8_attention,
+                        fp8_output_proj=opt.fp8_output_proj,
+                        fused_expert_mlp=opt.fused_expert_mlp)
+
+
 def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
                  shares: RecomputeShares) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of one unit on one GPU, by stage part."""
     opt = cm.options
     layer = unit in ("dense", "moe", "mtp")
     recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
-    compute = unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
-                           recompute=recompute, causal=opt.causal,
-                           imbalance=float(opt.moe_imbalance or 1.0),
-                           cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
-                           fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
-                           flash_attention=opt.flash_attention,
-                           fp8_attention=opt.fp8_attention,
-                           fp8_output_proj=opt.fp8_output_proj,
-                           fused_expert_mlp=opt.fused_expert_mlp)
+    compute = priced_unit_compute(cm, cols, unit, recompute)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,

@@ -48,12 +48,13 @@ from parsearch.cost.analytic import (
     UNITS,
     CostModel,
     group_rows,
+    priced_unit_compute,
     process_groups,
     stage_features,
     wide_columns,
 )
 from parsearch.cost.communication import unit_comm
-from parsearch.cost.compute import UnitCompute, is_moe_unit, unit_compute
+from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
@@ -134,16 +135,7 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     for unit in UNITS:
         layer = unit in ("dense", "moe", "mtp")
         recompute = shares.of(is_moe_unit(model, unit)) if layer else shares.dense
-        compute = unit_compute(model, training, cm.fabric.gpu, cm.profile, cols, unit,
-                               recompute=recompute, causal=opt.causal,
-                               imbalance=float(opt.moe_imbalance or 1.0),
-                               cuda_graphs=opt.cuda_graphs,
-                               cuda_graph_scope=opt.cuda_graph_scope,
-                               fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
-                               flash_attention=opt.flash_attention,
-                               fp8_attention=opt.fp8_attention,
-                               fp8_output_proj=opt.fp8_output_proj,
-                               fused_expert_mlp=opt.fused_expert_mlp)
+        compute = priced_unit_compute(cm, cols, unit, recompute)
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
