@@ -28,13 +28,15 @@ from parsearch.validation.run_conventions import (
     LLAMA3,
     MBRIDGE_AB,
     MBRIDGE_CARD,
+    MBRIDGE_HELDOUT,
     MEGASCALE,
     TORCHTITAN,
 )
 from parsearch.validation.runs import validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
-INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD}
+INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD,
+                    MBRIDGE_HELDOUT}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +53,8 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert tags["i0048"] == DEEPSEEK_V3
     assert {tags["i0049"], tags["i0050"]} == {MBRIDGE_AB}
     assert {tags[f"i{n:04d}"] for n in range(51, 68)} == {MBRIDGE_CARD}
+    # gpt-oss-120b rows of the Megatron-Bridge performance tables (25.11-26.08).
+    assert {tags[f"i{n:04d}"] for n in range(150, 181)} == {MBRIDGE_HELDOUT}
 
 
 def test_published_runs_keep_their_tags() -> None:
@@ -188,7 +192,7 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     report = validate_runs(independent.values(), deduplicate=False, include_partial=True)
     kept = {r.id for r in independent.values() if r.skip_reason is None}
     assert {row.id for row in report.rows} == kept  # nothing usable is dropped
-    assert len(kept) == 36
+    assert len(kept) == 36 + 31  # + i0150-i0180, the gpt-oss-120b perf-table rows
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
