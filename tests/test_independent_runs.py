@@ -55,6 +55,8 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert {tags[f"i{n:04d}"] for n in range(51, 68)} == {MBRIDGE_CARD}
     # Qwen3-235B-A22B rows of the Megatron-Bridge perf tables (25.09-26.08), never fitted
     assert {tags[f"i{n:04d}"] for n in range(100, 133)} == {MBRIDGE_HELDOUT}
+    # gpt-oss-120b rows of the Megatron-Bridge performance tables (25.11-26.08).
+    assert {tags[f"i{n:04d}"] for n in range(150, 181)} == {MBRIDGE_HELDOUT}
 
 
 def test_published_runs_keep_their_tags() -> None:
@@ -192,7 +194,8 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     report = validate_runs(independent.values(), deduplicate=False, include_partial=True)
     kept = {r.id for r in independent.values() if r.skip_reason is None}
     assert {row.id for row in report.rows} == kept  # nothing usable is dropped
-    assert len(kept) == 36 + 33  # + the Qwen3-235B perf-table rows i0100-i0132
+    # + the Qwen3-235B (i0100-i0132) and gpt-oss-120b (i0150-i0180) perf-table rows
+    assert len(kept) == 36 + 33 + 31
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
