@@ -32,7 +32,7 @@ from parsearch.validation.run_conventions import (
     MEGASCALE,
     TORCHTITAN,
 )
-from parsearch.validation.runs import validate_runs
+from parsearch.validation.runs import ValidationRow, validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
 INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD,
@@ -251,6 +251,42 @@ def test_ep_overlap_gain_on_h100_matches_the_bridge_a_b(
     predicted_gain = predicted["i0050"] / predicted["i0049"]
     assert predicted_gain > 1.0
     assert abs(predicted_gain - measured_gain) < (measured_gain - 1.0) / 3.0
+
+
+
+def test_heldout_perf_rows_keep_the_order_of_their_measurements(
+        independent: dict[str, PublishedRun]) -> None:
+    """The Megatron-Bridge performance-table rows of Qwen3-235B-A22B and gpt-oss-120b
+    (tag MBRIDGE-HELDOUT): models no calibration row holds, on H100 to GB300 over nine
+    releases, never fitted to.  Of the pairs of one model whose measurements differ by
+    more than 15%, at least 90% must come out in the measured order (2026-12-02: 794 of
+    828); Qwen3-235B-A22B must stay within 15% MAPE (10.5% over its 33 rows).  gpt-oss
+    is predicted 1.3-1.6x too fast on every row (INDEPENDENT_RUNS.md): only its order is
+    held here."""
+    heldout = [run for run in independent.values()
+               if run.source_tag == MBRIDGE_HELDOUT and run.skip_reason is None]
+    report = validate_runs(heldout, deduplicate=False, include_partial=True)
+    rows = report.rows
+    assert len(rows) == 33 + 31
+
+    def family(row: ValidationRow) -> str:
+        return row.model.split(" (")[0]
+
+    right = total = 0
+    for i, first in enumerate(rows):
+        for second in rows[i + 1:]:
+            measured = first.measured_tokens_per_s_per_gpu / second.measured_tokens_per_s_per_gpu
+            if family(first) != family(second) or abs(math.log(measured)) < math.log(1.15):
+                continue
+            total += 1
+            predicted = (first.predicted_tokens_per_s_per_gpu
+                         / second.predicted_tokens_per_s_per_gpu)
+            right += (measured > 1.0) == (predicted > 1.0)
+    assert total > 600
+    assert right / total >= 0.90
+    qwen = [row.ape for row in rows if family(row) == "Qwen3-235B-A22B"]
+    assert len(qwen) == 33
+    assert sum(qwen) / len(qwen) < 0.15
 
 
 # Megatron-Bridge verification cards (examples/model_verification_cards/*/card.yaml @ 067f987df0):
