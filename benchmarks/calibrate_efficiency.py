@@ -19,6 +19,7 @@ import dataclasses
 import sys
 import warnings
 
+from parsearch.cost.coverage import coverage_of
 from parsearch.cost.efficiency import efficiency_dir, load_efficiency_profile, profile_to_yaml
 from parsearch.validation.calibration import prepare_rows
 from parsearch.validation.crossval import cross_validate
@@ -64,7 +65,11 @@ def main() -> int:
         note = f"; calibration {verdict}"
         if fit.unresolved:
             note += f"; held at the prior, no run resolves it: {', '.join(fit.unresolved)}"
-        profile = dataclasses.replace(fit.profile, uncertainty=bands,
+        # What the fitted runs' models had: explain and search name what a model has beyond
+        # it (parsearch.cost.coverage).
+        coverage = coverage_of(r.run.model_spec for r in rows
+                               if r.generation == g and r.run.model_spec is not None)
+        profile = dataclasses.replace(fit.profile, uncertainty=bands, coverage=coverage,
                                       source=base.source.split("; calibration")[0] + note)
         path = efficiency_dir() / f"{g}.yaml"
         path.write_text(profile_to_yaml(profile, HEADER.format(title=TITLES.get(g, g))),

@@ -20,6 +20,7 @@ from parsearch.cli.common import (
     print_table,
     training_from_args,
 )
+from parsearch.cost.coverage import coverage_note
 from parsearch.errors import SpecError
 
 
@@ -66,6 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_explain(args: argparse.Namespace) -> int:
     from parsearch.constraints import check_layout
     from parsearch.cost.analytic import estimate
+    from parsearch.cost.coverage import uncovered_features
     from parsearch.launch import launch_for_cluster
     from parsearch.launch.plan import priced_features
     from parsearch.soft_rules import soft_rule_flags
@@ -94,6 +96,7 @@ def run_explain(args: argparse.Namespace) -> int:
     plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=cm.options,
                               gpu=cm.fabric.gpu).plan
     document["priced_features"] = list(priced_features(plan))
+    document["outside_calibration"] = list(uncovered_features(model, cm.profile.coverage))
     if args.format == "json":
         print_json(document)
         return 0
@@ -116,6 +119,8 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
         kind = (basis if basis.startswith("no ") else
                 "out-of-sample error band of this kind of prediction")
         print(f"  likely {low:,.0f} .. {high:,.0f} tokens/s per GPU ({kind})")
+    if d.get("outside_calibration"):
+        print("  " + coverage_note(tuple(d["outside_calibration"])))
     if d.get("priced_features"):
         print("  priced with: " + ", ".join(d["priced_features"]))
     total = d["step_time_s"]

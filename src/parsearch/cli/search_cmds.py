@@ -32,6 +32,7 @@ from parsearch.cli.search_output import (
     write_jsonl,
 )
 from parsearch.cli.signals import sigterm_as_interrupt
+from parsearch.cost.coverage import coverage_note
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.search.api import METHODS
 from parsearch.search.results import ParetoResult, SearchResult
@@ -192,6 +193,8 @@ def _search_table(result: SearchResult, *, show_launch: bool) -> None:
     print_table(headers, rows)
     if result.tie_note:
         print(result.tie_note)
+    if result.outside_calibration:
+        print(coverage_note(result.outside_calibration))
     if show_launch:
         print_launch(result)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from parsearch.cost.coverage import ArchitectureCoverage, parse_coverage
 from parsearch.errors import SpecError
 from parsearch.resources import data_dir
 
@@ -151,6 +152,7 @@ class EfficiencyProfile:
     priors: dict[str, Prior] = field(default_factory=dict)
     uncertainty: dict[str, ErrorBand] = field(default_factory=dict)
     gemm_half_flops_ceiling: float | None = None
+    coverage: ArchitectureCoverage | None = None  # what the calibration runs had
 
     def get(self, name: str) -> float:
         """A parameter by its dotted name (``gemm_efficiency.fp8``)."""
@@ -186,7 +188,7 @@ _OPTIONAL_SCALARS = ("gemm_half_flops_ceiling",)
 _SCALAR_FIELDS = tuple(
     f.name for f in fields(EfficiencyProfile)
     if f.name not in ("name", "gpus", "gemm_efficiency", "source", "priors", "uncertainty",
-                      *_OPTIONAL_SCALARS)
+                      "coverage", *_OPTIONAL_SCALARS)
 )
 
 
@@ -212,7 +214,8 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
     missing = [n for n in required if n not in data]
     if missing:
         raise SpecError(f"efficiency profile {where}: missing field(s) {', '.join(missing)}")
-    unknown = sorted(set(data) - {*required, "priors", "uncertainty", *_OPTIONAL_SCALARS})
+    unknown = sorted(set(data) - {*required, "priors", "uncertainty", "calibrated_on",
+                                  *_OPTIONAL_SCALARS})
     if unknown:
         raise SpecError(f"efficiency profile {where}: unknown field(s) {', '.join(unknown)}")
     gemm = data["gemm_efficiency"]
@@ -241,6 +244,8 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
             values[name] = _fraction(where, name, data[name])
     values["priors"] = _priors(where, data.get("priors") or {})
     values["uncertainty"] = _bands(where, data.get("uncertainty") or {})
+    if data.get("calibrated_on") is not None:
+        values["coverage"] = parse_coverage(data["calibrated_on"], where)
     return EfficiencyProfile(**values)
 
 
@@ -346,5 +351,7 @@ def profile_to_yaml(profile: EfficiencyProfile, header: str = "") -> str:
                                  "method": b.method,
                                  **({"precisions": list(b.precisions)} if b.precisions else {})}
                           for kind, b in profile.uncertainty.items()}
+    if profile.coverage is not None:
+        doc["calibrated_on"] = profile.coverage.to_dict()
     text = yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True)
     return (header.rstrip() + "\n" if header else "") + text

@@ -42,6 +42,7 @@ from parsearch.cost.analytic import (
     build_cost_model,
     wide_columns,
 )
+from parsearch.cost.coverage import uncovered_features
 from parsearch.cost.efficiency import EfficiencyProfile, band_for
 from parsearch.errors import SpecError
 from parsearch.launch import launch_for_cluster
@@ -134,7 +135,8 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
         query=search_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
         considered=scan.considered, valid=scan.valid, feasible=scan.feasible, entries=entries,
         elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest,
-        examined=scan.checked, tie_note=tie_note(cm) if ties > 1 else "")
+        examined=scan.checked, tie_note=tie_note(cm) if ties > 1 else "",
+        outside_calibration=uncovered_features(cm.model, cm.profile.coverage))
 
 
 def tie_floor(cm: Any, estimates: Sequence[Estimate]) -> float | None:

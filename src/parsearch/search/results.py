@@ -58,6 +58,9 @@ class SearchResult:
     smallest_memory_gib: float | None = None
     examined: int | None = None  # valid layouts checked (None: all of them)
     tie_note: str = ""  # what the ``tied`` entries share ("" when fewer than two tie)
+    # what the model has that no calibration run of this GPU generation had
+    # (parsearch.cost.coverage): the ranges and the tie band do not cover it
+    outside_calibration: tuple[str, ...] = ()
 
     @property
     def best(self) -> SearchEntry | None:
@@ -74,7 +77,8 @@ class SearchResult:
                 "examined": self.valid if self.examined is None else self.examined,
                 "pruned": self.pruned, "exact": True,
                 "results": [e.to_dict() for e in self.entries], "elapsed_s": self.elapsed_s,
-                "tie_note": self.tie_note or None}
+                "tie_note": self.tie_note or None,
+                "outside_calibration": list(self.outside_calibration)}
 
 
 @dataclass(frozen=True)
