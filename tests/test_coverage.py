@@ -57,7 +57,7 @@ def test_each_feature_outside_the_calibration_is_named() -> None:
     assert notes == ("attention head dim 64 (calibrated: 128)",
                      "sliding-window attention (128 tokens on 18 of 36 layers)",
                      "QKV bias", "mixture-of-experts layers")
-    mla = [m for m in PRESETS.values() if m.mla is not None][0]
+    mla = next(m for m in PRESETS.values() if m.mla is not None)
     assert uncovered_features(mla, dense_only) == ("multi-head latent attention (MLA)",
                                                    "mixture-of-experts layers")
 
