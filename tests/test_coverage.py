@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -75,10 +76,10 @@ def test_shipped_profiles_record_what_their_runs_had(generation: str) -> None:
 def test_profiles_round_trip_their_record() -> None:
     profile = load_efficiency_profile("blackwell")
     again = parse_efficiency_profile(
-        __import__("yaml").safe_load(profile_to_yaml(profile)), "round trip")
+        yaml.safe_load(profile_to_yaml(profile)), "round trip")
     assert again.coverage == profile.coverage
     assert parse_efficiency_profile(
-        __import__("yaml").safe_load(profile_to_yaml(replace(profile, coverage=None))),
+        yaml.safe_load(profile_to_yaml(replace(profile, coverage=None))),
         "no record").coverage is None
 
 
