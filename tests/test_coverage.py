@@ -16,7 +16,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from parsearch.cost.coverage import coverage_of, parse_coverage, uncovered_features
+from parsearch.cost.coverage import coverage_of, parse_coverage, uncovered_features, widened
 from parsearch.cost.efficiency import (
     efficiency_for_gpu,
     load_efficiency_profile,
@@ -46,6 +46,14 @@ def test_more_calibration_models_never_uncover_a_feature(model, first, more) -> 
                                                                    coverage_of(calibration))}
 
     assert features(first + more) <= features(first)
+
+
+@given(first=st.lists(models, min_size=1, max_size=4), more=st.lists(models, max_size=4))
+def test_a_users_runs_widen_the_record_as_if_they_had_been_calibrated_with_it(
+        first, more) -> None:
+    """``parsearch calibrate`` adds the user's models to the shipped record."""
+    assert widened(coverage_of(first), more) == coverage_of(first + more)
+    assert widened(None, more) is None
 
 
 def test_no_record_means_no_claim() -> None:

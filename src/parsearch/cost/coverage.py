@@ -65,6 +65,29 @@ def coverage_of(models: Iterable[ModelSpec]) -> ArchitectureCoverage:
     )
 
 
+def widened(coverage: ArchitectureCoverage | None, models: Iterable[ModelSpec]
+            ) -> ArchitectureCoverage | None:
+    """``coverage`` plus the features of ``models`` (a user's own calibration runs);
+    ``None`` stays ``None`` (no record of the base calibration: no claim either way).
+
+    >>> from parsearch.presets import get_preset
+    >>> base = coverage_of([get_preset("llama3-8b")])
+    >>> widened(base, [get_preset("gpt-oss-120b")]).head_dims
+    (64, 128)
+    >>> widened(None, [get_preset("gpt-oss-120b")]) is None
+    True
+    """
+    specs = list(models)
+    if coverage is None or not specs:
+        return coverage
+    extra = coverage_of(specs)
+    return ArchitectureCoverage(
+        head_dims=tuple(sorted({*coverage.head_dims, *extra.head_dims})),
+        mlp_activations=tuple(sorted({*coverage.mlp_activations, *extra.mlp_activations})),
+        **{name: getattr(coverage, name) or getattr(extra, name)
+           for name in ("sliding_window", "mla", "qkv_bias", "moe", "dense")})
+
+
 def uncovered_features(model: ModelSpec, coverage: ArchitectureCoverage | None
                        ) -> tuple[str, ...]:
     """What ``model`` has that no calibration run had (empty: all covered or no record).

@@ -40,6 +40,7 @@ import numpy as np
 
 from parsearch.constraints import check_layout
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, layout_columns
+from parsearch.cost.coverage import widened
 from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
 from parsearch.errors import ParsearchError
 from parsearch.model_files import resolve_model
@@ -385,7 +386,11 @@ def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None =
         source += ("; fitted together with the cluster's delivered bandwidth ("
                    + ", ".join(f"{n}={v:.3g}" for n, v in fit.cluster.items())
                    + "): use it with the corrected cluster file")
-    written = replace(fit.profile, priors=base.priors, uncertainty=bands, source=source)
+    # The user's runs join what the profile was fitted to (parsearch.cost.coverage).
+    coverage = widened(base.coverage, (r.run.model_spec for r in rows
+                                       if r.run.model_spec is not None))
+    written = replace(fit.profile, priors=base.priors, uncertainty=bands, source=source,
+                      coverage=coverage)
     return UserCalibration(written, base, fit.fitted, fit.on_bound, fit.sensitivity, fit.why,
                            reports, dict(fit.cluster), fit.cluster_priors,
                            rows[0].run.cluster if fit.cluster else None)
