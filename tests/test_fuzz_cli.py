@@ -320,6 +320,15 @@ def test_calibrate_measurement_tables(tmp_path: Path, cells: list[tuple[int, str
 # --------------------------------------------------------------------------- named cases
 
 
+def test_a_model_name_too_long_for_a_file_name_is_an_unknown_preset() -> None:
+    """Found by test_calibrate_measurement_tables: a 5,000-character model cell made the
+    file-existence check raise OSError (ENAMETOOLONG) from deep inside."""
+    result = run_cli("explain", "--model", "1" * 5000, "--cluster", "dgx-h100", "--gpus", "8",
+                     "--global-batch", "8", "--seq-len", "1024", "--layout", "tp=1")
+    assert_one_line_error(result, "unknown model preset")
+    assert len(result.err) < 400
+
+
 def test_float_options_refuse_nan_and_infinity(tiny_model: str) -> None:
     for value in ("nan", "inf", "1e400"):
         result = run_cli(*_command("search", tiny_model), "--weight-bytes", value)

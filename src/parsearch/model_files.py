@@ -130,7 +130,11 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if key in PRESETS:
         return PRESETS[key]
     path = Path(name_or_path)
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte
+        exists = False
+    if not exists:
         looks_like_path = path.suffix.lower() in {".json", ".yaml", ".yml"} or "/" in name_or_path
         if looks_like_path:
             raise SpecError(

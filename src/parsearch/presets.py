@@ -264,4 +264,5 @@ def get_preset(name: str) -> ModelSpec:
         return spec
     close = closest_presets(name)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise SpecError(f"unknown model preset {name!r}{hint} (`parsearch models` lists the presets)")
+    shown = name if len(name) <= 80 else name[:77] + "..."
+    raise SpecError(f"unknown model preset {shown!r}{hint} (`parsearch models` lists the presets)")
