@@ -320,13 +320,21 @@ def test_calibrate_measurement_tables(tmp_path: Path, cells: list[tuple[int, str
 # --------------------------------------------------------------------------- named cases
 
 
-def test_a_model_name_too_long_for_a_file_name_is_an_unknown_preset() -> None:
+def test_names_too_long_for_a_file_name_are_unknown_names() -> None:
     """Found by test_calibrate_measurement_tables: a 5,000-character model cell made the
-    file-existence check raise OSError (ENAMETOOLONG) from deep inside."""
-    result = run_cli("explain", "--model", "1" * 5000, "--cluster", "dgx-h100", "--gpus", "8",
-                     "--global-batch", "8", "--seq-len", "1024", "--layout", "tp=1")
-    assert_one_line_error(result, "unknown model preset")
-    assert len(result.err) < 400
+    file-existence check raise OSError (ENAMETOOLONG) from deep inside; cluster and
+    efficiency-profile names went through the same kind of check."""
+    long = "1" * 5000
+    base = {"--model": "llama3-8b", "--cluster": "dgx-h100"}
+    for option, expected in (("--model", "unknown model preset"),
+                             ("--cluster", "unknown cluster"),
+                             ("--efficiency", "unknown efficiency profile")):
+        args = {**base, option: long}
+        result = run_cli("explain", *(x for kv in args.items() for x in kv), "--gpus", "8",
+                         "--global-batch", "8", "--seq-len", "1024", "--layout", "tp=1")
+        assert_one_line_error(result, expected)
+    assert len(run_cli("explain", "--model", long, "--cluster", "dgx-h100", "--gpus", "8",
+                       "--global-batch", "8", "--seq-len", "1024").err) < 400
 
 
 def test_float_options_refuse_nan_and_infinity(tiny_model: str) -> None:

@@ -1,4 +1,6 @@
-"""Writing output files so that an interrupted run never leaves a half-written one."""
+"""File-system helpers: writing output files so that an interrupted run never leaves a
+half-written one, and existence tests that treat a name the file system refuses (too long,
+a NUL byte) as "no such file" instead of raising from deep inside."""
 
 from __future__ import annotations
 
@@ -27,4 +29,32 @@ def write_atomically(target: Path, data: bytes, *, mode: int = 0o666) -> None:
         raise
 
 
-__all__ = ["write_atomically"]
+def path_exists(path: str | Path) -> bool:
+    """``Path(path).exists()``, False for a name the file system cannot hold.
+
+    >>> path_exists("1" * 5000), path_exists(".")
+    (False, True)
+    """
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # ENAMETOOLONG, embedded NUL
+        return False
+
+
+def is_file(path: str | Path) -> bool:
+    """``Path(path).is_file()``, False for a name the file system cannot hold."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: str | Path) -> bool:
+    """``Path(path).is_dir()``, False for a name the file system cannot hold."""
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+__all__ = ["is_dir", "is_file", "path_exists", "write_atomically"]

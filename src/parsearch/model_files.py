@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.errors import SpecError
+from parsearch.files import path_exists
 from parsearch.model.config_text import one_line, parse_mapping_file
 from parsearch.model.hf_config import (
     SUPPORTED_MODEL_TYPES,
@@ -130,11 +131,7 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if key in PRESETS:
         return PRESETS[key]
     path = Path(name_or_path)
-    try:
-        exists = path.exists()
-    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte
-        exists = False
-    if not exists:
+    if not path_exists(path):
         looks_like_path = path.suffix.lower() in {".json", ".yaml", ".yml"} or "/" in name_or_path
         if looks_like_path:
             raise SpecError(

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from parsearch.files import is_dir, is_file, path_exists
 from parsearch.topology.cluster import MAX_GPUS
 from parsearch.workload import (
     MAX_BYTES_PER_PARAMETER,
@@ -179,18 +180,18 @@ def check_output_file(text: str) -> str:
 
 def _probe_output_file(text: str) -> str:
     path = Path(text)
-    if path.is_dir() or text.endswith(os.sep):
+    if is_dir(path) or text.endswith(os.sep):
         raise argparse.ArgumentTypeError(f"{short_repr(text)} is a folder; give a file name")
     folder = path.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
+    if not is_dir(folder):
+        what = "is not a folder" if path_exists(folder) else "does not exist"
         raise argparse.ArgumentTypeError(f"folder {short_repr(str(folder))} {what}")
-    if path.exists() and not path.is_file():
+    if path_exists(path) and not is_file(path):
         raise argparse.ArgumentTypeError(f"{short_repr(text)} exists and is not a regular file")
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.", suffix=".tmp"):
             pass
-        if path.exists() and not os.access(path, os.W_OK):
+        if path_exists(path) and not os.access(path, os.W_OK):
             raise PermissionError(13, "Permission denied")
     except OSError as error:
         raise argparse.ArgumentTypeError(
@@ -241,7 +242,7 @@ def _check_sqlite(url: str, shown: str) -> None:
     path = path[1:].split("?", 1)[0]
     _check_storage_file(path, shown, "SQLite file")
     target = Path(path)
-    if target.is_file() and target.stat().st_size:
+    if is_file(target) and target.stat().st_size:
         with target.open("rb") as handle:
             if handle.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
                 raise argparse.ArgumentTypeError(

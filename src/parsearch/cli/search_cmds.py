@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any
 
 from parsearch.cli.common import (
@@ -34,6 +33,7 @@ from parsearch.cli.search_output import (
 from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.cost.coverage import coverage_note
 from parsearch.errors import ParsearchError, SpecError
+from parsearch.files import is_file
 from parsearch.search.api import METHODS
 from parsearch.search.results import ParetoResult, SearchResult
 
@@ -204,7 +204,7 @@ def _search_table(result: SearchResult, *, show_launch: bool) -> None:
 
 def cluster_names(text: str) -> list[str]:
     """``--cluster``: one preset or file, or several separated by commas."""
-    if "," not in text or Path(text).is_file():
+    if "," not in text or is_file(text):
         return [text]
     names = [part.strip() for part in text.split(",")]
     if not all(names):

@@ -24,6 +24,7 @@ import yaml
 
 from parsearch.cost.coverage import ArchitectureCoverage, parse_coverage
 from parsearch.errors import SpecError
+from parsearch.files import is_file
 from parsearch.resources import data_dir
 
 # Fields that are fractions of a peak (validated to lie in (0, 1]).
@@ -315,9 +316,9 @@ def _fraction(where: str, name: str, value: Any) -> float:
 def load_efficiency_profile(name_or_path: str) -> EfficiencyProfile:
     """A built-in profile by name (``hopper``) or a YAML file by path."""
     path = Path(name_or_path)
-    if not path.is_file():
+    if not is_file(path):
         path = efficiency_dir() / f"{name_or_path}.yaml"
-    if not path.is_file():
+    if not is_file(path):
         known = ", ".join(sorted(p.stem for p in efficiency_dir().glob("*.yaml")))
         raise SpecError(f"unknown efficiency profile {name_or_path!r}; built-in: {known}")
     return parse_efficiency_profile(_read(path), str(path))

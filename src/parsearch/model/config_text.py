@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.errors import SpecError, parse_yaml_text
+from parsearch.files import is_file, path_exists
 
 
 def one_line(text: object) -> str:
@@ -25,9 +26,9 @@ MAX_NESTING = 64
 
 def read_text(path: Path) -> str:
     """The UTF-8 text of a model file, refused when missing, too large or not text."""
-    if not path.exists():
+    if not path_exists(path):
         raise SpecError(f"model file not found: {path}")
-    if not path.is_file():
+    if not is_file(path):
         raise SpecError(f"model file {path} is not a regular file")
     try:
         size = path.stat().st_size

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from parsearch.errors import SpecError
+from parsearch.files import is_file, path_exists
 from parsearch.workload import PRECISIONS, RECOMPUTE_MODES
 
 #: The grid's axes, in the order cells are listed.
@@ -84,8 +85,8 @@ def load_grid_file(path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML (``.yaml``/``.yml``), TOML (``.toml``) or JSON grid file."""
     target = Path(path)
     where = f"--grid {str(path)!r}"
-    if not target.is_file():
-        raise SpecError(f"{where}: no such file" if not target.exists() else
+    if not is_file(target):
+        raise SpecError(f"{where}: no such file" if not path_exists(target) else
                         f"{where}: not a file")
     if target.stat().st_size > _MAX_FILE_BYTES:
         raise SpecError(f"{where}: larger than {_MAX_FILE_BYTES} bytes; a grid file lists "

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.errors import TopologyError, parse_yaml_text
+from parsearch.files import is_file
 from parsearch.resources import data_dir
 from parsearch.topology.hardware import list_gpu_profiles
 from parsearch.workload import short_repr
@@ -371,12 +372,12 @@ def load_cluster_file(path: Path) -> ClusterSpec:
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     """A preset by name (``"dgx-h100"``) or a cluster file by path."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
+    if path.suffix in (".yaml", ".yml") or is_file(path):
+        if not is_file(path):
             raise TopologyError(f"cluster file {path} does not exist")
         return load_cluster_file(path)
     preset = topologies_dir() / f"{name_or_path}.yaml"
-    if not preset.is_file():
+    if not is_file(preset):
         names = preset_names()
         close = difflib.get_close_matches(str(name_or_path), names, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from parsearch.errors import SpecError
+from parsearch.files import is_file
 from parsearch.resources import data_dir
 
 #: Precision keys of :attr:`GpuProfile.peak_flops` ("fp8" covers MXFP8, "fp4" is NVFP4).
@@ -147,9 +148,9 @@ def _fractions(where: str, data: object) -> dict[str, float]:
 def load_gpu_profile(name: str) -> GpuProfile:
     """Load a built-in profile by name (e.g. ``"h100-sxm"``) or a YAML file by path."""
     path = Path(name)
-    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+    if not (path.suffix in (".yaml", ".yml") and is_file(path)):
         path = hardware_dir() / f"{name}.yaml"
-    if not path.is_file():
+    if not is_file(path):
         known = ", ".join(list_gpu_profiles())
         raise SpecError(f"unknown GPU model '{name}'; known models: {known}")
     try:

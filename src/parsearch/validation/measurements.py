@@ -33,6 +33,7 @@ from parsearch.cost.compute import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import FLEX_BACKENDS, MOE_DISPATCHERS
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
+from parsearch.files import is_file
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.validation.megatron_logs import (
     WARMUP_ITERATIONS,
@@ -461,7 +462,7 @@ def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = N
     notes: list[str] = []
     for raw in paths:
         path = Path(raw)
-        if not path.is_file():
+        if not is_file(path):
             problems.append(f"{path}: " + ("a folder, not a file" if path.is_dir()
                                            else "no such file"))
             continue

@@ -30,6 +30,7 @@ import yaml
 from parsearch.cost.analytic import CostModel
 from parsearch.cost.efficiency import Prior
 from parsearch.errors import TopologyError
+from parsearch.files import is_file
 from parsearch.topology.cluster import ClusterSpec, load_cluster, topologies_dir
 from parsearch.topology.summary import fabric_from_spec
 from parsearch.validation.calibration import PreparedRow
@@ -119,7 +120,7 @@ def rows_with_cluster_factors(rows: Sequence[PreparedRow],
 def cluster_file_path(name_or_path: str) -> Path:
     """The file ``load_cluster(name_or_path)`` reads."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
+    if path.suffix in (".yaml", ".yml") or is_file(path):
         return path
     return topologies_dir() / f"{name_or_path}.yaml"
 
