@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -29,32 +30,31 @@ def write_atomically(target: Path, data: bytes, *, mode: int = 0o666) -> None:
         raise
 
 
+def _holds(test: Callable[[Path], bool], path: str | Path) -> bool:
+    """``test(Path(path))``, False for a name the file system cannot hold."""
+    try:
+        return test(Path(path))
+    except (OSError, ValueError):  # ENAMETOOLONG, embedded NUL
+        return False
+
+
 def path_exists(path: str | Path) -> bool:
     """``Path(path).exists()``, False for a name the file system cannot hold.
 
     >>> path_exists("1" * 5000), path_exists(".")
     (False, True)
     """
-    try:
-        return Path(path).exists()
-    except (OSError, ValueError):  # ENAMETOOLONG, embedded NUL
-        return False
+    return _holds(Path.exists, path)
 
 
 def is_file(path: str | Path) -> bool:
     """``Path(path).is_file()``, False for a name the file system cannot hold."""
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):
-        return False
+    return _holds(Path.is_file, path)
 
 
 def is_dir(path: str | Path) -> bool:
     """``Path(path).is_dir()``, False for a name the file system cannot hold."""
-    try:
-        return Path(path).is_dir()
-    except (OSError, ValueError):
-        return False
+    return _holds(Path.is_dir, path)
 
 
 __all__ = ["is_dir", "is_file", "path_exists", "write_atomically"]

@@ -372,8 +372,9 @@ def load_cluster_file(path: Path) -> ClusterSpec:
 def load_cluster(name_or_path: str | Path) -> ClusterSpec:
     """A preset by name (``"dgx-h100"``) or a cluster file by path."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or is_file(path):
-        if not is_file(path):
+    exists = is_file(path)
+    if path.suffix in (".yaml", ".yml") or exists:
+        if not exists:
             raise TopologyError(f"cluster file {path} does not exist")
         return load_cluster_file(path)
     preset = topologies_dir() / f"{name_or_path}.yaml"
