@@ -23,9 +23,10 @@ PROFILE = efficiency_for_gpu("h100-sxm")
 NO_RECOMPUTE = LayerShares(**{f.name: np.zeros(1) for f in fields(LayerShares)})
 
 
-def _memory_bound(ep: int, dispatcher: str, mbs: int = 1) -> float:
+def _memory_bound(ep: int, dispatcher: str, mbs: int = 1, tp: int = 1, etp: int = 1) -> float:
     cols = {k: np.array([v]) for k, v in
-            {"tp": 1, "cp": 1, "ep": ep, "etp": 1, "mbs": mbs, "sp": 0, "recompute": 0}.items()}
+            {"tp": tp, "cp": 1, "ep": ep, "etp": etp, "mbs": mbs, "sp": int(tp > 1),
+             "recompute": 0}.items()}
     layer = unit_compute(MODEL, TRAINING, GPU, PROFILE, cols, "moe", recompute=NO_RECOMPUTE,
                          causal=True, imbalance=1.0, cuda_graphs=False,
                          moe_dispatcher=dispatcher)
@@ -53,3 +54,18 @@ def test_the_all_to_all_dispatcher_never_moves_fewer_bytes(ep: int, mbs: int) ->
     alltoall = _memory_bound(ep, "alltoall", mbs)
     assert alltoall >= _memory_bound(ep, "flex", mbs)
     assert alltoall >= _memory_bound(ep, "allgather", mbs)
+
+
+def test_expert_tp_gathers_the_copies_before_the_sort_by_hand() -> None:
+    """With expert TP the dispatcher all-gathers the received copies over the ETP group
+    before the second sort and the experts: a rank sorts etp times the copies it sent,
+    while its expert activation bytes stay the same (etp x the copies, f_e / etp wide)."""
+    # TP2 + SP: 2048 tokens per rank x top-8 = 16,384 copies sent; ETP2 sorts 32,768.
+    extra_bytes = 2048 * 8 * EXPERT_SORT_BYTES_PER_HIDDEN * 2048
+    hbm = GPU.hbm_bandwidth_Bps * PROFILE.hbm_efficiency
+    expected = PROFILE.memory_bound_factor * extra_bytes / hbm
+    extra = _memory_bound(8, "alltoall", tp=2, etp=2) - _memory_bound(8, "alltoall", tp=2)
+    assert extra == pytest.approx(expected, rel=1e-9)
+    # the flex dispatcher does not sort: ETP leaves its memory-bound bytes unchanged
+    assert _memory_bound(8, "flex", tp=2, etp=2) == pytest.approx(
+        _memory_bound(8, "flex", tp=2), rel=1e-12)

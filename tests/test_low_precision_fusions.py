@@ -163,9 +163,10 @@ def test_fused_expert_mlp_removes_the_activation_and_its_casts_by_hand() -> None
     # SwiGLU forward and backward (16 f_e) and the MXFP8 casts of FC2's input and FC1's
     # output gradient (4 B x 3 f_e) move into the GEMM epilogues; permute/unpermute and the
     # casts of the expert input and of FC2's output gradient stay.
-    assert float(plain["per_routed_copy"] - fused["per_routed_copy"]) == 16 * fe
+    assert float(plain["per_expert_copy"] - fused["per_expert_copy"]) == 16 * fe
     assert float(plain["quantize_routed_copy"] - fused["quantize_routed_copy"]) == 4 * 3 * fe
-    assert float(fused["per_routed_copy"]) == 16 * h
+    assert float(fused["per_expert_copy"]) == 0.0
+    assert float(plain["per_routed_copy"]) == float(fused["per_routed_copy"]) == 16 * h
     assert float(fused["quantize_routed_copy"]) == 4 * 2 * h
 
 

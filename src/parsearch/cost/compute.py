@@ -93,8 +93,9 @@ CP_MERGE_BYTES = 20.0
 #: Megatron-Core's all-to-all dispatcher sorts the received tokens by local expert after
 #: the all-to-all and unsorts them before the combine ("Permutation 2", ``sort_chunks_by_idxs``
 #: in ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` / ``combine_preprocess``) whenever
-#: a rank holds more than one expert; each pass reads and writes every routed copy (bf16),
-#: forward and backward: 4 x 4h = 16h bytes per copy.  The flex (DeepEP/HybridEP) and
+#: a rank holds more than one expert; each pass reads and writes every copy the rank
+#: received (after the expert-TP all-gather), bf16, forward and backward: 4 x 4h = 16h bytes
+#: per copy.  The flex (DeepEP/HybridEP) and
 #: all-gather dispatchers permute once, into expert order (counted in ``per_routed_copy``).
 EXPERT_SORT_BYTES_PER_HIDDEN = 16.0
 
@@ -230,20 +231,25 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     * ``per_head`` (÷tp): RoPE on Q and K, forward and backward, 8 bytes per element;
     * ``per_ffn`` (÷tp): SwiGLU reads 2f and writes f forward (6f), reads 2f + f and
       writes 2f backward (10f) = 16f (GeLU 10f);
-    * ``per_routed_copy`` (per token copy sent to an expert): permute and unpermute
-      read and write h (8h forward, 8h backward) and the expert activation 16f_e/etp;
+    * ``per_routed_copy`` (per token copy this rank sends to an expert): permute and
+      unpermute read and write h (8h forward, 8h backward);
+    * ``per_expert_copy`` (per copy an expert processes: with expert TP the dispatcher
+      all-gathers the received copies over the ETP group first, so a rank processes etp
+      times the copies it sent, Megatron-Core ``MoEAlltoAllTokenDispatcher``
+      ``dispatch_postprocess``): the expert activation 16f_e/etp;
     * ``quantize`` (FP8/FP4 only, formulas.md §7.7): every GEMM input and
       output gradient is read in bf16 and written in 8 (4) bits twice (row- and
       column-wise for dgrad and wgrad), plus the amax read of recipes that scale
       by the current tensor: ``quantize_bytes`` per element of the operands
-      (:mod:`parsearch.cost.quantization`; 0 for BF16).
+      (:mod:`parsearch.cost.quantization`; 0 for BF16); the experts' casts
+      (``quantize_routed_copy``) are per copy an expert processes, like ``per_expert_copy``.
 
     With ``fused_expert_mlp`` (Transformer Engine's op-fuser grouped MLP) the expert
     activation and the casts of its output and of its input gradient run in the epilogues
     of the FC1 GEMM (forward: SwiGLU, routing-probability scale and the MXFP8 cast written
     for FC2) and of FC2's dgrad GEMM (backward: SwiGLU backward and the cast for FC1's
     dgrad and wgrad), overlapped with the GEMMs like any GEMM output: those bytes leave
-    ``per_routed_copy`` and ``quantize_routed_copy``.
+    ``per_expert_copy`` and ``quantize_routed_copy``.
     """
     h = float(model.hidden_size)
     attn_width = (model.num_attention_heads + model.num_query_groups) * model.head_dim
@@ -255,6 +261,7 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
         "per_head": 8.0 * attn_width / tp if (dense or moe) else 0.0 * tp,
         "per_ffn": 0.0 * tp,
         "per_routed_copy": 0.0 * tp,
+        "per_expert_copy": 0.0 * tp,
         "quantize_sp": 0.0 * tp,
         "quantize_rows": 0.0 * tp,
         "quantize_routed_copy": 0.0 * tp,
@@ -264,7 +271,8 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     out["per_ffn"] = ffn_factor * ffn / tp
     if moe and model.moe is not None:
         fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
-        out["per_routed_copy"] = 16.0 * h + (0.0 if fused_expert_mlp else ffn_factor * fe)
+        out["per_routed_copy"] = 16.0 * h + 0.0 * fe
+        out["per_expert_copy"] = 0.0 * fe if fused_expert_mlp else ffn_factor * fe
     q = float(quantize_bytes)
     if q > 0 and (dense or moe):
         # Inputs of QKV and FC1 (h, quantized on the SP shard before the FP8 all-gather)
@@ -427,13 +435,16 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     tokens_sp = mbs * s / (cp * np.where(sp, tp, 1.0))  # rows of the SP-sharded tensors
     rows = mbs * s / cp  # rows of the GEMMs after the SP all-gather
     routed_copies = mbs * s / (tp * cp) * (model.moe.top_k if (moe_unit and model.moe) else 0)
-    per_copy = counts["per_routed_copy"] + counts["quantize_routed_copy"]
+    # The copies the experts process: the sent ones gathered over the ETP group.
+    expert_copies = routed_copies * etp
+    per_expert = counts["per_expert_copy"] + counts["quantize_routed_copy"]
     if moe_unit and moe_dispatcher == "alltoall":  # the second sort by local expert
-        per_copy = per_copy + np.where(local_experts > 1,
-                                       EXPERT_SORT_BYTES_PER_HIDDEN * model.hidden_size, 0.0)
+        per_expert = per_expert + np.where(local_experts > 1, EXPERT_SORT_BYTES_PER_HIDDEN
+                                           * model.hidden_size, 0.0)
     byte_count = (tokens_sp * (counts["per_hidden"] + counts["quantize_sp"])
                   + rows * (counts["per_head"] + counts["per_ffn"] + counts["quantize_rows"])
-                  + imbalance * routed_copies * per_copy)
+                  + imbalance * (routed_copies * counts["per_routed_copy"]
+                                 + expert_copies * per_expert))
     if is_layer:
         # CP ring: each of the cp steps writes a partial attention output that is merged
         # into fp32 accumulators (output and log-sum-exp correction, TE
