@@ -193,6 +193,10 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-a2a-overlap", action=argparse.BooleanOptionalAction,
                        default=False, help="overlap the MoE all-to-all of one micro-batch with "
                        "another's compute (--overlap-moe-expert-parallel-comm; default off)")
+    group.add_argument("--moe-shared-expert-overlap", action=argparse.BooleanOptionalAction,
+                       default=False, help="run the shared experts beside the same "
+                       "micro-batch's dispatch and combine (--moe-shared-expert-overlap; "
+                       "models with shared experts, alltoall or flex dispatcher; default off)")
     group.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction,
                        default=True, help="overlap the DP gradient reduce-scatter with "
                        "backward (default on)")
@@ -290,6 +294,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         moe_imbalance=args.moe_imbalance,
         tp_comm_overlap=args.tp_comm_overlap,
         moe_a2a_overlap=args.moe_a2a_overlap,
+        moe_shared_expert_overlap=args.moe_shared_expert_overlap,
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         cuda_graphs=args.cuda_graphs,

@@ -23,9 +23,11 @@ compute by the share of SMs the communication kernels occupy.
   per remote NVLink domain.  Four calls per layer and micro-batch (dispatch
   and combine forward, their gradients backward), two more with full
   recompute; with ETP an all-gather / reduce-scatter of the received tokens.
-  Only ``--overlap-moe-expert-parallel-comm`` hides them, slot by slot behind
+  ``--overlap-moe-expert-parallel-comm`` hides them, slot by slot behind
   the compute of the other micro-batch in the merged forward-backward step
-  (:func:`a2a_overlap_hidden`).
+  (:func:`a2a_overlap_hidden`); without it, ``--moe-shared-expert-overlap`` hides
+  them behind the same micro-batch's shared experts
+  (:func:`shared_expert_overlap_hidden`).
 """
 
 from __future__ import annotations
@@ -262,6 +264,46 @@ def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.nda
     return hidden * (1.0 - alone)
 
 
+def shared_expert_overlap_hidden(ep_time: np.ndarray, calls: Any, shared_gemm: np.ndarray,
+                                 fc1_share: float, recomputed: Any,
+                                 budget: np.ndarray) -> np.ndarray:
+    """EP seconds per micro-batch that ``--moe-shared-expert-overlap`` hides.
+
+    With the option the shared experts run on a side stream beside the token dispatcher
+    of the same micro-batch (Megatron-Core ``transformer/moe/shared_experts.py``, called
+    from ``token_dispatcher.py``): forward, FC1 and its activation beside the dispatch
+    all-to-all and FC2 beside the combine; backward, the gradient sequence numbers
+    launch each all-to-all's gradient first and the matching shared-expert backward
+    beside it (FC2's beside the combine gradient, FC1's beside the dispatch gradient;
+    backward = 2x forward, NAR21 Appendix).  So each call hides at most its partner:
+    hidden = sum over the calls of ``min(call, partner GEMM)``, the recomputed forward
+    (share ``recomputed``) pairing again, and never more than the compute ``budget``
+    the TP and CP overlaps left.  Only the all-to-alls (``ep_time``) hide: each shared
+    GEMM is issued right after its all-to-all, and with expert TP the reduce-scatter that
+    precedes the combine and the all-gather that follows the dispatch wait on the main
+    stream in launch order (``token_dispatcher.py`` on the launch order under
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which the authors' recipes set).
+
+    ``shared_gemm`` is the unit's shared-expert GEMM time (forward, backward and
+    recompute), ``fc1_share`` FC1's share of it (2/3 with a gated MLP).
+
+    >>> one = lambda e, s: float(shared_expert_overlap_hidden(
+    ...     np.array([e]), 4.0, np.array([s]), 2.0 / 3.0, 0.0, np.array([100.0]))[0])
+    >>> one(4.0, 30.0)   # every call shorter than its partner: all hidden
+    4.0
+    >>> round(one(40.0, 3.0), 6)   # at most the shared experts' GEMMs
+    3.0
+    """
+    ep_time = np.asarray(ep_time, dtype=np.float64)
+    recomputed = np.asarray(recomputed, dtype=np.float64)
+    call = ep_time / np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
+    forward = np.asarray(shared_gemm, dtype=np.float64) / (3.0 + recomputed)
+    fc1, fc2 = fc1_share * forward, (1.0 - fc1_share) * forward
+    hidden = ((1.0 + recomputed) * (np.minimum(call, fc1) + np.minimum(call, fc2))
+              + np.minimum(call, 2.0 * fc2) + np.minimum(call, 2.0 * fc1))
+    return np.minimum(np.minimum(hidden, ep_time), np.maximum(budget, 0.0))
+
+
 #: SMs the flex dispatcher's kernels hold while they run: DeepEP's normal kernels default
 #: to 20 (``Buffer.num_sms``, deepseek-ai/DeepEP ``deep_ep/buffers/legacy.py``; Megatron-Core
 #: ``moe_deepep_num_sms``, "historical default 20"); Megatron-Bridge's performance recipes
@@ -392,9 +434,18 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
         routed_copies = tokens * k
         etp_time = np.where(etp > 1, 4.0 * (reduce_scatter_time(
             groups.etp, etp * routed_copies * h * ACT_BYTES) + latency), 0.0)
+        a2a_time = imbalance * ep_time
         ep_time = imbalance * (ep_time + etp_time)
-        ep_hidden = (a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
-                     if options.moe_a2a_overlap else zeros)
+        if options.moe_a2a_overlap:
+            ep_hidden = a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
+        elif options.moe_shared_expert_overlap and model.moe.shared_expert_ffn_hidden_size:
+            # The MLP block of an MoE unit is its shared experts (attention_block_share).
+            shared_gemm = compute.gemm * (1.0 - compute.tp_attention_share)
+            fc1_share = 2.0 / 3.0 if model.mlp_activation == "swiglu" else 0.5
+            ep_hidden = shared_expert_overlap_hidden(a2a_time, calls, shared_gemm, fc1_share,
+                                                     recompute.ep_comm, budget)
+        else:
+            ep_hidden = zeros
         ep_exposed = ep_time - ep_hidden
         sm_slowdown = sm_slowdown + (share if ep_share is None else ep_share) * ep_hidden
     return UnitComm(tp=tp_exposed, cp=cp_exposed, ep=ep_exposed, sm_slowdown=sm_slowdown,

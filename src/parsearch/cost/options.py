@@ -51,6 +51,9 @@ class CostOptions:
       an NVLink-local TP group).
     * ``moe_a2a_overlap``: overlap of the EP all-to-all of one micro-batch with
       the compute of another (``--overlap-moe-expert-parallel-comm``).
+    * ``moe_shared_expert_overlap``: the shared experts on a side stream beside the
+      same micro-batch's dispatch and combine (``--moe-shared-expert-overlap``; models
+      with shared experts, ``alltoall`` or ``flex`` dispatcher).
     * ``overlap_grad_reduce`` / ``overlap_param_gather``: Megatron DDP
       (``--overlap-grad-reduce``, ``--overlap-param-gather``).
     * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
@@ -86,6 +89,7 @@ class CostOptions:
     moe_flex_backend: str = "auto"
     tp_comm_overlap: bool = True
     moe_a2a_overlap: bool = False
+    moe_shared_expert_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     cuda_graphs: bool = False
@@ -128,6 +132,10 @@ class CostOptions:
         if "moe_preprocess" in self.cuda_graph_scope and "moe_router" not in self.cuda_graph_scope:
             raise SpecError("cuda_graph_scope: moe_preprocess must come with moe_router "
                             "(Megatron-Core captures the preprocessing only after the router)")
+        if self.moe_shared_expert_overlap and self.moe_dispatcher == "allgather":
+            raise SpecError("moe_shared_expert_overlap needs the alltoall or flex dispatcher "
+                            "(Megatron-Core rejects it with allgather): choose "
+                            "--moe-dispatcher alltoall or flex, or drop the overlap")
         if self.moe_flex_backend not in FLEX_BACKENDS:
             raise SpecError(f"moe_flex_backend must be one of {', '.join(FLEX_BACKENDS)}, "
                             f"got {self.moe_flex_backend!r}")

@@ -158,6 +158,7 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
             "model.moe_token_dispatcher_type": plan.moe_dispatcher,
             "model.moe_flex_dispatcher_backend": plan.flex_backend,
             "model.overlap_moe_expert_parallel_comm": plan.moe_a2a_overlap,
+            "model.moe_shared_expert_overlap": plan.moe_shared_expert_overlap,
             "model.moe_router_force_load_balancing": plan.force_balanced_routing,
         })
     if plan.optimizer != "adam":

@@ -142,6 +142,8 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
             args += ["--moe-flex-dispatcher-backend", plan.flex_backend]
     if plan.moe_a2a_overlap:
         args.append("--overlap-moe-expert-parallel-comm")
+    if plan.moe_shared_expert_overlap:
+        args.append("--moe-shared-expert-overlap")
     if plan.force_balanced_routing:
         args.append("--moe-router-force-load-balancing")
     if plan.cuda_graphs:

@@ -64,6 +64,7 @@ class LaunchPlan:
     moe_dispatcher: str | None
     flex_backend: str | None
     moe_a2a_overlap: bool
+    moe_shared_expert_overlap: bool
     force_balanced_routing: bool
     cuda_graphs: bool
     cuda_graph_scope: tuple[str, ...]
@@ -117,6 +118,7 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (plan.fused_expert_mlp, "fused expert MLP"),
         (plan.tp_comm_overlap, "TP comm overlap"),
         (plan.moe_a2a_overlap, "EP all-to-all overlap"),
+        (plan.moe_shared_expert_overlap, "shared-expert overlap"),
         (plan.overlap_grad_reduce, "grad-reduce overlap"),
         (plan.overlap_param_gather, "param-gather overlap"),
         (plan.cuda_graphs, "CUDA graphs"
@@ -307,6 +309,12 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=backend,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
+        # priced only without the all-to-all overlap (which schedules the shared experts
+        # itself) and where there are shared experts (parsearch.cost.communication)
+        moe_shared_expert_overlap=(opt.moe_shared_expert_overlap and moe
+                                   and not opt.moe_a2a_overlap
+                                   and model.moe is not None
+                                   and bool(model.moe.shared_expert_ffn_hidden_size)),
         # The default profile prices perfectly balanced routing (imbalance 1.0), which is
         # what Megatron's --moe-router-force-load-balancing benchmarks run.
         force_balanced_routing=moe and (opt.moe_imbalance is None or opt.moe_imbalance == 1.0),

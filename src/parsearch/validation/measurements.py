@@ -53,7 +53,7 @@ MEASURE_COLUMNS: tuple[str, ...] = ("tokens_per_s_per_gpu", "step_time_s")
 MIN_STEP_S, MAX_STEP_S = 1e-6, 7 * 24 * 3600.0
 #: Optional columns that set :class:`~parsearch.cost.options.CostOptions` fields.
 OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_comm_overlap",
-                                   "moe_a2a_overlap",
+                                   "moe_a2a_overlap", "moe_shared_expert_overlap",
                                    "overlap_grad_reduce", "overlap_param_gather", "cuda_graphs",
                                    "cuda_graph_scope", "fp8_recipe", "grad_reduce_bytes",
                                    "param_gather_bytes", "moe_imbalance")
@@ -64,7 +64,8 @@ TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "distributed_optimizer", "recompute
 OTHER_COLUMNS: tuple[str, ...] = ("id", "model", "cluster", "notes")
 KNOWN_COLUMNS = frozenset((*REQUIRED_COLUMNS, *MEASURE_COLUMNS, *OPTION_COLUMNS,
                            *TRAINING_COLUMNS, *OTHER_COLUMNS))
-_BOOL_COLUMNS = frozenset({"tp_comm_overlap", "moe_a2a_overlap", "overlap_grad_reduce",
+_BOOL_COLUMNS = frozenset({"tp_comm_overlap", "moe_a2a_overlap", "moe_shared_expert_overlap",
+                           "overlap_grad_reduce",
                            "overlap_param_gather", "cuda_graphs", "fsdp",
                            "distributed_optimizer"})
 #: Columns that take one of a fixed set of words (case-insensitive).
@@ -360,7 +361,8 @@ def _log_options(run: LogRun) -> tuple[dict[str, Any], dict[str, Any]]:
     for arg, name in (("tp_comm_overlap", "tp_comm_overlap"),
                       ("overlap_grad_reduce", "overlap_grad_reduce"),
                       ("overlap_param_gather", "overlap_param_gather"),
-                      ("overlap_moe_expert_parallel_comm", "moe_a2a_overlap")):
+                      ("overlap_moe_expert_parallel_comm", "moe_a2a_overlap"),
+                      ("moe_shared_expert_overlap", "moe_shared_expert_overlap")):
         flag = _arg_flag(run, arg)
         if flag is not None:
             options[name] = flag

@@ -52,6 +52,7 @@ class RunSetup:
     fp8_attention: bool | None = None
     fp8_output_proj: bool | None = None
     fused_expert_mlp: bool | None = None
+    moe_shared_expert_overlap: bool | None = None
 
 
 def _flag(text: str) -> bool | None:
@@ -141,6 +142,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         fp8_attention=_flag(cell.get("fp8_attention", "")),
         fp8_output_proj=_flag(cell.get("fp8_output_proj", "")),
         fused_expert_mlp=_flag(cell.get("fused_expert_mlp", "")),
+        moe_shared_expert_overlap=_flag(cell.get("moe_shared_expert_overlap", "")),
     )
 
 
@@ -184,6 +186,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["fp8_output_proj"] = (setup.fp8_output_proj
                                       and changes.get("fp8_recipe", options.fp8_recipe)
                                       in ("mxfp8", "auto"))
+    if moe and setup.moe_shared_expert_overlap is not None:
+        changes["moe_shared_expert_overlap"] = setup.moe_shared_expert_overlap
     if moe and setup.fused_expert_mlp is not None and precision != "bf16":
         changes["fused_expert_mlp"] = setup.fused_expert_mlp
     if setup.fp8_param_gather is not None and precision != "bf16":
