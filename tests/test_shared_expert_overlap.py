@@ -124,3 +124,23 @@ def test_published_rows_read_the_overlap_from_their_recipe() -> None:
     _, dense = apply_setup(setups["r0345"], training, CostOptions(), moe=False,
                            precision="bf16")
     assert dense.moe_shared_expert_overlap is False
+
+
+def test_shared_gemms_hide_their_own_tp_traffic_or_the_dispatch_never_both(
+        shared_space) -> None:  # type: ignore[no-untyped-def]
+    """The shared experts' backward GEMMs already hide their block's asynchronous TP
+    collectives; the dispatch can only use what is left: with the overlap on, the
+    communication hidden never exceeds the compute beside it, layout by layout."""
+    model, training, fabric, cols = shared_space
+    on = CostOptions(tp_comm_overlap=False, moe_shared_expert_overlap=True)
+    nothing = CostOptions(tp_comm_overlap=False, overlap_grad_reduce=False,
+                          overlap_param_gather=False)
+    with_overlap = score_columns(build_cost_model(model, training, fabric, options=on), cols,
+                                 with_memory=False)
+    without = score_columns(build_cost_model(model, training, fabric, options=nothing), cols,
+                            with_memory=False)
+    hidden = sum(without[f"time_{k}"] - with_overlap[f"time_{k}"]
+                 for k in ("tp_comm", "ep_comm"))
+    work = without["time_compute"] + without["time_memory_bound"]
+    assert np.all(hidden <= work * (1 + 1e-9) + 1e-12)
+    assert np.all(with_overlap["step_time_s"] >= without["time_compute"] * (1 - 1e-12))

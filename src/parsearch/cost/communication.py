@@ -212,6 +212,15 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     return seconds, np.where(n > 1, net_bytes, 0.0)
 
 
+def shared_expert_overlap_on(model: ModelSpec, options: CostOptions, unit: str) -> bool:
+    """Whether ``--moe-shared-expert-overlap`` is priced for ``unit``: an MoE unit with
+    shared experts, without the all-to-all overlap (whose schedule places the shared experts
+    itself)."""
+    return bool(options.moe_shared_expert_overlap and not options.moe_a2a_overlap
+                and is_moe_unit(model, unit) and model.moe is not None
+                and model.moe.shared_expert_ffn_hidden_size)
+
+
 def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,
                        pp: np.ndarray, num_microbatches: np.ndarray | None) -> np.ndarray:
     """EP seconds per micro-batch that ``--overlap-moe-expert-parallel-comm`` hides.
@@ -373,14 +382,20 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     # Plain Megatron: the wgrad input re-gather (SP) or the dgrad all-reduce (no SP) and the
     # dgrad reduce-scatter run asynchronously beside the backward GEMMs.
     async_ops = blocks * 2.0 * op
-    async_hidden = sum(np.minimum(per_block * async_ops, compute.tp_gemm * (2.0 / 3.0) * f)
-                       for f in shares)
+    async_block = [np.minimum(per_block * async_ops, compute.tp_gemm * (2.0 / 3.0) * f)
+                   for f in shares]
     tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
     userbuffers = options.tp_comm_overlap & sp & tp_in_domain
-    hidden_ub = sum(np.minimum(per_block * tp_total, compute.tp_gemm * f) for f in shares)
+    ub_block = [np.minimum(per_block * tp_total, compute.tp_gemm * f) for f in shares]
+    # Not priced: with the shared-expert overlap Megatron-Core turns userbuffers off for the
+    # shared experts' linears (shared_experts.py, ub_overlap_* = False), so with TP comm
+    # overlap on the option can cost more than it hides; here it never slows a layout.
+    shared_overlap = shared_expert_overlap_on(model, options, unit)
+    block_hidden = [np.where(userbuffers, ub, sync)
+                    for ub, sync in zip(ub_block, async_block, strict=True)]
     # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
     budget = compute.total
-    tp_hidden = np.minimum(np.where(userbuffers, hidden_ub, async_hidden), budget)
+    tp_hidden = np.minimum(sum(block_hidden), budget)
     budget = budget - tp_hidden
     tp_exposed = tp_total - tp_hidden
     sm_slowdown = share * tp_hidden
@@ -438,9 +453,11 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
         ep_time = imbalance * (ep_time + etp_time)
         if options.moe_a2a_overlap:
             ep_hidden = a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
-        elif options.moe_shared_expert_overlap and model.moe.shared_expert_ffn_hidden_size:
-            # The MLP block of an MoE unit is its shared experts (attention_block_share).
-            shared_gemm = compute.gemm * (1.0 - compute.tp_attention_share)
+        elif shared_overlap:
+            # The MLP block of an MoE unit is its shared experts (attention_block_share);
+            # what of their GEMMs already hides their own TP collectives hides nothing else.
+            shared_gemm = np.maximum(compute.gemm * (1.0 - compute.tp_attention_share)
+                                     - (block_hidden[1] if blocks == 2.0 else 0.0), 0.0)
             fc1_share = 2.0 / 3.0 if model.mlp_activation == "swiglu" else 0.5
             ep_hidden = shared_expert_overlap_hidden(a2a_time, calls, shared_gemm, fc1_share,
                                                      recompute.ep_comm, budget)
