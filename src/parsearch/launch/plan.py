@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsearch.cost.communication import flex_backend
+from parsearch.cost.communication import flex_backend, shared_expert_overlap_on
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
@@ -310,11 +310,8 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         flex_backend=backend,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
         # priced only without the all-to-all overlap (which schedules the shared experts
-        # itself) and where there are shared experts (parsearch.cost.communication)
-        moe_shared_expert_overlap=(opt.moe_shared_expert_overlap and moe
-                                   and not opt.moe_a2a_overlap
-                                   and model.moe is not None
-                                   and bool(model.moe.shared_expert_ffn_hidden_size)),
+        # itself), where there are shared experts and EP traffic to hide
+        moe_shared_expert_overlap=shared_expert_overlap_on(model, opt, "moe") and ep_comm,
         # The default profile prices perfectly balanced routing (imbalance 1.0), which is
         # what Megatron's --moe-router-force-load-balancing benchmarks run.
         force_balanced_routing=moe and (opt.moe_imbalance is None or opt.moe_imbalance == 1.0),
