@@ -144,3 +144,18 @@ def test_shared_gemms_hide_their_own_tp_traffic_or_the_dispatch_never_both(
     work = without["time_compute"] + without["time_memory_bound"]
     assert np.all(hidden <= work * (1 + 1e-9) + 1e-12)
     assert np.all(with_overlap["step_time_s"] >= without["time_compute"] * (1 - 1e-12))
+
+
+def test_measurement_tables_carry_the_overlap(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from parsearch.validation.measurements import load_measurements
+
+    path = tmp_path / "runs.csv"
+    path.write_text(
+        "model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu,"
+        "moe_shared_expert_overlap\n"
+        "qwen2-57b-a14b,dgx-h100,32,64,4096,bf16,\"tp=2,ep=4,sp=true\",4000,true\n"
+        "qwen2-57b-a14b,dgx-h100,32,64,4096,bf16,\"tp=2,ep=4,sp=true\",4000,often\n",
+        encoding="utf-8")
+    loaded = load_measurements([path])
+    assert [m.options for m in loaded.measurements] == [{"moe_shared_expert_overlap": True}]
+    assert len(loaded.problems) == 1 and "moe_shared_expert_overlap='often'" in loaded.problems[0]
