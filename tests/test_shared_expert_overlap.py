@@ -99,11 +99,15 @@ def test_allgather_dispatcher_refuses_the_shared_expert_overlap() -> None:
 
 def test_the_launch_turns_on_exactly_what_was_priced() -> None:
     training = TrainingSpec(seq_len=4096, global_batch=64)
-    layout = parse_layout_string("tp=2,pp=1,ep=4,mbs=1", 32)
+    layout = parse_layout_string("tp=2,pp=1,ep=4,mbs=1,sp=true", 32)
     on = CostOptions(moe_shared_expert_overlap=True)
     model = get_preset("qwen2-57b-a14b")
     command = megatron_lm_args(model, launch_plan(model, training, layout, on))
     assert "--moe-shared-expert-overlap" in command
+    # with TP comm overlap Megatron drops userbuffers on the shared linears: said, not hidden
+    assert any("userbuffers" in c for c in launch_plan(model, training, layout, on).conflicts)
+    assert not any("userbuffers" in c for c in launch_plan(
+        model, training, layout, replace(on, tp_comm_overlap=False)).conflicts)
     # not priced (and not launched) beside the all-to-all overlap or without shared experts
     both = replace(on, moe_a2a_overlap=True)
     assert not launch_plan(get_preset("qwen2-57b-a14b"), training, layout,

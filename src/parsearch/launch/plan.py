@@ -275,6 +275,14 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     if opt.fp8_dispatch and training.precision != "bf16" and moe and lay.ep > 1:
         conflicts.append("FP8 token dispatch was priced (fp8_dispatch), but Megatron-LM has no "
                          "switch for it; the launch dispatches BF16 tokens")
+    shared_overlap = shared_expert_overlap_on(model, opt, "moe") and ep_comm
+    if (shared_overlap and opt.tp_comm_overlap and lay.tp > 1 and lay.sp
+            and lay.tp <= nvlink_domain_size):
+        # Megatron-Core SharedExpertMLP sets ub_overlap_* = False on the shared linears.
+        conflicts.append("TP comm overlap with --moe-shared-expert-overlap: Megatron-Core "
+                         "turns userbuffers off for the shared experts' linears, which the "
+                         "time model still prices as overlapped; their TP traffic may be "
+                         "more exposed than predicted")
     capability = compute_capability
     fp8_attention = opt.fp8_attention and training.precision != "bf16"
     gaps: list[str] = []
@@ -311,7 +319,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
         # priced only without the all-to-all overlap (which schedules the shared experts
         # itself), where there are shared experts and EP traffic to hide
-        moe_shared_expert_overlap=shared_expert_overlap_on(model, opt, "moe") and ep_comm,
+        moe_shared_expert_overlap=shared_overlap,
         # The default profile prices perfectly balanced routing (imbalance 1.0), which is
         # what Megatron's --moe-router-force-load-balancing benchmarks run.
         force_balanced_routing=moe and (opt.moe_imbalance is None or opt.moe_imbalance == 1.0),
