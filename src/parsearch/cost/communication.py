@@ -214,11 +214,10 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
 
 def shared_expert_overlap_on(model: ModelSpec, options: CostOptions, unit: str) -> bool:
     """Whether ``--moe-shared-expert-overlap`` is priced for ``unit``: an MoE unit with
-    shared experts, without the all-to-all overlap (whose schedule places the shared experts
-    itself)."""
-    return bool(options.moe_shared_expert_overlap and not options.moe_a2a_overlap
-                and is_moe_unit(model, unit) and model.moe is not None
-                and model.moe.shared_expert_ffn_hidden_size)
+    shared experts (CostOptions refuses it beside the all-to-all overlap, as Megatron-Core
+    does)."""
+    return bool(options.moe_shared_expert_overlap and is_moe_unit(model, unit)
+                and model.moe is not None and model.moe.shared_expert_ffn_hidden_size)
 
 
 def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,

@@ -132,6 +132,13 @@ class CostOptions:
         if "moe_preprocess" in self.cuda_graph_scope and "moe_router" not in self.cuda_graph_scope:
             raise SpecError("cuda_graph_scope: moe_preprocess must come with moe_router "
                             "(Megatron-Core captures the preprocessing only after the router)")
+        if self.moe_shared_expert_overlap and self.moe_a2a_overlap:
+            # Megatron-Core TransformerConfig: "disable moe_shared_expert_overlap when
+            # enabling overlap_moe_expert_parallel_comm" (the merged schedule places the
+            # shared experts itself).
+            raise SpecError("moe_shared_expert_overlap and moe_a2a_overlap cannot both be on "
+                            "(Megatron-Core refuses it; the all-to-all overlap schedules the "
+                            "shared experts itself): drop --moe-shared-expert-overlap")
         if self.moe_shared_expert_overlap and self.moe_dispatcher == "allgather":
             raise SpecError("moe_shared_expert_overlap needs the alltoall or flex dispatcher "
                             "(Megatron-Core rejects it with allgather): choose "

@@ -276,6 +276,11 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         conflicts.append("FP8 token dispatch was priced (fp8_dispatch), but Megatron-LM has no "
                          "switch for it; the launch dispatches BF16 tokens")
     shared_overlap = shared_expert_overlap_on(model, opt, "moe") and ep_comm
+    if shared_overlap and "shared_experts" in (modules or ()):
+        # Megatron-Core TransformerConfig: "shared_experts recompute cannot work with
+        # --moe-shared-expert-overlap".
+        conflicts.append("recompute module shared_experts with --moe-shared-expert-overlap: "
+                         "Megatron-Core refuses the pair; drop one of them")
     if (shared_overlap and opt.tp_comm_overlap and lay.tp > 1 and lay.sp
             and lay.tp <= nvlink_domain_size):
         # Megatron-Core SharedExpertMLP sets ub_overlap_* = False on the shared linears.
@@ -317,8 +322,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=backend,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
-        # priced only without the all-to-all overlap (which schedules the shared experts
-        # itself), where there are shared experts and EP traffic to hide
+        # priced only where there are shared experts and EP traffic to hide
         moe_shared_expert_overlap=shared_overlap,
         # The default profile prices perfectly balanced routing (imbalance 1.0), which is
         # what Megatron's --moe-router-force-load-balancing benchmarks run.
