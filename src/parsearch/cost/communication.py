@@ -386,15 +386,9 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
     userbuffers = options.tp_comm_overlap & sp & tp_in_domain
     ub_block = [np.minimum(per_block * tp_total, compute.tp_gemm * f) for f in shares]
-    # Not priced: with the shared-expert overlap Megatron-Core turns userbuffers off for the
-    # shared experts' linears (shared_experts.py, ub_overlap_* = False), so with TP comm
-    # overlap on the option can cost more than it hides; here it never slows a layout.
-    shared_overlap = shared_expert_overlap_on(model, options, unit)
-    block_hidden = [np.where(userbuffers, ub, sync)
-                    for ub, sync in zip(ub_block, async_block, strict=True)]
     # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
     budget = compute.total
-    tp_hidden = np.minimum(sum(block_hidden), budget)
+    tp_hidden = np.minimum(np.where(userbuffers, sum(ub_block), sum(async_block)), budget)
     budget = budget - tp_hidden
     tp_exposed = tp_total - tp_hidden
     sm_slowdown = share * tp_hidden
@@ -448,17 +442,22 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
         routed_copies = tokens * k
         etp_time = np.where(etp > 1, 4.0 * (reduce_scatter_time(
             groups.etp, etp * routed_copies * h * ACT_BYTES) + latency), 0.0)
-        a2a_time = imbalance * ep_time
+        all_to_all = ep_time
         ep_time = imbalance * (ep_time + etp_time)
         if options.moe_a2a_overlap:
             ep_hidden = a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
-        elif shared_overlap:
+        elif shared_expert_overlap_on(model, options, unit):
             # The MLP block of an MoE unit is its shared experts (attention_block_share);
             # what of their GEMMs already hides their own TP collectives hides nothing else.
+            # Not priced: Megatron-Core turns userbuffers off for the shared linears under
+            # this overlap (shared_experts.py, ub_overlap_* = False); the launch says so.
+            own_tp = (np.where(userbuffers, ub_block[1], async_block[1]) if blocks == 2.0
+                      else 0.0)
             shared_gemm = np.maximum(compute.gemm * (1.0 - compute.tp_attention_share)
-                                     - (block_hidden[1] if blocks == 2.0 else 0.0), 0.0)
+                                     - own_tp, 0.0)
             fc1_share = 2.0 / 3.0 if model.mlp_activation == "swiglu" else 0.5
-            ep_hidden = shared_expert_overlap_hidden(a2a_time, calls, shared_gemm, fc1_share,
+            ep_hidden = shared_expert_overlap_hidden(imbalance * all_to_all, calls,
+                                                     shared_gemm, fc1_share,
                                                      recompute.ep_comm, budget)
         else:
             ep_hidden = zeros

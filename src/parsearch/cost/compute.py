@@ -271,7 +271,7 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     out["per_ffn"] = ffn_factor * ffn / tp
     if moe and model.moe is not None:
         fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
-        out["per_routed_copy"] = 16.0 * h + 0.0 * fe
+        out["per_routed_copy"] = 16.0 * h + 0.0 * tp
         out["per_expert_copy"] = 0.0 * fe if fused_expert_mlp else ffn_factor * fe
     q = float(quantize_bytes)
     if q > 0 and (dense or moe):

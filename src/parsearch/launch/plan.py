@@ -275,14 +275,17 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     if opt.fp8_dispatch and training.precision != "bf16" and moe and lay.ep > 1:
         conflicts.append("FP8 token dispatch was priced (fp8_dispatch), but Megatron-LM has no "
                          "switch for it; the launch dispatches BF16 tokens")
+    # TE userbuffers overlap needs SP and an NVLink-local TP group; the time model
+    # prices it only then (parsearch.cost.communication)
+    tp_overlap = (opt.tp_comm_overlap and lay.tp > 1 and lay.sp
+                  and lay.tp <= nvlink_domain_size)
     shared_overlap = shared_expert_overlap_on(model, opt, "moe") and ep_comm
     if shared_overlap and "shared_experts" in (modules or ()):
         # Megatron-Core TransformerConfig: "shared_experts recompute cannot work with
         # --moe-shared-expert-overlap".
         conflicts.append("recompute module shared_experts with --moe-shared-expert-overlap: "
                          "Megatron-Core refuses the pair; drop one of them")
-    if (shared_overlap and opt.tp_comm_overlap and lay.tp > 1 and lay.sp
-            and lay.tp <= nvlink_domain_size):
+    if shared_overlap and tp_overlap:
         # Megatron-Core SharedExpertMLP sets ub_overlap_* = False on the shared linears.
         conflicts.append("TP comm overlap with --moe-shared-expert-overlap: Megatron-Core "
                          "turns userbuffers off for the shared experts' linears, which the "
@@ -315,10 +318,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         overlap_grad_reduce=opt.overlap_grad_reduce and (lay.dp > 1 or training.fsdp),
         overlap_param_gather=(opt.overlap_param_gather and lay.dp > 1
                               and (training.distributed_optimizer or training.fsdp)),
-        # TE userbuffers overlap needs SP and an NVLink-local TP group; the time model
-        # prices it only then (parsearch.cost.communication)
-        tp_comm_overlap=(opt.tp_comm_overlap and lay.tp > 1 and lay.sp
-                         and lay.tp <= nvlink_domain_size),
+        tp_comm_overlap=tp_overlap,
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=backend,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
