@@ -57,6 +57,8 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert {tags[f"i{n:04d}"] for n in range(100, 133)} == {MBRIDGE_HELDOUT}
     # gpt-oss-120b rows of the Megatron-Bridge performance tables (25.11-26.08).
     assert {tags[f"i{n:04d}"] for n in range(150, 181)} == {MBRIDGE_HELDOUT}
+    # Llama 3.1 405B rows of the same tables (25.09-26.06).
+    assert {tags[f"i{n:04d}"] for n in range(181, 224)} == {MBRIDGE_HELDOUT}
 
 
 def test_published_runs_keep_their_tags() -> None:
@@ -194,8 +196,9 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     report = validate_runs(independent.values(), deduplicate=False, include_partial=True)
     kept = {r.id for r in independent.values() if r.skip_reason is None}
     assert {row.id for row in report.rows} == kept  # nothing usable is dropped
-    # + the Qwen3-235B (i0100-i0132) and gpt-oss-120b (i0150-i0180) perf-table rows
-    assert len(kept) == 36 + 3 + 33 + 31  # + the all-to-all A/B rows i0068-i0070
+    # + the Qwen3-235B (i0100-i0132), gpt-oss-120b (i0150-i0180) and Llama 3.1 405B
+    # (i0181-i0223) perf-table rows
+    assert len(kept) == 36 + 3 + 33 + 31 + 43  # + the all-to-all A/B rows i0068-i0070
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
@@ -284,18 +287,19 @@ def test_alltoall_ep_overlap_a_b_and_the_dispatcher_choice_on_h100(
 
 def test_heldout_perf_rows_keep_the_order_of_their_measurements(
         independent: dict[str, PublishedRun]) -> None:
-    """The Megatron-Bridge performance-table rows of Qwen3-235B-A22B and gpt-oss-120b
-    (tag MBRIDGE-HELDOUT): models no calibration row holds, on H100 to GB300 over nine
-    releases, never fitted to.  Of the pairs of one model whose measurements differ by
-    more than 15%, at least 90% must come out in the measured order (2026-12-02: 794 of
-    828); Qwen3-235B-A22B must stay within 15% MAPE (11.0% over its 33 rows).  gpt-oss
-    is predicted 1.3-1.6x too fast on every row (INDEPENDENT_RUNS.md): only its order is
+    """The Megatron-Bridge performance-table rows of Qwen3-235B-A22B, gpt-oss-120b and
+    Llama 3.1 405B (tag MBRIDGE-HELDOUT): models no calibration row holds, on H100 to
+    GB300 over nine releases, never fitted to.  Of the pairs of one model whose
+    measurements differ by more than 15%, at least 90% must come out in the measured order
+    (2026-12-02: 1,461 of 1,518); Qwen3-235B-A22B must stay within 15% MAPE (11.0% over
+    its 33 rows) and Llama 3.1 405B within 13% (9.4% over its 43 rows).  gpt-oss is
+    predicted 1.3-1.6x too fast on every row (INDEPENDENT_RUNS.md): only its order is
     held here."""
     heldout = [run for run in independent.values()
                if run.source_tag == MBRIDGE_HELDOUT and run.skip_reason is None]
     report = validate_runs(heldout, deduplicate=False, include_partial=True)
     rows = report.rows
-    assert len(rows) == 33 + 31
+    assert len(rows) == 33 + 31 + 43
 
     def family(row: ValidationRow) -> str:
         return row.model.split(" (")[0]
@@ -315,6 +319,30 @@ def test_heldout_perf_rows_keep_the_order_of_their_measurements(
     qwen = [row.ape for row in rows if family(row) == "Qwen3-235B-A22B"]
     assert len(qwen) == 33
     assert sum(qwen) / len(qwen) < 0.15
+    llama = [row.ape for row in rows if family(row) == "Llama-3.1-405B"]
+    assert len(llama) == 43
+    assert sum(llama) / len(llama) < 0.13
+    assert all(row.fits for row in rows if family(row) == "Llama-3.1-405B")
+
+
+def test_llama31_405b_perf_rows_carry_the_tables_flop_count(
+        independent: dict[str, PublishedRun]) -> None:
+    """Every Llama 3.1 405B row of the Megatron-Bridge tables was transcribed with its own
+    TFLOP/s cell: TFLOP/s over tokens/s is Megatron-Bridge's model-FLOP count, hand-counted
+    here (causal attention, seq/2, as its flop_utils counts): per layer and token forward,
+    Q/O 2*16384^2 each, K/V 2*16384*1024 each, SwiGLU 3*2*16384*53248, attention
+    2*2*(8192/2)*16384; 126 layers, the output layer 2*16384*128256; x3 for fwd+bwd.
+    The 26.04.01 GB rows print round tokens/s (1024, 960, ...) and sit 1-2% off."""
+    h, ffn, layers, vocab, seq = 16384, 53248, 126, 128256, 8192
+    per_layer = (2 * 2 * h * h + 2 * 2 * h * 1024 + 3 * 2 * h * ffn
+                 + 2 * 2 * (seq / 2) * h)
+    flops_per_token = 3 * (layers * per_layer + 2 * h * vocab)
+    assert flops_per_token == pytest.approx(2.524e12, rel=1e-3)
+    rows = [independent[f"i{n:04d}"] for n in range(181, 224)]
+    assert {run.model for run in rows} == {"Llama-3.1-405B"}
+    for run in rows:
+        implied = run.measured_tflops_per_gpu * 1e12 / run.measured_tokens_per_s_per_gpu
+        assert implied == pytest.approx(flops_per_token, rel=0.025), run.id
 
 
 # Megatron-Bridge verification cards (examples/model_verification_cards/*/card.yaml @ 067f987df0):
