@@ -8,6 +8,15 @@ but costly; the cost model prices them, and reports name them so a user sees
 * fewer micro-batches than pipeline stages (``m < pp``: more bubble than
   work), and no interleaving on a deep pipeline;
 * EP groups that cross the network.
+
+One more, not in the spec's list: tensor parallelism without sequence parallelism.
+It is legal, but the norms' and dropouts' activations stay whole on every TP rank
+(Korthikanti et al. 2022, arXiv 2205.05198 §4.2.2: sequence parallelism divides them by
+t), and Megatron-LM accepts TP communication overlap only with it (``arguments.py``:
+"Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is
+enabled"); Megatron-Bridge's recipes turn it on whenever TP > 1.  A layout string that
+leaves ``sp`` out gets ``sp=false``, so the flag also tells a user who meant the
+recipes' default how to ask for it.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int) -> list[s
     >>> from parsearch.topology.cluster import load_cluster
     >>> from parsearch.topology.fabric import build_fabric
     >>> fabric = build_fabric(load_cluster("dgx-h100"), 64)
-    >>> soft_rule_flags(Layout(64, tp=16, pp=4), fabric, global_batch=4)
+    >>> soft_rule_flags(Layout(64, tp=16, pp=4, sp=True), fabric, global_batch=4)
     ['tp=16 spans 2 NVLink domains: its collectives run over the network', \
 'm=4 micro-batches for pp=4 stages: the pipeline bubble is as large as the work']
     """
@@ -51,4 +60,9 @@ def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int) -> list[s
     stride, size = strides["ep"]
     if size > 1 and fabric.group_link(int(stride), int(size)).tier == "network":
         flags.append(f"ep={size} crosses the network: token all-to-all leaves the NVLink domain")
+    if layout.tp > 1 and not layout.sp:
+        flags.append(f"tp={layout.tp} without sequence parallelism: norm and dropout "
+                     "activations stay whole on every TP rank and TP comm overlap is "
+                     "unavailable; Megatron-Bridge recipes run sp=true whenever tp > 1 "
+                     "(add sp=true to the layout)")
     return flags
