@@ -159,7 +159,7 @@ def run_search(args: argparse.Namespace) -> int:
     elif args.format == "jsonl":
         write_jsonl(result, sys.stdout)
     else:
-        _search_table(result, show_launch=args.launch)
+        _search_table(result, show_launch=args.launch, precision=training.precision)
     print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s,
                    examined=result.examined),
           file=sys.stderr)
@@ -179,7 +179,7 @@ def _summary(considered: int, valid: int, feasible: int, seconds: float,
     return text + f" ({seconds:.1f} s)"
 
 
-def _search_table(result: SearchResult, *, show_launch: bool) -> None:
+def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "bf16") -> None:
     headers = ("#", "tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute",
                "tokens/s", "step_s", "mfu%", "mem_GiB", "free_GiB", "bottleneck", "nodes")
     rows = []
@@ -191,6 +191,9 @@ def _search_table(result: SearchResult, *, show_launch: bool) -> None:
                      100 * est.mfu, est.memory_bytes["total"] / 2**30, e.headroom_bytes / 2**30,
                      est.bottleneck, e.launch.nodes))
     print_table(headers, rows)
+    if precision != "bf16":
+        print(f"mfu%: model FLOPs over the dense BF16 peak, as Megatron reports it; {precision} "
+              "GEMMs run at a higher peak, so it can exceed what BF16 could reach.")
     if result.tie_note:
         print(result.tie_note)
     if result.outside_calibration:
