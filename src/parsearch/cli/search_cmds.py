@@ -192,8 +192,8 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
                      est.bottleneck, e.launch.nodes))
     print_table(headers, rows)
     if precision != "bf16":
-        print(f"mfu%: model FLOPs over the dense BF16 peak, as Megatron reports it; {precision} "
-              "GEMMs run at a higher peak, so it can exceed what BF16 could reach.")
+        print(f"mfu%: model FLOPs over the GPU's dense BF16 peak; {precision} GEMMs run at a "
+              "higher peak, so it can pass what a BF16 run could reach.")
     if result.tie_note:
         print(result.tie_note)
     if result.outside_calibration:
