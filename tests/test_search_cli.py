@@ -35,6 +35,16 @@ def test_search_json_contract() -> None:
     assert "feasible" in result.err  # the summary goes to stderr
 
 
+def test_search_table_names_the_mfu_denominator_for_low_precision() -> None:
+    """The mfu% column is over the BF16 peak whatever the precision; an FP8 table says so
+    (an FP8 run can pass 50%), a BF16 one needs no note."""
+    fp8 = run_cli("search", *COMMON, "--gpus", "8", "--top", "2", "--precision", "fp8")
+    bf16 = run_cli("search", *COMMON, "--gpus", "8", "--top", "2")
+    assert fp8.code == 0 and bf16.code == 0, fp8.err + bf16.err
+    assert "mfu%: model FLOPs over the GPU's dense BF16 peak; fp8" in fp8.out
+    assert "mfu%:" not in bf16.out
+
+
 def test_search_table_with_launch_and_diverse() -> None:
     result = run_cli("search", *COMMON, "--gpus", "8", "--top", "4", "--diverse", "--launch")
     assert result.code == 0, result.err
