@@ -137,7 +137,7 @@ def test_the_likely_range_says_when_no_run_like_it_was_calibrated() -> None:
         return json.loads(result.out)
 
     fp8, bf16 = explain("fp8"), explain("bf16")
-    assert fp8["tokens_per_s_per_gpu_range_basis"] == "leave-one-family-out"
+    assert fp8["tokens_per_s_per_gpu_range_basis"].startswith("leave-one-family-out")
     assert bf16["tokens_per_s_per_gpu_range_basis"].startswith("no dense bf16 run")
 
     def width(doc: dict) -> float:

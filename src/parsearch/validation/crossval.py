@@ -31,6 +31,7 @@ from parsearch.validation.calibration import (
     calibrate,
     predict,
 )
+from parsearch.validation.run_conventions import MBRIDGE_HELDOUT
 
 #: Pairs whose measurements differ by less than this are not counted for order accuracy
 #: (run-to-run and release-to-release noise is of that order).
@@ -197,18 +198,51 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
     return CrossValidation(tuple(out_rows), tuple(summaries), error_bands(out_rows, by), fits)
 
 
+def heldout_predictions(rows: Sequence[PreparedRow],
+                        profiles: dict[str, EfficiencyProfile]) -> list[RowPrediction]:
+    """Never-fitted runs predicted with their generation's fitted profile.
+
+    No fit saw these runs, so the prediction is out of sample as it stands: it goes in
+    both the in- and out-of-sample fields.  Runs of a generation without a profile here
+    are left out.
+    """
+    out = []
+    for row in rows:
+        profile = profiles.get(row.generation)
+        if profile is None:
+            continue
+        predicted = float(predict([row], profile)[0])
+        out.append(RowPrediction(id=row.id, model=row.run.model, gpu=row.run.gpu,
+                                 generation=row.generation, family=row.family,
+                                 source=row.run.source_tag, kind=row.kind,
+                                 layout=row.run.layout.key(), measured=row.measured,
+                                 in_sample=predicted, out_of_sample=predicted,
+                                 precision=row.run.precision))
+    return out
+
+
 def error_bands(rows: Sequence[RowPrediction], method: str) -> dict[str, ErrorBand]:
-    """Per ``generation/kind`` (e.g. ``hopper/moe``) quantiles of the out-of-sample log ratio."""
+    """Per ``generation/kind`` (e.g. ``hopper/moe``) quantiles of the out-of-sample log ratio.
+
+    ``rows`` may mix the cross-validation's rows with never-fitted held-out runs
+    (:func:`heldout_predictions`); a band's label counts the latter.
+    """
     logs: dict[str, list[float]] = defaultdict(list)
     precisions: dict[str, set[str]] = defaultdict(set)
+    heldout: dict[str, int] = defaultdict(int)
     for r in rows:
         if r.out_of_sample > 0 and math.isfinite(r.out_of_sample):
-            logs[f"{r.generation}/{r.kind}"].append(math.log(r.out_of_sample / r.measured))
+            key = f"{r.generation}/{r.kind}"
+            logs[key].append(math.log(r.out_of_sample / r.measured))
+            heldout[key] += int(r.source == MBRIDGE_HELDOUT)
             if r.precision:
-                precisions[f"{r.generation}/{r.kind}"].add(r.precision)
+                precisions[key].add(r.precision)
     bands = {}
     for key, values in sorted(logs.items()):
         lo, hi = np.quantile(values, BAND_QUANTILES)
-        bands[key] = ErrorBand(float(lo), float(hi), len(values), f"leave-one-{method}-out",
+        label = f"leave-one-{method}-out"
+        if heldout[key]:
+            label += f" + {heldout[key]} held-out Megatron-Bridge runs"
+        bands[key] = ErrorBand(float(lo), float(hi), len(values), label,
                                tuple(sorted(precisions[key])))
     return bands
