@@ -205,7 +205,8 @@ def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
             print(f"{generation}: held at the prior (no run resolves it): "
                   f"{', '.join(fit.unresolved)}")
     print()
-    print("error bands (out-of-sample measured/predicted, 10th-90th percentile):")
+    print("error bands of these folds (out-of-sample measured/predicted, 10th-90th percentile; "
+          "the shipped profiles add the held-out Megatron-Bridge runs):")
     for key, band in cv.bands.items():
         lo, hi = band.interval(1.0)
         print(f"  {key}: {lo:.2f} .. {hi:.2f} of the prediction ({band.n} runs)")
