@@ -28,17 +28,12 @@ import argparse
 import dataclasses
 import sys
 import warnings
-from pathlib import Path
 
-from parsearch.cost.coverage import coverage_of, uncovered_features
+from parsearch.cost.coverage import ArchitectureCoverage, coverage_of, uncovered_features
 from parsearch.cost.efficiency import efficiency_dir, load_efficiency_profile, profile_to_yaml
 from parsearch.validation.calibration import PreparedRow, prepare_rows
 from parsearch.validation.crossval import cross_validate, error_bands, heldout_predictions
-from parsearch.validation.published_runs import load_published_runs, read_published_runs
-from parsearch.validation.run_conventions import MBRIDGE_HELDOUT
-
-INDEPENDENT_DATA = (Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data"
-                    / "independent_runs.csv")
+from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
 
 HEADER = """# Efficiency profile for NVIDIA {title} GPUs.
 # Every value is a physical quantity with a prior and a cited range (`priors`; sources
@@ -59,8 +54,14 @@ def main() -> int:
     args = parser.parse_args()
     rows = prepare_rows(load_published_runs())
     cv = cross_validate(rows, by=args.by)
+    # What the fitted runs' models had, per generation: explain and search name what a
+    # model has beyond it (parsearch.cost.coverage); held-out runs beyond it stay out of
+    # the bands.
+    coverage = {g: coverage_of(r.run.model_spec for r in rows
+                               if r.generation == g and r.run.model_spec is not None)
+                for g in {r.generation for r in rows}}
     heldout = heldout_predictions(
-        covered_heldout_rows(rows), {g: f.profile for g, f in cv.in_sample_profiles.items()})
+        covered_heldout_rows(coverage), {g: f.profile for g, f in cv.in_sample_profiles.items()})
     bands_all = error_bands([*cv.rows, *heldout], args.by)
     for summary in cv.generations:
         g = summary.generation
@@ -84,11 +85,7 @@ def main() -> int:
         note = f"; calibration {verdict}"
         if fit.unresolved:
             note += f"; held at the prior, no run resolves it: {', '.join(fit.unresolved)}"
-        # What the fitted runs' models had: explain and search name what a model has beyond
-        # it (parsearch.cost.coverage).
-        coverage = coverage_of(r.run.model_spec for r in rows
-                               if r.generation == g and r.run.model_spec is not None)
-        profile = dataclasses.replace(fit.profile, uncertainty=bands, coverage=coverage,
+        profile = dataclasses.replace(fit.profile, uncertainty=bands, coverage=coverage[g],
                                       source=base.source.split("; calibration")[0] + note)
         path = efficiency_dir() / f"{g}.yaml"
         path.write_text(profile_to_yaml(profile, HEADER.format(title=TITLES.get(g, g))),
@@ -97,15 +94,10 @@ def main() -> int:
     return 0
 
 
-def covered_heldout_rows(calibration: list[PreparedRow]) -> list[PreparedRow]:
-    """The held-out Megatron-Bridge rows whose models the calibration set covers."""
-    runs = [run for run in read_published_runs(INDEPENDENT_DATA).runs
-            if run.source_tag == MBRIDGE_HELDOUT]
-    coverage = {g: coverage_of(r.run.model_spec for r in calibration
-                               if r.generation == g and r.run.model_spec is not None)
-                for g in {r.generation for r in calibration}}
+def covered_heldout_rows(coverage: dict[str, ArchitectureCoverage]) -> list[PreparedRow]:
+    """The held-out Megatron-Bridge rows whose models ``coverage`` (per generation) covers."""
     out = []
-    for row in prepare_rows(runs, include_partial=True):
+    for row in prepare_rows(load_heldout_runs(), include_partial=True):
         cover = coverage.get(row.generation)
         if cover is not None and row.run.model_spec is not None \
                 and not uncovered_features(row.run.model_spec, cover):

@@ -16,25 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from pathlib import Path
 
 from parsearch.ranking import rank_published_layouts
-from parsearch.validation.published_runs import (
-    PublishedRun,
-    load_published_runs,
-    read_published_runs,
-)
-from parsearch.validation.run_conventions import MBRIDGE_HELDOUT
+from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
 
 TARGET = 0.60
-INDEPENDENT_DATA = (Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data"
-                    / "independent_runs.csv")
-
-
-def heldout_runs() -> list[PublishedRun]:
-    """The never-fitted Megatron-Bridge table rows of models no calibration row holds."""
-    return [run for run in read_published_runs(INDEPENDENT_DATA).runs
-            if run.source_tag == MBRIDGE_HELDOUT]
 
 
 def main() -> int:
@@ -43,7 +29,7 @@ def main() -> int:
                         help="rank the held-out Megatron-Bridge rows instead of the calibration's")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    report = rank_published_layouts(heldout_runs() if args.heldout else load_published_runs())
+    report = rank_published_layouts(load_heldout_runs() if args.heldout else load_published_runs())
     for g in report.groups:
         print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
               f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "

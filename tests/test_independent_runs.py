@@ -61,6 +61,15 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert {tags[f"i{n:04d}"] for n in range(181, 224)} == {MBRIDGE_HELDOUT}
 
 
+def test_the_packaged_heldout_rows_are_the_tagged_ones(
+        independent: dict[str, PublishedRun]) -> None:
+    from parsearch.validation.published_runs import load_heldout_runs
+
+    tagged = {i for i, run in independent.items() if run.source_tag == MBRIDGE_HELDOUT}
+    assert [run.id for run in load_heldout_runs()] == sorted(tagged)
+    assert len(tagged) == 33 + 31 + 43
+
+
 def test_published_runs_keep_their_tags() -> None:
     # The new prefixes must not capture any row of the calibration set.
     assert not {run.source_tag for run in load_published_runs()} & INDEPENDENT_TAGS

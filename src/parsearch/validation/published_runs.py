@@ -38,6 +38,7 @@ from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.validation.run_cells import Row, cell_float, cell_int, cell_text, required_int
 from parsearch.validation.run_conventions import (
+    MBRIDGE_HELDOUT,
     MEGASCALE,
     TORCHTITAN,
     measurement,
@@ -51,6 +52,8 @@ from parsearch.workload import ModelSpec, Precision, TrainingSpec
 
 DATA_PACKAGE = "parsearch.data"
 DATA_FILE = "published_runs.csv"
+#: The independent references (INDEPENDENT_RUNS.md): never fitted to.
+INDEPENDENT_FILE = "independent_runs.csv"
 
 CLUSTER_BY_GPU: dict[str, str] = {
     "A100-SXM-80GB": "dgx-a100",
@@ -288,6 +291,14 @@ def read_published_runs(path: str | Path | None = None) -> PublishedRunsFile:
 def load_published_runs(path: str | Path | None = None) -> list[PublishedRun]:
     """The readable rows of the dataset (see :func:`read_published_runs` for the others)."""
     return read_published_runs(path).runs
+
+
+def load_heldout_runs() -> list[PublishedRun]:
+    """The packaged independent rows from Megatron-Bridge's performance tables of models no
+    calibration run holds (tag ``MBRIDGE-HELDOUT``): never fitted to."""
+    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
+        runs = read_published_runs(path).runs
+    return [run for run in runs if run.source_tag == MBRIDGE_HELDOUT]
 
 
 # --------------------------------------------------------------------------- selections
