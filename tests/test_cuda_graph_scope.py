@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, layout_columns, score_columns
-from parsearch.cost.compute import (
+from parsearch.cost.kernels import (
     CUDA_GRAPH_SCOPES,
     KERNELS_DENSE_LAYER,
     KERNELS_FP8_EXTRA,

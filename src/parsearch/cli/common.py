@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
-from parsearch.cost.compute import CUDA_GRAPH_SCOPES
+from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES

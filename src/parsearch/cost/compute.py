@@ -32,6 +32,14 @@ from parsearch.cost.flops import (
     shared_expert_forward_flops,
     stage_flops_core,
 )
+from parsearch.cost.kernels import (
+    CUDA_GRAPH_HOST_SHARE,
+    KERNELS_DENSE_LAYER,
+    KERNELS_FP8_EXTRA,
+    KERNELS_MOE_EXTRA,
+    KERNELS_PER_LOCAL_EXPERT,
+    graphed_kernels,
+)
 from parsearch.cost.quantization import (
     fp8_attention_cast_bytes_per_token,
     gemm_rate_factor,
@@ -48,38 +56,6 @@ ACT_BYTES = 2.0  # bf16 activations
 #: of the tile M (128 in CUTLASS/cuBLAS grouped kernels and DeepGEMM's contiguous layout;
 #: Megatron's --moe-router-padding-for-fp8 pads to 16/32 for FP8 alignment).
 EXPERT_TILE_ROWS = 128
-#: Kernels per layer, forward + backward, in Megatron-Core with Transformer Engine: our count
-#: of the fused LayerNorm-Linear, attention, activation, residual and TP communication
-#: kernels (about 15 forward, twice that backward).  An MoE layer adds, forward, the
-#: router (gate GEMM, softmax/sigmoid, top-k, load-balancing loss: ~15 ops), the
-#: dispatcher's preprocessing (token counts, their exchange and host copy: ~10), permute
-#: and chunk sorting (~10), dispatch and combine, the activation, unsort and unpermute
-#: (~10): about 50 forward and 100 backward (``moe/router.py``, ``moe/token_dispatcher.py``,
-#: ``moe/moe_utils.py`` of Megatron-Core), plus the expert GEMMs below; FP8 adds a cast
-#: (and transpose) per GEMM input and output gradient.
-KERNELS_DENSE_LAYER = 45.0
-KERNELS_MOE_EXTRA = 150.0
-KERNELS_FP8_EXTRA = 20.0
-#: Expert GEMMs: Transformer Engine's GroupedLinear (``general_grouped_gemm``) issues one
-#: cuBLAS GEMM per local expert (spread over several CUDA streams), so FC1 and FC2 forward,
-#: dgrad and wgrad cost 6 kernels per local expert and layer.
-KERNELS_PER_LOCAL_EXPERT = 6.0
-#: CUDA graphs replay a captured layer with one launch: the host issue time left is
-#: graph launches and the Python around them (CUDA C++ Programming Guide, "CUDA
-#: Graphs": work submitted as one unit removes per-kernel CPU launch overhead).
-CUDA_GRAPH_HOST_SHARE = 0.1
-#: The parts of a layer Megatron-Core's ``--cuda-graph-scope`` (``--cuda-graph-modules``)
-#: captures (``megatron/training/arguments.py``: "attn" = ``_forward_attention()``, "mlp" =
-#: a dense layer's ``_forward_mlp()``, "moe" = a MoE layer's ``_forward_mlp()``,
-#: "moe_router" = ``_forward_mlp()`` up to the router, "moe_preprocess" = the dispatcher's
-#: ``preprocess()``; an empty scope = the whole layer).  Our split of the kernel counts
-#: above: the attention sublayer (input norm + QKV, RoPE, core attention, projection,
-#: residual) holds 25 of the 45 per-layer kernels and half the FP8 casts (2 of 4 GEMMs);
-#: of the MoE layer's extra 150, the router holds 45 and the preprocessing 30.
-CUDA_GRAPH_SCOPES: tuple[str, ...] = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
-KERNELS_ATTENTION_SUBLAYER = 25.0
-KERNELS_ROUTER = 45.0
-KERNELS_PREPROCESS = 30.0
 #: Backward FLOPs of fused attention relative to forward (FlashAttention-2 §3.2).
 ATTENTION_BACKWARD_RATIO = 2.5
 #: Unfused attention (Megatron before FlashAttention): HBM bytes per attention-score
@@ -117,31 +93,6 @@ def unit_content(model: ModelSpec, unit: str) -> StageContent:
 def is_moe_unit(model: ModelSpec, unit: str) -> bool:
     """Whether the unit holds routed experts (an MTP layer is MoE iff the last layer is)."""
     return unit == "moe" or (unit == "mtp" and model.is_moe_layer(model.num_layers - 1))
-
-
-def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bool,
-                    total: Any) -> Any:
-    """Kernels of one layer that CUDA graphs capture under ``scope`` (empty: all of them).
-
-    >>> graphed_kernels(("attn",), moe_unit=False, low_precision=False, total=45.0)
-    25.0
-    >>> graphed_kernels(("moe_router", "moe_preprocess"), moe_unit=True, low_precision=False,
-    ...                 total=200.0)
-    75.0
-    """
-    if not scope:
-        return total
-    casts = KERNELS_FP8_EXTRA / 2.0 if low_precision else 0.0
-    attention = KERNELS_ATTENTION_SUBLAYER + casts
-    captured = attention if "attn" in scope else 0.0
-    if moe_unit:
-        if "moe" in scope:  # the whole MLP part: all but the attention sublayer
-            return captured + (total - attention)
-        captured += KERNELS_ROUTER if "moe_router" in scope else 0.0
-        captured += KERNELS_PREPROCESS if "moe_preprocess" in scope else 0.0
-    elif "mlp" in scope:
-        captured += KERNELS_DENSE_LAYER - KERNELS_ATTENTION_SUBLAYER + casts
-    return captured + 0.0 * total
 
 
 def _generation_matmul_reference(gpus: tuple[str, ...], precision: str) -> float | None:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from parsearch.cost.compute import CUDA_GRAPH_SCOPES
+from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.memory import MemoryOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import SpecError

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from parsearch.cost.compute import CUDA_GRAPH_SCOPES
+from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import FLEX_BACKENDS, MOE_DISPATCHERS
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError

@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 
 from parsearch.cost.communication import FLEX_DISPATCH_SMS
-from parsearch.cost.compute import CUDA_GRAPH_SCOPES
+from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
 from parsearch.pipeline_layout import layout_layer_counts
