@@ -159,8 +159,11 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         return training, replace(options, moe_dispatcher="alltoall")
     if run.source_tag in ("NAR21", "KOR22"):
         # Both papers predate FlashAttention (arXiv 2205.14135, May 2022): Megatron ran
-        # attention as batched GEMMs with a fused scale-mask-softmax kernel.
-        return training, replace(options, flash_attention=False)
+        # attention as batched GEMMs with a fused scale-mask-softmax kernel.  They also
+        # predate Transformer Engine's userbuffers TP overlap (2023): Megatron-LM then
+        # overlapped only the backward TP collectives with the weight-gradient GEMM
+        # (LinearWithGradAccumulationAndAsyncCommunication), the non-userbuffers path.
+        return training, replace(options, flash_attention=False, tp_comm_overlap=False)
     if run.source_tag == "MEGASCALE":
         # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
         # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
