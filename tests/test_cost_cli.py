@@ -98,7 +98,7 @@ def test_validate_json_contract_and_summary() -> None:
     doc = json.loads(result.out)
     summary = doc["summary"]
     assert {"n", "skipped", "mape", "median_ape", "spearman"} <= summary.keys()
-    assert summary["n"] == len(doc["rows"]) > 100
+    assert summary["n"] == len(doc["rows"]) > 90
     for row in doc["rows"]:
         assert {"id", "predicted_tokens_per_s_per_gpu", "measured_tokens_per_s_per_gpu",
                 "ape"} <= row.keys()

@@ -152,7 +152,7 @@ def test_verified_no_rows_are_never_kept(runs: list[PublishedRun]) -> None:
 
 def test_dev_rows_are_verified_kept_and_measured(runs: list[PublishedRun]) -> None:
     dev = dev_rows(runs)
-    assert len(dev) == 164  # 180 kept, less 13 verified=partial and 3 corrected to partial
+    assert len(dev) == 159  # 180 kept, less 13 verified=partial and 8 corrected to partial
     for run in dev:
         assert run.verified == "yes" and run.kept
         assert run.model_spec is not None and run.cluster is not None
