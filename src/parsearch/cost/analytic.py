@@ -30,13 +30,7 @@ import numpy as np
 
 from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.collectives import LinkArrays, p2p_time
-from parsearch.cost.communication import (
-    Groups,
-    ep_sm_share,
-    flex_backend,
-    unit_comm,
-    userbuffers_overlap,
-)
+from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.flops import model_flops_per_token
@@ -139,8 +133,8 @@ def process_groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
 
 
 def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
-                        recompute: LayerShares, groups: Groups) -> UnitCompute:
-    """:func:`unit_compute` of ``unit`` under the cost model's options, placed as ``groups``."""
+                        recompute: LayerShares) -> UnitCompute:
+    """:func:`unit_compute` of ``unit`` under the cost model's options."""
     opt = cm.options
     return unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
                         recompute=recompute, causal=opt.causal,
@@ -150,8 +144,7 @@ def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
                         flash_attention=opt.flash_attention,
                         fp8_attention=opt.fp8_attention,
                         fp8_output_proj=opt.fp8_output_proj,
-                        fused_expert_mlp=opt.fused_expert_mlp,
-                        userbuffers=userbuffers_overlap(opt, cols, groups))
+                        fused_expert_mlp=opt.fused_expert_mlp)
 
 
 def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
@@ -160,7 +153,7 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
     opt = cm.options
     layer = unit in ("dense", "moe", "mtp")
     recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
-    compute = priced_unit_compute(cm, cols, unit, recompute, groups)
+    compute = priced_unit_compute(cm, cols, unit, recompute)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,

@@ -344,15 +344,6 @@ def ep_sm_share(options: CostOptions, profile: EfficiencyProfile, sm_count: int 
     return FLEX_DISPATCH_SMS[backend] / float(sm_count)
 
 
-def userbuffers_overlap(options: CostOptions, cols: dict[str, np.ndarray],
-                        groups: Groups) -> np.ndarray:
-    """Where Transformer Engine's userbuffers TP overlap runs (per layout): the option on,
-    TP > 1 with sequence parallelism, and the TP group inside one NVLink domain."""
-    tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
-    return (options.tp_comm_overlap & cols["sp"].astype(bool) & tp_in_domain
-            & (cols["tp"] > 1))
-
-
 def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
               options: CostOptions, cols: dict[str, np.ndarray], groups: Groups, unit: str,
               compute: UnitCompute, recompute: LayerShares,
@@ -392,7 +383,8 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     async_ops = blocks * 2.0 * op
     async_block = [np.minimum(per_block * async_ops, compute.tp_gemm * (2.0 / 3.0) * f)
                    for f in shares]
-    userbuffers = userbuffers_overlap(options, cols, groups)
+    tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
+    userbuffers = options.tp_comm_overlap & sp & tp_in_domain
     ub_block = [np.minimum(per_block * tp_total, compute.tp_gemm * f) for f in shares]
     # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
     budget = compute.total

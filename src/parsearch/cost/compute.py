@@ -48,7 +48,6 @@ from parsearch.cost.quantization import (
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
-from parsearch.cost.ub_chunks import column_parallel_share, userbuffers_gemm_passes
 from parsearch.topology.hardware import GpuProfile, generation_profiles
 from parsearch.workload import ModelSpec, TrainingSpec
 
@@ -299,12 +298,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  moe_dispatcher: str = "alltoall",
                  fp8_attention: bool = False,
                  fp8_output_proj: bool = False,
-                 fused_expert_mlp: bool = False,
-                 userbuffers: Any = False) -> UnitCompute:
+                 fused_expert_mlp: bool = False) -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
-
-    ``userbuffers`` (per layout) says where Transformer Engine's TP overlap runs the
-    TP-sharded GEMMs in chunks (:mod:`parsearch.cost.ub_chunks`).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
     backward (:func:`parsearch.cost.recompute.recompute_shares`: full, partial
@@ -375,19 +370,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         t_logits_fwd = flops.logits_flops / (
             peak_bf16_gemm * gemm_efficiency(profile, "bf16", flops.logits_flops, half_bf16))
 
-    # Under userbuffers TP overlap the forward and data-gradient GEMMs run in chunks
-    # (cost/ub_chunks.py: TE initialize_ub ring_exchange / pipeline splits).
-    t_gemm_fprop, t_gemm_dgrad = t_gemm_fwd, t_gemm_fwd
-    if unit in ("dense", "moe", "mtp") and np.any(userbuffers):
-        mlp_width = (model.moe.shared_expert_ffn_hidden_size
-                     if is_moe_unit(model, unit) and model.moe else model.ffn_hidden_size)
-        fprop_ub, dgrad_ub = userbuffers_gemm_passes(
-            flops.dense_gemm_flops, flops.dense_gemm_flops / 4.0, tp,
-            column_parallel_share(model, mlp_width),
-            lambda f: peak * gemm_efficiency(profile, precision, f, half))
-        t_gemm_fprop = np.where(userbuffers, fprop_ub, t_gemm_fwd)
-        t_gemm_dgrad = np.where(userbuffers, dgrad_ub, t_gemm_fwd)
-    gemm = (1.0 + recompute.gemm) * t_gemm_fprop + t_gemm_dgrad + t_gemm_fwd
+    gemm = (3.0 + recompute.gemm) * t_gemm_fwd
     routed = (3.0 + recompute.routed) * t_routed_fwd
     attention = t_attn_fwd + t_attn_bwd + recompute.core_attention * t_attn_fwd
     logits = 3.0 * t_logits_fwd

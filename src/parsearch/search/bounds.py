@@ -135,7 +135,7 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     for unit in UNITS:
         layer = unit in ("dense", "moe", "mtp")
         recompute = shares.of(is_moe_unit(model, unit)) if layer else shares.dense
-        compute = priced_unit_compute(cm, cols, unit, recompute, groups)
+        compute = priced_unit_compute(cm, cols, unit, recompute)
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
