@@ -54,7 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="score every release's measurement of a layout (default: only "
                           "the latest release of each model/GPU/precision/layout)")
     validate.add_argument("--include-partial", action="store_true",
-                          help="also use rows with one inferred field (verified=partial)")
+                          help="also score rows marked verified=partial: a field inferred, a table "
+                               "the release's recipe contradicts, or a regression its "
+                               "maintainers documented (reasons: data/run_corrections.csv)")
     validate.add_argument("--cv", choices=("family", "source"), default=None,
                           help="out-of-sample accuracy: per GPU generation, calibrate on all "
                           "runs but one model family (or source) and predict the held-out "
