@@ -29,6 +29,7 @@ from parsearch.validation.run_conventions import (
     MBRIDGE_AB,
     MBRIDGE_CARD,
     MBRIDGE_HELDOUT,
+    MBRIDGE_USER,
     MEGASCALE,
     TORCHTITAN,
 )
@@ -36,7 +37,7 @@ from parsearch.validation.runs import ValidationRow, validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
 INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD,
-                    MBRIDGE_HELDOUT}
+                    MBRIDGE_USER, MBRIDGE_HELDOUT}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,7 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert tags["i0048"] == DEEPSEEK_V3
     assert {tags[i] for i in ("i0049", "i0050", "i0068", "i0069", "i0070")} == {MBRIDGE_AB}
     assert {tags[f"i{n:04d}"] for n in range(51, 68)} == {MBRIDGE_CARD}
+    assert {tags[i] for i in ("i0071", "i0072")} == {MBRIDGE_USER}
     # Qwen3-235B-A22B rows of the Megatron-Bridge perf tables (25.09-26.08), never fitted
     assert {tags[f"i{n:04d}"] for n in range(100, 133)} == {MBRIDGE_HELDOUT}
     # gpt-oss-120b rows of the Megatron-Bridge performance tables (25.11-26.08).
@@ -207,7 +209,8 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     assert {row.id for row in report.rows} == kept  # nothing usable is dropped
     # + the Qwen3-235B (i0100-i0132), gpt-oss-120b (i0150-i0180) and Llama 3.1 405B
     # (i0181-i0223) perf-table rows
-    assert len(kept) == 36 + 3 + 33 + 31 + 43  # + the all-to-all A/B rows i0068-i0070
+    # + the all-to-all A/B rows i0068-i0070 and the user report rows i0071-i0072
+    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
@@ -438,3 +441,36 @@ def test_card_rows_are_valid_and_fit_as_recorded(
     assert reading.note == ""
     assert reading.estimate.fits
     assert math.isfinite(reading.estimate.tokens_per_s_per_gpu)
+
+
+def test_user_report_rows_are_the_calibrated_preset_read_with_the_table_flop_count(
+        independent: dict[str, PublishedRun]) -> None:
+    """Megatron-Bridge issue #4439: one DGX B200 user's MXFP8 and BF16 runs of the preset of
+    calibration row r0090 (619 TFLOP/s = 27,136 tokens/s/GPU in the 26.04.01 table)."""
+    from parsearch.validation.published_runs import load_published_runs
+
+    table = next(run for run in load_published_runs() if run.id == "r0090")
+    per_token = table.measured_tflops_per_gpu * 1e12 / table.measured_tokens_per_s_per_gpu
+    for run_id, tflops, precision in (("i0071", 562.0, "fp8"), ("i0072", 552.0, "bf16")):
+        run = independent[run_id]
+        assert run.precision == precision and run.gpu == table.gpu
+        assert run.layout.key() == table.layout.key()
+        assert (run.global_batch, run.seq_len) == (table.global_batch, table.seq_len)
+        assert run.measured_tokens_per_s_per_gpu == pytest.approx(tflops * 1e12 / per_token,
+                                                                   rel=1e-4)
+
+
+def test_user_report_rows_predict_the_measured_precision_gap(
+        independent: dict[str, PublishedRun]) -> None:
+    """The same preset in MXFP8 and BF16 on one DGX B200 measured 1.8% apart: small experts
+    (hidden 2048, expert FFN 768) gain little from FP8.  The model must neither invert the
+    pair nor promise FP8 a large gain there."""
+    report = validate_runs([independent["i0071"], independent["i0072"]], deduplicate=False)
+    rows = {row.id: row for row in report.rows}
+    assert set(rows) == {"i0071", "i0072"}
+    measured = (rows["i0071"].measured_tokens_per_s_per_gpu
+                / rows["i0072"].measured_tokens_per_s_per_gpu)
+    predicted = (rows["i0071"].predicted_tokens_per_s_per_gpu
+                 / rows["i0072"].predicted_tokens_per_s_per_gpu)
+    assert measured == pytest.approx(1.018, abs=0.002)
+    assert 1.0 <= predicted < 1.10

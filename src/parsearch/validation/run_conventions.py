@@ -30,6 +30,8 @@ TORCHTITAN = "TORCHTITAN"
 DEEPSEEK_V3 = "DEEPSEEK-V3"
 MBRIDGE_AB = "MBRIDGE-AB"
 MBRIDGE_CARD = "MBRIDGE-CARD"
+# A user's public re-measurement of a Megatron-Bridge preset (a GitHub issue with its log).
+MBRIDGE_USER = "MBRIDGE-USER"
 # Rows of the Megatron-Bridge performance tables for models the calibration set does not
 # hold (Qwen3-235B-A22B, gpt-oss-120b): same source, never fitted to.
 MBRIDGE_HELDOUT = "MBRIDGE-HELDOUT"
@@ -49,6 +51,7 @@ _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("DeepSeek-V3 technical report", DEEPSEEK_V3),
     ("Megatron-Bridge perf skills", MBRIDGE_AB),
     ("Megatron-Bridge model verification card", MBRIDGE_CARD),
+    ("Megatron-Bridge user report", MBRIDGE_USER),
 )
 
 # Peaks the sources divide by to report MFU (TFLOP/s, dense 16-bit).

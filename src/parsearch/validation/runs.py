@@ -28,7 +28,7 @@ from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows, training_spec
 from parsearch.validation.recipes import apply_setup, load_run_setups, priced_fp8_recipe
-from parsearch.validation.run_conventions import MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD
+from parsearch.validation.run_conventions import MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER
 from parsearch.workload import TrainingSpec
 
 
@@ -171,7 +171,7 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # the baseline ran them exposed.
         return training, replace(options, tp_comm_overlap=False, overlap_grad_reduce=False,
                                  overlap_param_gather=False)
-    if run.source_tag not in (MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD):  # Megatron-Bridge's defaults
+    if run.source_tag not in (MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER):  # Bridge's defaults
         return training, options
     low_precision = run.precision != "bf16"
     memory = replace(options.memory, fp8_param_gather=True) if low_precision else options.memory
