@@ -95,7 +95,7 @@ def is_moe_unit(model: ModelSpec, unit: str) -> bool:
     return unit == "moe" or (unit == "mtp" and model.is_moe_layer(model.num_layers - 1))
 
 
-def _generation_matmul_reference(gpus: tuple[str, ...], precision: str) -> float | None:
+def generation_matmul_reference(gpus: tuple[str, ...], precision: str) -> float | None:
     """Mean measured large-matmul fraction of a generation's GPUs (``None``: none measured)."""
     measured = [p.large_matmul_fraction[precision] for p in generation_profiles(gpus)
                 if precision in p.large_matmul_fraction]
@@ -117,7 +117,7 @@ def matmul_scale(gpu: GpuProfile, profile: EfficiencyProfile, precision: str) ->
     0.955
     """
     own = gpu.large_matmul_fraction.get(precision)
-    reference = _generation_matmul_reference(tuple(profile.gpus), precision)
+    reference = generation_matmul_reference(tuple(profile.gpus), precision)
     if own is None or reference is None:
         return 1.0
     return own / reference

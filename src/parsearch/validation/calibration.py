@@ -14,7 +14,10 @@ residual factors, each a physical quantity with a cited prior and range
   run's prediction by more than the loss scale, :func:`resolved`); the others
   stay at their priors;
 * with few runs, fewer factors are fitted (at most one per
-  :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`.
+  :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`;
+* FP8's GEMM efficiency follows BF16's by the generation's measured large-matmul ratio
+  (:mod:`parsearch.validation.gemm_ties`): one GEMM factor, resolved by runs of either
+  precision.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from scipy.optimize import least_squares
 from parsearch.cost.analytic import CostModel, CostOptions, layout_columns, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, Prior, efficiency_for_gpu
 from parsearch.errors import ParsearchError
+from parsearch.validation.gemm_ties import TIE_ANCHOR, anchor_prior, gemm_ties, with_ties
 from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows
 from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
 
@@ -147,12 +151,22 @@ class CalibrationResult:
         return not self.on_bound
 
 
+def factor_prior(profile: EfficiencyProfile, name: str) -> Prior:
+    """``name``'s cited range as calibration searches it (the GEMM anchor narrowed so the
+    precisions tied to it stay inside theirs)."""
+    ties = gemm_ties(profile)
+    if name == TIE_ANCHOR and ties:
+        return anchor_prior(profile, ties)
+    return profile.priors[name]
+
+
 def range_effect(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                  name: str) -> np.ndarray:
     """Each row's log throughput change when ``name`` goes from its low to its high bound."""
-    prior = profile.priors[name]
-    low = predict(rows, profile.with_values({name: prior.low}))
-    high = predict(rows, profile.with_values({name: prior.high}))
+    prior = factor_prior(profile, name)
+    ties = gemm_ties(profile)
+    low = predict(rows, profile.with_values(with_ties({name: prior.low}, ties)))
+    high = predict(rows, profile.with_values(with_ties({name: prior.high}, ties)))
     return np.log(high / low)
 
 
@@ -170,15 +184,19 @@ def resolved(rows: Sequence[PreparedRow], profile: EfficiencyProfile, name: str)
 
 def candidate_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile) -> list[str]:
     """The factors of :data:`FIT_ORDER` that price work these rows do (their precisions,
-    MoE layers), in that order."""
+    MoE layers), in that order; a precision tied to BF16 is priced through BF16's."""
     precisions = {r.cost_model.training.precision for r in rows}
+    ties = gemm_ties(profile)
+    tied_precisions = {name.split(".")[1] for name in ties}
     any_moe = any(r.run.is_moe for r in rows)
     out = []
     for name in FIT_ORDER:
-        if name not in profile.priors:
+        if name not in profile.priors or name in ties:
             continue
-        if name.startswith("gemm_efficiency.") and name.split(".")[1] not in precisions:
-            continue
+        if name.startswith("gemm_efficiency."):
+            priced = {name.split(".")[1]} | (tied_precisions if name == TIE_ANCHOR else set())
+            if not priced & precisions:
+                continue
         if name in ("grouped_gemm_efficiency", "alltoall_efficiency") and not any_moe:
             continue
         out.append(name)
@@ -228,9 +246,15 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     if len(generations) > 1:
         raise ParsearchError(f"calibrate one GPU generation at a time, got {sorted(generations)}")
     start = profile or efficiency_for_gpu(rows[0].cost_model.fabric.gpu.name)
+    ties = gemm_ties(start)
+    if factors is not None:
+        ties = {name: ratio for name, ratio in ties.items() if name not in factors}
     # Every factor starts at its prior: a factor this fit does not move must not carry a
-    # value an earlier fit (for instance on held-out runs) left in the profile.
-    start = start.with_values({name: prior.value for name, prior in start.priors.items()})
+    # value an earlier fit (for instance on held-out runs) left in the profile.  A tied
+    # precision starts where its anchor's prior puts it.
+    start = start.with_values(with_ties(
+        {name: prior.value for name, prior in start.priors.items() if name not in ties},
+        ties))
     unresolved: tuple[str, ...] = ()
     if factors is not None:
         names = list(factors)
@@ -243,18 +267,19 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     before = _robust_mean(np.log(predict(rows, start) / measured))
     if not names:
         return CalibrationResult(start, (), (), before, before, len(rows), unresolved)
-    priors = [start.priors[n] for n in names]
+    priors = [anchor_prior(start, ties) if n == TIE_ANCHOR and ties else start.priors[n]
+              for n in names]
     u_prior = np.array([_to_unit(p, p.value) for p in priors])
 
     def residuals(u: np.ndarray) -> np.ndarray:
-        trial = start.with_values(_values(names, priors, u))
+        trial = start.with_values(with_ties(_values(names, priors, u), ties))
         logs = np.log(np.maximum(predict(rows, trial), 1e-9) / measured)
         return np.concatenate([logs, prior_weight * LOSS_SCALE * (u - u_prior)])
 
     u0 = np.clip(u_prior, 0.02, 0.98)
     fit = least_squares(residuals, u0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=LOSS_SCALE,
                         max_nfev=max_evaluations, diff_step=1e-3)
-    best = start.with_values(_values(names, priors, fit.x))
+    best = start.with_values(with_ties(_values(names, priors, fit.x), ties))
     after = _robust_mean(np.log(predict(rows, best) / measured))
     on_bound = tuple(n for n, x in zip(names, fit.x, strict=True)
                      if x <= BOUND_TOLERANCE or x >= 1.0 - BOUND_TOLERANCE)
