@@ -19,9 +19,10 @@ left out: ``explain`` and ``search`` name those features instead of widening eve
 Four Llama 3 runs of one family had made Hopper's dense band 1.17-1.23x of the
 prediction; the five held-out Llama 3.1 405B H100 runs measured 0.88-0.96x.
 Factors that end on a bound are printed as such: they mean the structure
-misses a mechanism, and are listed in the profile's ``source`` line.  FP8's GEMM
-efficiency is not a factor of its own where the generation measured both large-matmul
-ceilings: it follows BF16's by their ratio (``parsearch.validation.gemm_ties``).
+misses a mechanism, and are listed in the profile's ``source`` line.  Tied factors are
+not fitted on their own (``parsearch.validation.factor_ties``): FP8's GEMM efficiency
+follows BF16's by the generation's measured large-matmul ratio, attention backward
+follows forward by the ratio of their cited priors.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from parsearch.cost.coverage import ArchitectureCoverage, coverage_of, uncovered
 from parsearch.cost.efficiency import efficiency_dir, load_efficiency_profile, profile_to_yaml
 from parsearch.validation.calibration import PreparedRow, prepare_rows
 from parsearch.validation.crossval import cross_validate, error_bands, heldout_predictions
-from parsearch.validation.gemm_ties import TIE_ANCHOR, gemm_ties
+from parsearch.validation.factor_ties import factor_ties
 from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
 
 HEADER = """# Efficiency profile for NVIDIA {title} GPUs.
@@ -77,10 +78,10 @@ def main() -> int:
             prior = fit.profile.priors[name]
             print(f"  {name}: {fit.profile.get(name):.4g} (prior {prior.value:.4g}, "
                   f"range {prior.low:.4g}..{prior.high:.4g})")
-        ties = gemm_ties(fit.profile) if TIE_ANCHOR in fit.fitted else {}
-        for name, ratio in ties.items():
-            print(f"  {name}: {fit.profile.get(name):.4g} (tied: {ratio:.4f} x {TIE_ANCHOR}, "
-                  "the generation's measured large-matmul ratio)")
+        ties = {name: tie for name, tie in factor_ties(fit.profile).items()
+                if tie[0] in fit.fitted}
+        for name, (anchor, ratio) in ties.items():
+            print(f"  {name}: {fit.profile.get(name):.4g} (tied: {ratio:.4f} x {anchor})")
         if fit.unresolved:
             print(f"  held at the prior (no run resolves it): {', '.join(fit.unresolved)}")
         if not args.write:
@@ -92,9 +93,8 @@ def main() -> int:
         note = f"; calibration {verdict}"
         if fit.unresolved:
             note += f"; held at the prior, no run resolves it: {', '.join(fit.unresolved)}"
-        for name, ratio in ties.items():
-            note += (f"; {name} = {ratio:.4f} x {TIE_ANCHOR} (measured large-matmul ratio, "
-                     "parsearch.validation.gemm_ties)")
+        for name, (anchor, ratio) in ties.items():
+            note += f"; {name} = {ratio:.4f} x {anchor} (parsearch.validation.factor_ties)"
         profile = dataclasses.replace(fit.profile, uncertainty=bands, coverage=coverage[g],
                                       source=base.source.split("; calibration")[0] + note)
         path = efficiency_dir() / f"{g}.yaml"

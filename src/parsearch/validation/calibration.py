@@ -15,9 +15,9 @@ residual factors, each a physical quantity with a cited prior and range
   stay at their priors;
 * with few runs, fewer factors are fitted (at most one per
   :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`;
-* FP8's GEMM efficiency follows BF16's by the generation's measured large-matmul ratio
-  (:mod:`parsearch.validation.gemm_ties`): one GEMM factor, resolved by runs of either
-  precision.
+* a factor whose ratio to another is measured follows it (FP8's GEMM efficiency BF16's,
+  attention backward forward; :mod:`parsearch.validation.factor_ties`): one factor,
+  resolved by the runs of both.
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ from scipy.optimize import least_squares
 from parsearch.cost.analytic import CostModel, CostOptions, layout_columns, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, Prior, efficiency_for_gpu
 from parsearch.errors import ParsearchError
-from parsearch.validation.gemm_ties import TIE_ANCHOR, anchor_prior, gemm_ties, with_ties
+from parsearch.validation.factor_ties import (
+    GEMM_ANCHOR,
+    anchor_prior,
+    anchors,
+    factor_ties,
+    with_ties,
+)
 from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows
 from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
 
@@ -152,11 +158,11 @@ class CalibrationResult:
 
 
 def factor_prior(profile: EfficiencyProfile, name: str) -> Prior:
-    """``name``'s cited range as calibration searches it (the GEMM anchor narrowed so the
-    precisions tied to it stay inside theirs)."""
-    ties = gemm_ties(profile)
-    if name == TIE_ANCHOR and ties:
-        return anchor_prior(profile, ties)
+    """``name``'s cited range as calibration searches it (an anchor's narrowed so the
+    factors tied to it stay inside theirs)."""
+    ties = factor_ties(profile)
+    if name in anchors(ties):
+        return anchor_prior(profile, name, ties)
     return profile.priors[name]
 
 
@@ -164,7 +170,7 @@ def range_effect(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                  name: str) -> np.ndarray:
     """Each row's log throughput change when ``name`` goes from its low to its high bound."""
     prior = factor_prior(profile, name)
-    ties = gemm_ties(profile)
+    ties = factor_ties(profile)
     low = predict(rows, profile.with_values(with_ties({name: prior.low}, ties)))
     high = predict(rows, profile.with_values(with_ties({name: prior.high}, ties)))
     return np.log(high / low)
@@ -184,17 +190,18 @@ def resolved(rows: Sequence[PreparedRow], profile: EfficiencyProfile, name: str)
 
 def candidate_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile) -> list[str]:
     """The factors of :data:`FIT_ORDER` that price work these rows do (their precisions,
-    MoE layers), in that order; a precision tied to BF16 is priced through BF16's."""
+    MoE layers), in that order; a tied factor is fitted through its anchor."""
     precisions = {r.cost_model.training.precision for r in rows}
-    ties = gemm_ties(profile)
-    tied_precisions = {name.split(".")[1] for name in ties}
+    ties = factor_ties(profile)
+    tied_precisions = {name.split(".")[1] for name, (anchor, _) in ties.items()
+                       if anchor == GEMM_ANCHOR}
     any_moe = any(r.run.is_moe for r in rows)
     out = []
     for name in FIT_ORDER:
         if name not in profile.priors or name in ties:
             continue
         if name.startswith("gemm_efficiency."):
-            priced = {name.split(".")[1]} | (tied_precisions if name == TIE_ANCHOR else set())
+            priced = {name.split(".")[1]} | (tied_precisions if name == GEMM_ANCHOR else set())
             if not priced & precisions:
                 continue
         if name in ("grouped_gemm_efficiency", "alltoall_efficiency") and not any_moe:
@@ -246,7 +253,7 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     if len(generations) > 1:
         raise ParsearchError(f"calibrate one GPU generation at a time, got {sorted(generations)}")
     start = profile or efficiency_for_gpu(rows[0].cost_model.fabric.gpu.name)
-    ties = gemm_ties(start)
+    ties = factor_ties(start)
     if factors is not None:
         ties = {name: ratio for name, ratio in ties.items() if name not in factors}
     # Every factor starts at its prior: a factor this fit does not move must not carry a
@@ -267,7 +274,7 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     before = _robust_mean(np.log(predict(rows, start) / measured))
     if not names:
         return CalibrationResult(start, (), (), before, before, len(rows), unresolved)
-    priors = [anchor_prior(start, ties) if n == TIE_ANCHOR and ties else start.priors[n]
+    priors = [anchor_prior(start, n, ties) if n in anchors(ties) else start.priors[n]
               for n in names]
     u_prior = np.array([_to_unit(p, p.value) for p in priors])
 

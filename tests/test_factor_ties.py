@@ -1,4 +1,4 @@
-"""FP8's GEMM efficiency follows BF16's in calibration by the measured large-matmul ratio."""
+"""Tied factors in calibration: FP8 GEMMs follow BF16 by the measured large-matmul ratio."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from parsearch.validation.calibration import (
     factor_prior,
     prepare_rows,
 )
-from parsearch.validation.gemm_ties import TIE_ANCHOR, anchor_prior, gemm_ties, with_ties
+from parsearch.validation.factor_ties import GEMM_ANCHOR, anchor_prior, factor_ties, with_ties
 from parsearch.validation.published_runs import load_published_runs
 
 
@@ -32,33 +32,37 @@ def test_the_ratio_is_the_generations_measured_fp8_over_bf16_ceiling(generation:
     assert len(measured) >= 2  # a mean over several parts, not one GPU's number
     bf16 = sum(p.large_matmul_fraction["bf16"] for p in measured) / len(measured)
     fp8 = sum(p.large_matmul_fraction["fp8"] for p in measured) / len(measured)
-    ratio = gemm_ties(profile)["gemm_efficiency.fp8"]
-    assert ratio == pytest.approx(fp8 / bf16)
+    anchor, ratio = factor_ties(profile)["gemm_efficiency.fp8"]
+    assert anchor == GEMM_ANCHOR and ratio == pytest.approx(fp8 / bf16)
     assert 0.85 < ratio < 1.0  # FP8 reaches a smaller share of its (2x) peak than BF16
 
 
-def test_a_generation_without_fp8_ceilings_has_no_tie() -> None:
-    assert gemm_ties(load_efficiency_profile("ampere")) == {}
+def test_a_generation_without_fp8_ceilings_has_no_gemm_tie() -> None:
     ampere = load_efficiency_profile("ampere")
-    assert factor_prior(ampere, TIE_ANCHOR) == ampere.priors[TIE_ANCHOR]
+    assert factor_ties(ampere) == {}
+    assert factor_prior(ampere, GEMM_ANCHOR) == ampere.priors[GEMM_ANCHOR]
 
 
 @pytest.mark.parametrize("generation", ["hopper", "blackwell"])
-def test_the_anchor_range_keeps_fp8_inside_its_own_cited_range(generation: str) -> None:
+def test_an_anchor_range_keeps_its_tied_factors_inside_their_cited_ranges(
+        generation: str) -> None:
     profile = load_efficiency_profile(generation)
-    ties = gemm_ties(profile)
-    prior = anchor_prior(profile, ties)
-    own, fp8 = profile.priors[TIE_ANCHOR], profile.priors["gemm_efficiency.fp8"]
-    assert own.low <= prior.low <= prior.value <= prior.high <= own.high
-    for anchor in (prior.low, prior.value, prior.high):
-        tied = with_ties({TIE_ANCHOR: anchor}, ties)["gemm_efficiency.fp8"]
-        assert fp8.contains(tied)
+    ties = factor_ties(profile)
+    for anchor_name in (GEMM_ANCHOR,):
+        prior = anchor_prior(profile, anchor_name, ties)
+        own = profile.priors[anchor_name]
+        assert own.low <= prior.low <= prior.value <= prior.high <= own.high
+        for value in (prior.low, prior.value, prior.high):
+            tied = with_ties({anchor_name: value}, ties)
+            for name, (to, _) in ties.items():
+                if to == anchor_name:
+                    assert profile.priors[name].contains(tied[name]), (name, value)
 
 
 def test_with_ties_never_overrides_a_value_given_explicitly() -> None:
-    ties = {"gemm_efficiency.fp8": 0.9}
-    assert with_ties({TIE_ANCHOR: 0.7}, ties)["gemm_efficiency.fp8"] == pytest.approx(0.63)
-    given = {TIE_ANCHOR: 0.7, "gemm_efficiency.fp8": 0.5}
+    ties = {"gemm_efficiency.fp8": (GEMM_ANCHOR, 0.9)}
+    assert with_ties({GEMM_ANCHOR: 0.7}, ties)["gemm_efficiency.fp8"] == pytest.approx(0.63)
+    given = {GEMM_ANCHOR: 0.7, "gemm_efficiency.fp8": 0.5}
     assert with_ties(given, ties)["gemm_efficiency.fp8"] == 0.5
     assert with_ties({"memory_bound_factor": 1.0}, ties) == {"memory_bound_factor": 1.0}
 
@@ -66,10 +70,10 @@ def test_with_ties_never_overrides_a_value_given_explicitly() -> None:
 def test_fp8_runs_calibrate_the_shared_gemm_factor(hopper_fp8_rows) -> None:
     profile = load_efficiency_profile("hopper")
     names = candidate_factors(hopper_fp8_rows, profile)
-    assert TIE_ANCHOR in names and "gemm_efficiency.fp8" not in names
+    assert GEMM_ANCHOR in names and "gemm_efficiency.fp8" not in names
     result = calibrate(hopper_fp8_rows, profile, max_evaluations=40)
-    assert TIE_ANCHOR in result.fitted and "gemm_efficiency.fp8" not in result.fitted
-    ratio = gemm_ties(profile)["gemm_efficiency.fp8"]
+    assert GEMM_ANCHOR in result.fitted and "gemm_efficiency.fp8" not in result.fitted
+    _, ratio = factor_ties(profile)["gemm_efficiency.fp8"]
     fitted = result.profile.gemm_efficiency
     assert fitted["fp8"] == pytest.approx(fitted["bf16"] * ratio)
     assert not result.profile.out_of_range()
@@ -82,4 +86,12 @@ def test_naming_fp8_explicitly_fits_it_on_its_own(hopper_fp8_rows) -> None:
     assert result.fitted == ("gemm_efficiency.fp8",)
     # BF16 stays at its prior: nothing ties it to the FP8 value that was fitted.
     assert result.profile.gemm_efficiency["bf16"] == pytest.approx(
-        profile.priors[TIE_ANCHOR].value)
+        profile.priors[GEMM_ANCHOR].value)
+
+
+@pytest.mark.parametrize("generation", ["hopper", "blackwell"])
+def test_the_shipped_profile_carries_the_tie(generation: str) -> None:
+    profile = load_efficiency_profile(generation)
+    _, ratio = factor_ties(profile)["gemm_efficiency.fp8"]
+    gemm = profile.gemm_efficiency
+    assert gemm["fp8"] == pytest.approx(ratio * gemm["bf16"], rel=1e-3)
