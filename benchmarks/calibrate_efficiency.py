@@ -83,7 +83,8 @@ def main() -> int:
         for name, (anchor, ratio) in ties.items():
             print(f"  {name}: {fit.profile.get(name):.4g} (tied: {ratio:.4f} x {anchor})")
         if fit.unresolved:
-            print(f"  held at the prior (no run resolves it): {', '.join(fit.unresolved)}")
+            print("  held at the prior (no run resolves it apart from the others): "
+                  + ", ".join(fit.unresolved))
         if not args.write:
             continue
         bands = {key.split("/", 1)[1]: band for key, band in bands_all.items()
@@ -92,7 +93,8 @@ def main() -> int:
         verdict = ("on a bound: " + ", ".join(fit.on_bound)) if fit.on_bound else "inside"
         note = f"; calibration {verdict}"
         if fit.unresolved:
-            note += f"; held at the prior, no run resolves it: {', '.join(fit.unresolved)}"
+            note += ("; held at the prior, no run resolves it apart from the others: "
+                     + ", ".join(fit.unresolved))
         for name, (anchor, ratio) in ties.items():
             note += f"; {name} = {ratio:.4f} x {anchor} (parsearch.validation.factor_ties)"
         profile = dataclasses.replace(fit.profile, uncertainty=bands, coverage=coverage[g],

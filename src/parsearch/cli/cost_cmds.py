@@ -204,7 +204,7 @@ def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
         if fit.on_bound:
             print(f"{generation}: on a bound of its cited range: {', '.join(fit.on_bound)}")
         if fit.unresolved:
-            print(f"{generation}: held at the prior (no run resolves it): "
+            print(f"{generation}: held at the prior (no run resolves it apart from the others): "
                   f"{', '.join(fit.unresolved)}")
     print()
     print("error bands of these folds (out-of-sample measured/predicted, 10th-90th percentile; "

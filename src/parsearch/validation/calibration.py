@@ -11,7 +11,9 @@ residual factors, each a physical quantity with a cited prior and range
   bound means the structure is wrong, and the fit is reported as failed
   (:attr:`CalibrationResult.on_bound`) instead of widening the range;
 * a factor is fitted only where some run resolves it (its cited range moves the
-  run's prediction by more than the loss scale, :func:`resolved`); the others
+  run's prediction by more than the loss scale, :func:`resolved`) and where the runs
+  tell it apart from the other factors (what the others cannot mimic of its effect
+  still moves some run by more than the loss scale, :func:`separable`); the others
   stay at their priors;
 * with few runs, fewer factors are fitted (at most one per
   :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`;
@@ -148,7 +150,8 @@ class CalibrationResult:
     loss_before: float
     loss_after: float
     n_rows: int
-    #: Factors these rows price but none resolves: held at their cited priors.
+    #: Factors these rows price but none resolves apart from the others: held at their
+    #: cited priors.
     unresolved: tuple[str, ...] = ()
 
     @property
@@ -186,6 +189,47 @@ def resolved(rows: Sequence[PreparedRow], profile: EfficiencyProfile, name: str)
     alone, typically onto a bound, so it stays at its cited prior.
     """
     return bool(np.any(np.abs(range_effect(rows, profile, name)) > LOSS_SCALE))
+
+
+def separable(names: Sequence[str], rows: Sequence[PreparedRow],
+              profile: EfficiencyProfile) -> list[str]:
+    """The factors of ``names`` the rows can tell apart from one another.
+
+    A factor's effect on the rows (:func:`range_effect`, one log change per row) can be
+    mimicked by a combination of the other factors' effects; what is left (the least-squares
+    residual) is what only it explains.  Where that moves no row by more than
+    :data:`LOSS_SCALE`, the fit could set the factor anywhere and let the others make up
+    the difference, so it keeps its prior.  Factors are dropped one at a time, the least
+    separable first (the later in :data:`FIT_ORDER` among equals), so that of two factors
+    that only move together the earlier one is kept and fits their common direction.
+    """
+    if len(names) < 2:
+        return list(names)
+    return separable_effects({n: range_effect(rows, profile, n) for n in names}, LOSS_SCALE)
+
+
+def separable_effects(effects: dict[str, np.ndarray], threshold: float) -> list[str]:
+    """The names (in ``effects`` order) left after dropping, one at a time, the one whose
+    effect the others' least-squares combination leaves at most ``threshold`` of on every
+    row (the least separable first; the later among equals).
+
+    >>> e = {"a": np.array([0.2, 0.0, 0.1]), "b": np.array([0.0, 0.3, 0.0]),
+    ...      "c": np.array([0.2, 0.3, 0.1])}            # c = a + b
+    >>> separable_effects(e, 0.1)
+    ['a', 'b']
+    """
+    kept = list(effects)
+    while len(kept) > 1:
+        unique = {}
+        for name in kept:
+            others = np.column_stack([effects[o] for o in kept if o != name])
+            coef, *_ = np.linalg.lstsq(others, effects[name], rcond=None)
+            unique[name] = float(np.max(np.abs(effects[name] - others @ coef)))
+        weak = [n for n in kept if unique[n] <= threshold]
+        if not weak:
+            break
+        kept.remove(min(weak, key=lambda n: (round(unique[n] / threshold, 6), -kept.index(n))))
+    return kept
 
 
 def candidate_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile) -> list[str]:
@@ -267,7 +311,7 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
         names = list(factors)
     else:
         candidates = candidate_factors(rows, start)
-        informed = [n for n in candidates if resolved(rows, start, n)]
+        informed = separable([n for n in candidates if resolved(rows, start, n)], rows, start)
         unresolved = tuple(n for n in candidates if n not in informed)
         names = _within_limit(informed, len(rows))
     measured = np.array([r.measured for r in rows])
