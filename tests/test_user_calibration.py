@@ -102,6 +102,18 @@ def test_calibration_recovers_the_true_factor_and_beats_the_shipped_profile(resu
     assert all(math.isfinite(r.leave_one_out) for r in result.rows)
 
 
+def test_fp8_gemms_move_with_the_fitted_bf16_factor(result) -> None:
+    """As in the published-run calibration (parsearch.validation.factor_ties): BF16 runs
+    that move the GEMM factor move FP8's efficiency by the measured large-matmul ratio,
+    so an FP8 prediction of the calibrated cluster does not keep the shipped value."""
+    from parsearch.validation.factor_ties import factor_ties
+
+    _, ratio = factor_ties(result.base)["gemm_efficiency.fp8"]
+    gemm = result.profile.gemm_efficiency
+    assert gemm["fp8"] == pytest.approx(ratio * gemm["bf16"])
+    assert gemm["fp8"] != pytest.approx(result.base.gemm_efficiency["fp8"])
+
+
 def test_written_profile_keeps_the_cited_priors_and_stays_in_range(result) -> None:
     assert result.profile.priors == result.base.priors
     assert result.profile.out_of_range() == []

@@ -160,20 +160,22 @@ class CalibrationResult:
         return not self.on_bound
 
 
-def factor_prior(profile: EfficiencyProfile, name: str) -> Prior:
+def factor_prior(profile: EfficiencyProfile, name: str,
+                 ties: dict[str, tuple[str, float]] | None = None) -> Prior:
     """``name``'s cited range as calibration searches it (an anchor's narrowed so the
-    factors tied to it stay inside theirs)."""
-    ties = factor_ties(profile)
+    factors tied to it stay inside theirs; ``ties`` default: :func:`factor_ties`)."""
+    ties = factor_ties(profile) if ties is None else ties
     if name in anchors(ties):
         return anchor_prior(profile, name, ties)
     return profile.priors[name]
 
 
 def range_effect(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                 name: str) -> np.ndarray:
-    """Each row's log throughput change when ``name`` goes from its low to its high bound."""
-    prior = factor_prior(profile, name)
-    ties = factor_ties(profile)
+                 name: str, ties: dict[str, tuple[str, float]] | None = None) -> np.ndarray:
+    """Each row's log throughput change when ``name`` goes from its low to its high bound
+    (the factors tied to it moving with it; ``ties`` default: :func:`factor_ties`)."""
+    ties = factor_ties(profile) if ties is None else ties
+    prior = factor_prior(profile, name, ties)
     low = predict(rows, profile.with_values(with_ties({name: prior.low}, ties)))
     high = predict(rows, profile.with_values(with_ties({name: prior.high}, ties)))
     return np.log(high / low)

@@ -95,3 +95,15 @@ def anchor_prior(profile: EfficiencyProfile, anchor: str,
 def anchors(ties: dict[str, tuple[str, float]]) -> set[str]:
     """The factors others follow."""
     return {anchor for anchor, _ in ties.values()}
+
+
+def gemm_ties(ties: dict[str, tuple[str, float]]) -> dict[str, tuple[str, float]]:
+    """The GEMM ties of ``ties`` only.
+
+    Calibration to a user's own runs (:mod:`parsearch.validation.user_calibration`) keeps
+    attention backward at its shipped value: a handful of runs of one model cannot tell
+    attention from GEMMs apart (the separability test of the published-run fit needs the
+    variety of many models and sequence lengths), and tied, attention's doubled effect
+    would win the factor ranking over the GEMMs whatever the runs show.
+    """
+    return {name: tie for name, tie in ties.items() if tie[0] == GEMM_ANCHOR}

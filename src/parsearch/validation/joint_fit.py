@@ -27,8 +27,10 @@ from parsearch.validation.calibration import (
     LOSS_SCALE,
     PRIOR_WEIGHT,
     PreparedRow,
+    factor_prior,
     predict,
 )
+from parsearch.validation.factor_ties import factor_ties, gemm_ties, with_ties
 from parsearch.validation.network_calibration import CLUSTER_FACTORS, rows_with_cluster_factors
 
 #: Evaluations allowed to one fit (a few runs converge in far fewer).
@@ -78,17 +80,22 @@ def fit_factors(rows: Sequence[PreparedRow], start: EfficiencyProfile, names: Se
     once anchored); ``on_bound``: fitted factors that ended on a bound of their range
     with the runs pushing them past it (:func:`_pushed`).
     """
+    # FP8's GEMM efficiency moves with BF16's (parsearch.validation.factor_ties), as in
+    # the published-run calibration, unless it is named itself.
+    ties = {n: tie for n, tie in gemm_ties(factor_ties(start)).items() if n not in names}
     start = start.with_values({n: p.value for n, p in start.priors.items()})
     if not names:
         return start, {}, ()
-    priors = [cluster_priors[n] if n in CLUSTER_FACTORS else start.priors[n] for n in names]
+    priors = [cluster_priors[n] if n in CLUSTER_FACTORS else factor_prior(start, n, ties)
+              for n in names]
     u_prior = np.array([_unit(p, p.value) for p in priors])
     measured = np.array([r.measured for r in rows])
 
     def split(u: np.ndarray) -> tuple[EfficiencyProfile, dict[str, float]]:
         values = {n: _from_unit(p, x) for n, p, x in zip(names, priors, u, strict=True)}
         cluster = {n: v for n, v in values.items() if n in CLUSTER_FACTORS}
-        profile = start.with_values({n: v for n, v in values.items() if n not in cluster})
+        profile = start.with_values(with_ties({n: v for n, v in values.items()
+                                               if n not in cluster}, ties))
         return profile, cluster
 
     def residuals(u: np.ndarray) -> np.ndarray:

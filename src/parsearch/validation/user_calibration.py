@@ -55,6 +55,7 @@ from parsearch.validation.calibration import (
     range_effect,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
+from parsearch.validation.factor_ties import factor_ties, gemm_ties
 from parsearch.validation.joint_fit import FactorFit, fit_factors
 from parsearch.validation.measurements import Measurement, one_line
 from parsearch.validation.network_calibration import (
@@ -165,11 +166,14 @@ def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     of ``cluster_priors`` (:mod:`parsearch.validation.network_calibration`).
     """
     out = {}
-    for name in names if names is not None else FIT_ORDER:
+    # FP8's GEMM efficiency is fitted through BF16's: the anchor's effect includes it
+    # (calibration.range_effect; attention stays untied here, factor_ties.gemm_ties).
+    tied = gemm_ties(factor_ties(profile))
+    for name in names if names is not None else [n for n in FIT_ORDER if n not in tied]:
         prior = profile.priors.get(name)
         if prior is None or prior.high <= prior.low:
             continue
-        out[name] = range_effect(rows, profile, name)
+        out[name] = range_effect(rows, profile, name, tied)
     for name, prior in (cluster_priors or {}).items():
         low = predict(rows_with_cluster_factors(rows, {name: prior.low}), profile)
         high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
