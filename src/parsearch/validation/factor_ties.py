@@ -23,7 +23,10 @@ property of the hardware or the kernel, which is measured:
   FlashAttention-2, arXiv 2307.08691: A100 forward 50-73%, backward 40-60% of peak).
   Backward follows forward by the ratio of the profile's cited priors, which read those
   measurements.  Fitted alone, forward fell below backward on Hopper (0.30 against
-  0.45), an order no measurement shows.
+  0.45), an order no measurement shows.  Whether the runs can fit the pair apart from
+  GEMMs and memory-bound work is :func:`parsearch.validation.calibration.separable`'s
+  to say: on Hopper the long-context Mixtral runs can; on Blackwell they cannot, and it
+  keeps its prior.
 """
 
 from __future__ import annotations
