@@ -69,6 +69,7 @@ from parsearch.validation.calibration import (
     PreparedRow,
     predict,
 )
+from parsearch.validation.factor_ties import factor_ties, gemm_ties, with_ties
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
 from parsearch.validation.network_calibration import (
     CLUSTER_FACTORS,
@@ -161,10 +162,12 @@ def _with_profile(cm: CostModel, profile: EfficiencyProfile) -> CostModel:
 
 
 def _priced(cm: CostModel, name: str, value: float) -> CostModel:
-    """``cm`` with one factor (profile or cluster) at ``value``."""
+    """``cm`` with one factor (profile or cluster) at ``value`` (FP8 GEMMs following BF16's
+    as user calibration moves them, :func:`parsearch.validation.factor_ties.gemm_ties`)."""
     if name in CLUSTER_FACTORS:
         return with_cluster_factors(cm, {name: value})
-    return _with_profile(cm, cm.profile.with_values({name: value}))
+    ties = gemm_ties(factor_ties(cm.profile))
+    return _with_profile(cm, cm.profile.with_values(with_ties({name: value}, ties)))
 
 
 def factor_priors(cm: CostModel, names: Sequence[str]) -> dict[str, Prior]:
@@ -194,8 +197,9 @@ def row_gradients(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
             high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
         else:
             prior = profile.priors[name]
-            low = predict(rows, profile.with_values({name: prior.low}))
-            high = predict(rows, profile.with_values({name: prior.high}))
+            ties = gemm_ties(factor_ties(profile))
+            low = predict(rows, profile.with_values(with_ties({name: prior.low}, ties)))
+            high = predict(rows, profile.with_values(with_ties({name: prior.high}, ties)))
         out[:, j] = np.log(high / low)
     return out
 
@@ -319,7 +323,9 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     tokens = np.asarray(scores["tokens_per_s_per_gpu"])
     mu = np.log(tokens)
     cluster_priors = network_priors(cm.fabric.cluster)
-    names = (*(n for n in FIT_ORDER if n in cm.profile.priors), *cluster_priors)
+    tied = gemm_ties(factor_ties(cm.profile))  # FP8 moves with BF16 (user calibration)
+    names = (*(n for n in FIT_ORDER if n in cm.profile.priors and n not in tied),
+             *cluster_priors)
     g_target = gradients(cm, target_cols, names)
     keep = np.abs(g_target).max(axis=0) > 1e-6 if len(g_target) else np.zeros(len(names), bool)
     if measured:
