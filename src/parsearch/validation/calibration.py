@@ -190,7 +190,11 @@ def resolved(rows: Sequence[PreparedRow], profile: EfficiencyProfile, name: str)
     resolves is not identified: the fit would move it on scatter and structure error
     alone, typically onto a bound, so it stays at its cited prior.
     """
-    return bool(np.any(np.abs(range_effect(rows, profile, name)) > LOSS_SCALE))
+    return _resolves(range_effect(rows, profile, name))
+
+
+def _resolves(effect: np.ndarray) -> bool:
+    return bool(np.any(np.abs(effect) > LOSS_SCALE))
 
 
 def separable(names: Sequence[str], rows: Sequence[PreparedRow],
@@ -301,7 +305,7 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     start = profile or efficiency_for_gpu(rows[0].cost_model.fabric.gpu.name)
     ties = factor_ties(start)
     if factors is not None:
-        ties = {name: ratio for name, ratio in ties.items() if name not in factors}
+        ties = {name: tie for name, tie in ties.items() if name not in factors}
     # Every factor starts at its prior: a factor this fit does not move must not carry a
     # value an earlier fit (for instance on held-out runs) left in the profile.  A tied
     # precision starts where its anchor's prior puts it.
@@ -313,7 +317,10 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
         names = list(factors)
     else:
         candidates = candidate_factors(rows, start)
-        informed = separable([n for n in candidates if resolved(rows, start, n)], rows, start)
+        # Each candidate's effect once: it decides both resolution and separability.
+        effects = {n: range_effect(rows, start, n, ties) for n in candidates}
+        informed = separable_effects({n: e for n, e in effects.items() if _resolves(e)},
+                                     LOSS_SCALE)
         unresolved = tuple(n for n in candidates if n not in informed)
         names = _within_limit(informed, len(rows))
     measured = np.array([r.measured for r in rows])

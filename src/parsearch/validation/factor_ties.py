@@ -100,8 +100,8 @@ def anchors(ties: dict[str, tuple[str, float]]) -> set[str]:
     return {anchor for anchor, _ in ties.values()}
 
 
-def gemm_ties(ties: dict[str, tuple[str, float]]) -> dict[str, tuple[str, float]]:
-    """The GEMM ties of ``ties`` only.
+def gemm_ties(profile: EfficiencyProfile) -> dict[str, tuple[str, float]]:
+    """The GEMM ties of :func:`factor_ties` only.
 
     Calibration to a user's own runs (:mod:`parsearch.validation.user_calibration`) keeps
     attention backward at its shipped value: a handful of runs of one model cannot tell
@@ -109,4 +109,4 @@ def gemm_ties(ties: dict[str, tuple[str, float]]) -> dict[str, tuple[str, float]
     variety of many models and sequence lengths), and tied, attention's doubled effect
     would win the factor ranking over the GEMMs whatever the runs show.
     """
-    return {name: tie for name, tie in ties.items() if tie[0] == GEMM_ANCHOR}
+    return {name: tie for name, tie in factor_ties(profile).items() if tie[0] == GEMM_ANCHOR}

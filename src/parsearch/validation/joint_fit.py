@@ -30,7 +30,7 @@ from parsearch.validation.calibration import (
     factor_prior,
     predict,
 )
-from parsearch.validation.factor_ties import factor_ties, gemm_ties, with_ties
+from parsearch.validation.factor_ties import gemm_ties, with_ties
 from parsearch.validation.network_calibration import CLUSTER_FACTORS, rows_with_cluster_factors
 
 #: Evaluations allowed to one fit (a few runs converge in far fewer).
@@ -82,7 +82,7 @@ def fit_factors(rows: Sequence[PreparedRow], start: EfficiencyProfile, names: Se
     """
     # FP8's GEMM efficiency moves with BF16's (parsearch.validation.factor_ties), as in
     # the published-run calibration, unless it is named itself.
-    ties = {n: tie for n, tie in gemm_ties(factor_ties(start)).items() if n not in names}
+    ties = {n: tie for n, tie in gemm_ties(start).items() if n not in names}
     start = start.with_values({n: p.value for n, p in start.priors.items()})
     if not names:
         return start, {}, ()

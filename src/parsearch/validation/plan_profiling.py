@@ -69,7 +69,7 @@ from parsearch.validation.calibration import (
     PreparedRow,
     predict,
 )
-from parsearch.validation.factor_ties import factor_ties, gemm_ties, with_ties
+from parsearch.validation.factor_ties import gemm_ties, with_ties
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
 from parsearch.validation.network_calibration import (
     CLUSTER_FACTORS,
@@ -166,7 +166,7 @@ def _priced(cm: CostModel, name: str, value: float) -> CostModel:
     as user calibration moves them, :func:`parsearch.validation.factor_ties.gemm_ties`)."""
     if name in CLUSTER_FACTORS:
         return with_cluster_factors(cm, {name: value})
-    ties = gemm_ties(factor_ties(cm.profile))
+    ties = gemm_ties(cm.profile)
     return _with_profile(cm, cm.profile.with_values(with_ties({name: value}, ties)))
 
 
@@ -190,6 +190,7 @@ def row_gradients(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                   names: Sequence[str], cluster_priors: dict[str, Prior]) -> np.ndarray:
     """:func:`gradients` of measured rows (each priced with its own cost model)."""
     out = np.zeros((len(rows), len(names)))
+    ties = gemm_ties(profile)
     for j, name in enumerate(names):
         if name in CLUSTER_FACTORS:
             prior = cluster_priors[name]
@@ -197,7 +198,6 @@ def row_gradients(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
             high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
         else:
             prior = profile.priors[name]
-            ties = gemm_ties(factor_ties(profile))
             low = predict(rows, profile.with_values(with_ties({name: prior.low}, ties)))
             high = predict(rows, profile.with_values(with_ties({name: prior.high}, ties)))
         out[:, j] = np.log(high / low)
@@ -323,7 +323,7 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     tokens = np.asarray(scores["tokens_per_s_per_gpu"])
     mu = np.log(tokens)
     cluster_priors = network_priors(cm.fabric.cluster)
-    tied = gemm_ties(factor_ties(cm.profile))  # FP8 moves with BF16 (user calibration)
+    tied = gemm_ties(cm.profile)  # FP8 moves with BF16 (user calibration)
     names = (*(n for n in FIT_ORDER if n in cm.profile.priors and n not in tied),
              *cluster_priors)
     g_target = gradients(cm, target_cols, names)

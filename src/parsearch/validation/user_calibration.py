@@ -55,7 +55,7 @@ from parsearch.validation.calibration import (
     range_effect,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
-from parsearch.validation.factor_ties import factor_ties, gemm_ties
+from parsearch.validation.factor_ties import gemm_ties
 from parsearch.validation.joint_fit import FactorFit, fit_factors
 from parsearch.validation.measurements import Measurement, one_line
 from parsearch.validation.network_calibration import (
@@ -168,7 +168,7 @@ def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     out = {}
     # FP8's GEMM efficiency is fitted through BF16's: the anchor's effect includes it
     # (calibration.range_effect; attention stays untied here, factor_ties.gemm_ties).
-    tied = gemm_ties(factor_ties(profile))
+    tied = gemm_ties(profile)
     for name in names if names is not None else [n for n in FIT_ORDER if n not in tied]:
         prior = profile.priors.get(name)
         if prior is None or prior.high <= prior.low:
