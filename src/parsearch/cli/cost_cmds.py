@@ -173,6 +173,11 @@ def run_validate(args: argparse.Namespace) -> int:
           f"{summary['predicted_out_of_memory']}")
     for reason, count in summary["skipped_by_reason"].items():
         print(f"  skipped {count}: {reason}")
+    if summary["superseded"]:
+        print(f"older release lines (a newer one re-measured the model, GPU and precision; "
+              f"not fitted): {summary['superseded']} rows, MAPE "
+              f"{_pct(summary['superseded_mape'], 1)}, median measured/predicted "
+              f"{_fmt(summary['superseded_median_ratio'])}")
     return 0
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -349,6 +350,62 @@ def dedupe(runs: Iterable[PublishedRun]) -> list[PublishedRun]:
             best[key] = run
     chosen = {id(run) for run in best.values()}
     return [run for run in ordered if id(run) in chosen]
+
+
+def base_model(model: str) -> str:
+    """The model a table row names, without its recipe variant ("DeepSeekV3 (w/ MTP)")."""
+    return _VARIANT_RE.sub("", model)
+
+
+_VARIANT_RE = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def release_line(release: tuple[int, ...] | None) -> tuple[int, ...]:
+    """A container's release line: year and month, point releases folded in (26.04.01 ->
+    (26, 4)); ``()`` for a row without a release (a paper)."""
+    return tuple(release[:2]) if release else ()
+
+
+def supersede_key(run: PublishedRun) -> tuple[str, str, str]:
+    """What a newer release re-measures: the same model on the same GPU in the same precision."""
+    return (base_model(run.model), run.gpu, run.precision)
+
+
+def superseding_lines(runs: Iterable[PublishedRun]) -> dict[tuple[str, str, str], tuple[int, ...]]:
+    """The newest release line that published each :func:`supersede_key`."""
+    newest: dict[tuple[str, str, str], tuple[int, ...]] = {}
+    for run in runs:
+        key = supersede_key(run)
+        newest[key] = max(newest.get(key, ()), release_line(run.release))
+    return newest
+
+
+def superseded_by(run: PublishedRun,
+                  newest: dict[tuple[str, str, str], tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The newer release line that re-measured ``run``'s model, GPU and precision, or ``None``."""
+    line = release_line(run.release)
+    latest = newest.get(supersede_key(run), ())
+    return latest if line and line < latest else None
+
+
+def current_releases(runs: Iterable[PublishedRun]) -> list[PublishedRun]:
+    """The runs no newer release line superseded; order kept.
+
+    NVIDIA's performance tables re-measure a model on a GPU in each container release,
+    and the software underneath moves: the GB300 Llama 3 70B FP8 row of NeMo 25.11 and
+    of 26.04.01 ran one recorded recipe (same layout, FSDP, offload) and measured 2,030
+    and 2,348 TFLOP/s; DeepSeek-V3 on B200 went from the all-to-all dispatcher at batch
+    2,048 (25.09, 25.11) to HybridEP at 4,096 (26.02 on) and from 589 to 732 TFLOP/s.
+    The cost model prices one software stack and has no release term, so where a newer
+    release line published the same model, GPU and precision, the older line's rows
+    (of any layout) describe software that no longer ships and are set aside: reported
+    beside the fit (``parsearch validate``), never fitted.  Point releases (26.04 and
+    26.04.01) are one line; rows without a release (papers) are never superseded.  The
+    same (model, GPU, precision) always keeps its newest line's rows.
+    """
+    ordered = list(runs)
+    newest = superseding_lines(ordered)
+    return [run for run in ordered if superseded_by(run, newest) is None]
 
 
 def training_spec(run: PublishedRun) -> TrainingSpec:

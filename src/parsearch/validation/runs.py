@@ -26,7 +26,13 @@ from parsearch.errors import ParsearchError
 from parsearch.layout import Layout
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
-from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows, training_spec
+from parsearch.validation.published_runs import (
+    PublishedRun,
+    current_releases,
+    dedupe,
+    dev_rows,
+    training_spec,
+)
 from parsearch.validation.recipes import apply_setup, load_run_setups, priced_fp8_recipe
 from parsearch.validation.run_conventions import MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER
 from parsearch.workload import TrainingSpec
@@ -87,6 +93,9 @@ class ValidationReport:
     rows: tuple[ValidationRow, ...]
     skipped: tuple[tuple[str, str], ...]
     groups: tuple[GroupCorrelation, ...] = field(default=())
+    #: Rows of release lines a newer one superseded (``current_releases``): scored,
+    #: never fitted, kept out of the summary statistics.
+    superseded: tuple[ValidationRow, ...] = field(default=())
 
     @property
     def mape(self) -> float:
@@ -134,6 +143,12 @@ class ValidationReport:
             "spearman_groups": len([g for g in self.groups if not math.isnan(g.spearman)]),
             "predicted_out_of_memory": len(self.out_of_memory),
             "skipped_by_reason": dict(sorted(reasons.items())),
+            "superseded": len(self.superseded),
+            "superseded_mape": (float(np.mean([r.ape for r in self.superseded]))
+                                if self.superseded else math.nan),
+            "superseded_median_ratio": (float(np.median(
+                [r.measured_tokens_per_s_per_gpu / r.predicted_tokens_per_s_per_gpu
+                 for r in self.superseded])) if self.superseded else math.nan),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +157,7 @@ class ValidationReport:
             "summary": self.summary(),
             "groups": [g.__dict__ for g in self.groups],
             "skipped": [{"id": i, "reason": r} for i, r in self.skipped],
+            "superseded": [r.to_dict() for r in self.superseded],
         }
 
 
@@ -278,7 +294,9 @@ def validate_runs(
 
     ``deduplicate`` keeps the latest release's measurement of each (model, GPU,
     precision, layout, batch, sequence): NVIDIA's tables repeat layouts across
-    container releases whose throughput differs by up to 1.5x (data README).
+    container releases whose throughput differs by up to 1.5x (data README); and it
+    scores the rows of release lines a newer one superseded (``current_releases``)
+    apart, in ``superseded``, as the calibration sets them aside.
     """
     # A published run did run: judge its memory against the whole HBM, not the safety
     # margin a recommendation keeps.
@@ -292,42 +310,62 @@ def validate_runs(
     ]
     if not include_partial:
         usable = dev_rows(usable)
+    older: list[PublishedRun] = []
     if deduplicate:
         usable = dedupe(usable)
-    kept = {r.id for r in usable}
+        current = {id(run) for run in current_releases(usable)}
+        older = [run for run in usable if id(run) not in current]
+        usable = [run for run in usable if id(run) in current]
+    kept = {r.id for r in usable} | {r.id for r in older}
     skipped = [(r.id, r.skip_reason or _why_unusable(r)) for r in all_runs if r.id not in kept]
     fabrics: dict[tuple[str, int], Fabric] = {}
     rows: list[ValidationRow] = []
     for run in usable:
-        assert run.model_spec is not None and run.cluster is not None
-        training = training_spec(run)
-        violations = check_layout(run.model_spec, training, run.layout)
-        if violations:
-            skipped.append((run.id, f"layout breaks {violations[0].rule}"))
-            continue
-        try:
-            fabric = fabric_for(fabrics, run.cluster, run.num_gpus)
-            reading = best_reading(run, fabric, options)
-            est, assumed = reading.estimate, reading.note
-        except ParsearchError as error:
-            skipped.append((run.id, f"cannot score: {error}"))
-            continue
-        measured = float(run.measured_tokens_per_s_per_gpu or 0.0)
-        rows.append(ValidationRow(
-            id=run.id, model=run.model, gpu=run.gpu, num_gpus=run.num_gpus,
-            layout_key=run.layout.key(), precision=run.precision_raw,
-            predicted_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
-            measured_tokens_per_s_per_gpu=measured,
-            ape=abs(est.tokens_per_s_per_gpu - measured) / measured,
-            fits=est.fits, memory_gib=est.memory_bytes["total"] / 2**30,
-            bottleneck=est.bottleneck, source=run.source_tag, assumed=assumed,
-        ))
+        scored = _score(run, fabrics, options)
+        if isinstance(scored, str):
+            skipped.append((run.id, scored))
+        else:
+            rows.append(scored)
+    superseded: list[ValidationRow] = []
+    for run in older:
+        scored = _score(run, fabrics, options)
+        if isinstance(scored, str):
+            skipped.append((run.id, scored))
+        else:
+            superseded.append(scored)
     # Rank agreement is judged on one measurement per layout (the latest release):
     # repeated measurements of one layout across software releases differ by up to
-    # 1.5x and would only add ties that no layout model can order.
-    latest = {run.id for run in dedupe(usable)}
-    ranked = [row for row in rows if row.id in latest]
-    return ValidationReport(tuple(rows), tuple(skipped), _group_correlations(ranked))
+    # 1.5x and would only add ties that no layout model can order.  The superseded
+    # release lines are ranked too: their layouts competed within their own release.
+    latest = {run.id for run in dedupe([*usable, *older])}
+    ranked = [row for row in [*rows, *superseded] if row.id in latest]
+    return ValidationReport(tuple(rows), tuple(skipped), _group_correlations(ranked),
+                            tuple(superseded))
+
+
+def _score(run: PublishedRun, fabrics: dict[tuple[str, int], Fabric],
+           options: CostOptions) -> ValidationRow | str:
+    """One run's prediction against its measurement, or why it cannot be scored."""
+    assert run.model_spec is not None and run.cluster is not None
+    training = training_spec(run)
+    violations = check_layout(run.model_spec, training, run.layout)
+    if violations:
+        return f"layout breaks {violations[0].rule}"
+    try:
+        fabric = fabric_for(fabrics, run.cluster, run.num_gpus)
+        reading = best_reading(run, fabric, options)
+    except ParsearchError as error:
+        return f"cannot score: {error}"
+    est, measured = reading.estimate, float(run.measured_tokens_per_s_per_gpu or 0.0)
+    return ValidationRow(
+        id=run.id, model=run.model, gpu=run.gpu, num_gpus=run.num_gpus,
+        layout_key=run.layout.key(), precision=run.precision_raw,
+        predicted_tokens_per_s_per_gpu=est.tokens_per_s_per_gpu,
+        measured_tokens_per_s_per_gpu=measured,
+        ape=abs(est.tokens_per_s_per_gpu - measured) / measured,
+        fits=est.fits, memory_gib=est.memory_bytes["total"] / 2**30,
+        bottleneck=est.bottleneck, source=run.source_tag, assumed=reading.note,
+    )
 
 
 def _why_unusable(run: PublishedRun) -> str:
