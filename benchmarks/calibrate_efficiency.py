@@ -64,9 +64,16 @@ def main() -> int:
     coverage = {g: coverage_of(r.run.model_spec for r in rows
                                if r.generation == g and r.run.model_spec is not None)
                 for g in {r.generation for r in rows}}
-    heldout = heldout_predictions(
-        covered_heldout_rows(coverage), {g: f.profile for g, f in cv.in_sample_profiles.items()})
-    bands_all = error_bands([*cv.rows, *heldout], args.by)
+    # The bands pool every residual of a run no fit saw: the folds' held-out families,
+    # the held-out models' runs (every release) and the calibration table's runs of
+    # superseded release lines, each predicted by its generation's fitted profile.
+    fitted_ids = {row.id for row in rows}
+    older = [row for row in prepare_rows(load_published_runs(), current_only=False)
+             if row.id not in fitted_ids]
+    profiles = {g: f.profile for g, f in cv.in_sample_profiles.items()}
+    heldout = heldout_predictions([*covered_heldout_rows(coverage), *older], profiles)
+    bands_all = error_bands([*cv.rows, *heldout], args.by,
+                            superseded=frozenset(row.id for row in older))
     for summary in cv.generations:
         g = summary.generation
         fit = cv.in_sample_profiles[g]
@@ -109,7 +116,7 @@ def main() -> int:
 def covered_heldout_rows(coverage: dict[str, ArchitectureCoverage]) -> list[PreparedRow]:
     """The held-out Megatron-Bridge rows whose models ``coverage`` (per generation) covers."""
     out = []
-    for row in prepare_rows(load_heldout_runs(), include_partial=True):
+    for row in prepare_rows(load_heldout_runs(), include_partial=True, current_only=False):
         cover = coverage.get(row.generation)
         if cover is not None and row.run.model_spec is not None \
                 and not uncovered_features(row.run.model_spec, cover):

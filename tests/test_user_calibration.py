@@ -57,7 +57,7 @@ LOGS = Path(__file__).parent / "fixtures" / "megatron_logs"
 MODEL, CLUSTER, GPUS, BATCH, SEQ = "llama3-8b", "dgx-h100", 16, 128, 8192
 LAYOUTS = ("tp=1,pp=1,mbs=1,recompute=selective", "tp=2,pp=1,sp=true,mbs=1",
            "tp=1,pp=2,mbs=1", "tp=4,pp=1,sp=true,mbs=1")
-TRUE_GEMM = 0.66  # shipped Hopper value 0.81; cited range 0.60..0.81
+TRUE_GEMM = 0.78  # well away from the shipped Hopper value (0.65); cited range 0.60..0.81
 
 
 def _truth():
@@ -238,8 +238,8 @@ def test_cli_calibrate_writes_a_profile_that_explain_takes(tmp_path, measurement
     (line,) = result.err.strip().splitlines()
     assert "left out: " in line and "not_a_log.txt" in line and "Traceback" not in line
     profile = load_efficiency_profile(str(out))
-    assert profile.get("gemm_efficiency.bf16") < efficiency_for_gpu("h100-sxm").get(
-        "gemm_efficiency.bf16")
+    shipped_gemm = efficiency_for_gpu("h100-sxm").get("gemm_efficiency.bf16")
+    assert abs(profile.get("gemm_efficiency.bf16") - TRUE_GEMM) < abs(shipped_gemm - TRUE_GEMM)
     explain = ["explain", "--model", MODEL, "--cluster", CLUSTER, "--gpus", str(GPUS),
                "--layout", LAYOUTS[1], "--global-batch", str(BATCH), "--seq-len", str(SEQ),
                "--format", "json"]

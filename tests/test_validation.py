@@ -25,7 +25,8 @@ def report():
 def test_in_sample_accuracy_of_the_shipped_profiles(report) -> None:
     """In-sample only (the profiles were fitted to these rows); the out-of-sample numbers
     come from ``parsearch validate --cv family`` (README, Accuracy)."""
-    assert len(report.rows) >= 95
+    assert len(report.rows) >= 70
+    assert len(report.superseded) >= 15  # older release lines, scored apart
     assert report.mape <= 0.20, f"MAPE {report.mape:.3f}"
     assert report.median_ape <= 0.12, f"median APE {report.median_ape:.3f}"
     assert report.spearman >= 0.60, f"Spearman {report.spearman:.3f}"

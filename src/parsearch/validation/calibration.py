@@ -41,7 +41,7 @@ from parsearch.validation.factor_ties import (
     factor_ties,
     with_ties,
 )
-from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows
+from parsearch.validation.published_runs import PublishedRun, current_releases, dedupe, dev_rows
 from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
 
 #: Factors in the order they are fitted when the data allow only some of them.
@@ -101,8 +101,10 @@ class PreparedRow:
 
 
 def prepare_rows(runs: Iterable[PublishedRun], *, options: CostOptions | None = None,
-                 include_partial: bool = False) -> list[PreparedRow]:
-    """Usable runs (latest release of each layout), read from their recorded setup."""
+                 include_partial: bool = False, current_only: bool = True) -> list[PreparedRow]:
+    """Usable runs (the latest release of each layout), read from their recorded setup;
+    with ``current_only``, only the release lines no newer one superseded
+    (:func:`current_releases`), the runs a calibration fits."""
     options = replace(options or CostOptions(), memory_margin=0.0)  # these runs did run
     usable = [r for r in runs if r.skip_reason is None and r.measured_tokens_per_s_per_gpu
               and r.model_spec is not None and r.cluster is not None
@@ -111,7 +113,8 @@ def prepare_rows(runs: Iterable[PublishedRun], *, options: CostOptions | None = 
         usable = dev_rows(usable)
     fabrics: dict = {}
     out = []
-    for run in dedupe(usable):
+    usable = dedupe(usable)
+    for run in current_releases(usable) if current_only else usable:
         assert run.cluster is not None
         try:
             fabric = fabric_for(fabrics, run.cluster, run.num_gpus)

@@ -221,20 +221,24 @@ def heldout_predictions(rows: Sequence[PreparedRow],
     return out
 
 
-def error_bands(rows: Sequence[RowPrediction], method: str) -> dict[str, ErrorBand]:
+def error_bands(rows: Sequence[RowPrediction], method: str,
+                superseded: frozenset[str] = frozenset()) -> dict[str, ErrorBand]:
     """Per ``generation/kind`` (e.g. ``hopper/moe``) quantiles of the out-of-sample log ratio.
 
-    ``rows`` may mix the cross-validation's rows with never-fitted held-out runs
-    (:func:`heldout_predictions`); a band's label counts the latter.
+    ``rows`` may mix the cross-validation's rows with never-fitted runs
+    (:func:`heldout_predictions`): held-out models' runs and, by id in ``superseded``,
+    the calibration table's runs of superseded release lines; a band's label counts both.
     """
     logs: dict[str, list[float]] = defaultdict(list)
     precisions: dict[str, set[str]] = defaultdict(set)
     heldout: dict[str, int] = defaultdict(int)
+    older: dict[str, int] = defaultdict(int)
     for r in rows:
         if r.out_of_sample > 0 and math.isfinite(r.out_of_sample):
             key = f"{r.generation}/{r.kind}"
             logs[key].append(math.log(r.out_of_sample / r.measured))
             heldout[key] += int(r.source == MBRIDGE_HELDOUT)
+            older[key] += int(r.id in superseded)
             if r.precision:
                 precisions[key].add(r.precision)
     bands = {}
@@ -243,6 +247,8 @@ def error_bands(rows: Sequence[RowPrediction], method: str) -> dict[str, ErrorBa
         label = f"leave-one-{method}-out"
         if heldout[key]:
             label += f" + {heldout[key]} held-out Megatron-Bridge runs"
+        if older[key]:
+            label += f" + {older[key]} runs of superseded releases"
         bands[key] = ErrorBand(float(lo), float(hi), len(values), label,
                                tuple(sorted(precisions[key])))
     return bands
