@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and precision) and compare tokens/s/GPU with the measurement: per-row error, MAPE, "
         "median APE and Spearman rank correlation within each (model, GPU) group. A layout "
         "measured in several software releases counts once, with its latest measurement, "
-        "unless --all-releases.",
+        "and the rows of a release line that a newer one superseded (the same model, GPU "
+        "and precision re-measured) are scored apart and kept out of the summary, as the "
+        "calibration leaves them out; --all-releases scores every row together.",
     )
     validate.add_argument("--data", metavar="FILE", default=None,
                           help="a CSV in the published-runs format (default: the bundled one)")
