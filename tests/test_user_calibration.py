@@ -124,9 +124,48 @@ def test_few_runs_fit_fewer_factors_and_say_so(measurements) -> None:
     rows, _ = prepare_measurements(measurements[:1])
     one = calibrate_user(rows)
     assert len(one.fitted) == factor_limit(1) == 1
-    assert "allow at most 1" in one.why
+    # One run moves every factor along one direction: the others are mimicked, and said so.
+    assert "cannot tell them apart" in one.why
     assert math.isnan(one.mape_after)  # one run: no leave-one-out prediction
     assert factor_limit(12) > factor_limit(4)
+
+
+def _effects_stub(effects: dict[str, np.ndarray]):
+    def stub(rows, profile, names=None, cluster_priors=None):
+        return dict(effects)
+    return stub
+
+
+def test_factors_the_runs_cannot_tell_apart_are_not_both_fitted(monkeypatch) -> None:
+    """Two factors whose effects move the runs together: one is fitted (the better
+    determined), the other keeps its shipped value and the sentence says why; a factor
+    that moves other runs is fitted beside it."""
+    import parsearch.validation.user_calibration as uc
+
+    gemm = np.array([0.30, 0.20, 0.25, 0.10, 0.30, 0.20, 0.25, 0.10])
+    effects = {"gemm_efficiency.bf16": gemm, "memory_bound_factor": 0.5 * gemm,
+               "host_time_per_layer_s": np.array([0, 0, 0, 0, 0.2, 0.3, 0.1, 0.2])}
+    monkeypatch.setattr(uc, "range_effects", _effects_stub(effects))
+    chosen, _, why = uc.choose_factors([object()] * 8, efficiency_for_gpu("h100-sxm"))
+    assert chosen == ["gemm_efficiency.bf16", "host_time_per_layer_s"]
+    assert "cannot tell them apart" in why and "memory_bound_factor" in why.split("apart")[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.02, 0.5), min_size=6, max_size=6),
+       st.floats(0.2, 3.0))
+def test_a_scaled_copy_of_a_fitted_factor_is_never_fitted_beside_it(base, scale) -> None:
+    import parsearch.validation.user_calibration as uc
+
+    first = np.array(base)
+    effects = {"gemm_efficiency.bf16": first, "memory_bound_factor": scale * first}
+    original = uc.range_effects
+    uc.range_effects = _effects_stub(effects)
+    try:
+        chosen, _, _ = uc.choose_factors([object()] * 12, efficiency_for_gpu("h100-sxm"))
+    finally:
+        uc.range_effects = original
+    assert len(chosen) == 1
 
 
 def test_table_rows_with_bad_cells_give_one_line_each(tmp_path) -> None:

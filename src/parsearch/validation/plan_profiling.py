@@ -68,6 +68,7 @@ from parsearch.validation.calibration import (
     PRIOR_WEIGHT,
     PreparedRow,
     predict,
+    separable_effects,
 )
 from parsearch.validation.factor_ties import gemm_ties, with_ties
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
@@ -77,7 +78,12 @@ from parsearch.validation.network_calibration import (
     rows_with_cluster_factors,
     with_cluster_factors,
 )
-from parsearch.validation.user_calibration import MIN_SENSITIVITY, factor_limit, threshold
+from parsearch.validation.user_calibration import (
+    MIN_SENSITIVITY,
+    MIN_UNIQUE_EFFECT,
+    factor_limit,
+    threshold,
+)
 
 #: Prior spread of a factor's true value: uniform over its cited range, in range units.
 FACTOR_SD = 1.0 / math.sqrt(12.0)
@@ -212,7 +218,8 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     targets; ``own``: the target each measured layout is (None: not a target);
     ``thresholds``: the least sensitivity at which the fit takes each factor (``inf``:
     never; default :data:`MIN_SENSITIVITY`).  The fit takes the ``n_factors`` factors
-    above their thresholds (mean |g|) with the largest root-mean-square gradient (as
+    above their thresholds (mean |g|) with the largest root-mean-square gradient that the
+    measured layouts tell apart (as
     :func:`~parsearch.validation.user_calibration.choose_factors` does), and solves
     ``min |J d - y|^2 + lam^2 |d|^2`` (``lam = PRIOR_WEIGHT * LOSS_SCALE``), so a
     target's error is ``b . y - g_F . d_F - g_U . d_U - e_t`` with
@@ -224,8 +231,11 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
         thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
     sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
     rms = np.sqrt((g_measured**2).mean(axis=0)) if len(g_measured) else sens
-    ordered = [int(j) for j in np.argsort(-rms, kind="stable")
-               if sens[j] >= thresholds[j]][:n_factors]
+    informed = [int(j) for j in np.argsort(-rms, kind="stable") if sens[j] >= thresholds[j]]
+    # Of factors the measured layouts move together only one is fitted, as in
+    # choose_factors (calibration.separable_effects).
+    ordered = separable_effects({j: g_measured[:, j] for j in informed},
+                                MIN_UNIQUE_EFFECT)[:n_factors] if len(g_measured) else []
     rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
     jf = g_measured[:, ordered]
     lam = PRIOR_WEIGHT * LOSS_SCALE

@@ -53,6 +53,7 @@ from parsearch.validation.calibration import (
     PreparedRow,
     predict,
     range_effect,
+    separable_effects,
 )
 from parsearch.validation.crossval import BAND_QUANTILES
 from parsearch.validation.factor_ties import gemm_ties
@@ -71,6 +72,11 @@ from parsearch.workload import ModelSpec, TrainingSpec
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
 #: (mean over the runs) cannot be informed by them and is not fitted.
 MIN_SENSITIVITY = 0.01
+#: What only a factor explains (its range effect less the least-squares combination of the
+#: other informed factors' effects) must move some run by this much for the runs to tell
+#: it apart: 2.5 times the 2 % run-to-run spread of a measured step time, the bar the
+#: cluster factors use (network_calibration.MIN_NETWORK_SENSITIVITY).
+MIN_UNIQUE_EFFECT = 0.05
 #: Runs needed before the leave-one-run-out errors replace the shipped error band.
 MIN_RUNS_FOR_BAND = 5
 
@@ -229,16 +235,24 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     rms = {n: float(np.sqrt(np.mean(g * g))) for n, g in effects.items()}
     informative = sorted((n for n, s in sens.items() if s >= threshold(n)),
                          key=lambda n: -rms[n])
+    # Of factors whose effects the others can mimic, the runs fix only their sum: keep the
+    # better determined one (calibration.separable_effects; the shipped fit does the same).
+    apart = separable_effects({n: effects[n] for n in informative}, MIN_UNIQUE_EFFECT)
+    mimicked = [n for n in informative if n not in apart]
     limit = factor_limit(len(rows), rows_per_factor)
-    chosen = informative[:limit]
+    chosen = apart[:limit]
     why = (f"fitted {len(chosen)} of the {len(informative)} factors these runs inform "
            f"(|d log throughput| >= {MIN_SENSITIVITY} over the cited range, "
            f">= {MIN_NETWORK_SENSITIVITY} for the cluster's bandwidth)")
     if chosen:
         why += f": {', '.join(chosen)}"
-    if len(informative) > limit:
+    if mimicked:
+        why += (f"; left at the shipped values, the runs cannot tell them apart from the "
+                f"others (what only it explains moves no run by {MIN_UNIQUE_EFFECT}): "
+                f"{', '.join(mimicked)}")
+    if len(apart) > limit:
         why += (f"; {len(rows)} run(s) allow at most {limit} (one per {rows_per_factor} runs): "
-                f"left at the shipped values: {', '.join(informative[limit:])}")
+                f"left at the shipped values: {', '.join(apart[limit:])}")
     for name in cluster_priors or {}:
         if sens[name] < MIN_NETWORK_SENSITIVITY:
             what = "cross nodes" if name == NETWORK_FACTOR else "use NVLink"
