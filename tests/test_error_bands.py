@@ -39,6 +39,19 @@ def test_pooled_band_counts_its_runs_and_brackets_the_middle(cv: list[float],
     assert (f"+ {len(held)} held-out" in band.method) == bool(held)
 
 
+@settings(max_examples=40, deadline=None)
+@given(n_cv=st.integers(1, 10), n_older=st.integers(0, 10))
+def test_superseded_release_runs_are_pooled_and_counted(n_cv: int, n_older: int) -> None:
+    rows = [_row(i, 1.0 + 0.01 * i) for i in range(n_cv)]
+    older = [_row(100 + i, 0.9) for i in range(n_older)]
+    band = error_bands(rows + older, "family",
+                       superseded=frozenset(r.id for r in older))["hopper/dense"]
+    assert band.n == n_cv + n_older
+    assert ("runs of superseded releases" in band.method) == bool(n_older)
+    if n_older:
+        assert f"+ {n_older} runs of superseded releases" in band.method
+
+
 def test_held_out_runs_widen_a_one_sided_band() -> None:
     """Four runs of one family all measured 17-23% faster than predicted gave a band that
     excludes the prediction itself; runs of a new model measured slower widen it across."""

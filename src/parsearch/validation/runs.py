@@ -319,20 +319,8 @@ def validate_runs(
     kept = {r.id for r in usable} | {r.id for r in older}
     skipped = [(r.id, r.skip_reason or _why_unusable(r)) for r in all_runs if r.id not in kept]
     fabrics: dict[tuple[str, int], Fabric] = {}
-    rows: list[ValidationRow] = []
-    for run in usable:
-        scored = _score(run, fabrics, options)
-        if isinstance(scored, str):
-            skipped.append((run.id, scored))
-        else:
-            rows.append(scored)
-    superseded: list[ValidationRow] = []
-    for run in older:
-        scored = _score(run, fabrics, options)
-        if isinstance(scored, str):
-            skipped.append((run.id, scored))
-        else:
-            superseded.append(scored)
+    rows = _score_all(usable, fabrics, options, skipped)
+    superseded = _score_all(older, fabrics, options, skipped)
     # Rank agreement is judged on one measurement per layout (the latest release):
     # repeated measurements of one layout across software releases differ by up to
     # 1.5x and would only add ties that no layout model can order.  The superseded
@@ -341,6 +329,19 @@ def validate_runs(
     ranked = [row for row in [*rows, *superseded] if row.id in latest]
     return ValidationReport(tuple(rows), tuple(skipped), _group_correlations(ranked),
                             tuple(superseded))
+
+
+def _score_all(runs: list[PublishedRun], fabrics: dict[tuple[str, int], Fabric],
+               options: CostOptions, skipped: list[tuple[str, str]]) -> list[ValidationRow]:
+    """The scored rows of ``runs``; the unscorable ones go to ``skipped`` with the reason."""
+    rows = []
+    for run in runs:
+        scored = _score(run, fabrics, options)
+        if isinstance(scored, str):
+            skipped.append((run.id, scored))
+        else:
+            rows.append(scored)
+    return rows
 
 
 def _score(run: PublishedRun, fabrics: dict[tuple[str, int], Fabric],
