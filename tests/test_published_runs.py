@@ -38,16 +38,6 @@ SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "publishe
 NEMOTRON_SKIP = "architecture unknown (hybrid Mamba: Nemotron 3)"
 
 
-@pytest.fixture(scope="module")
-def runs() -> list[PublishedRun]:
-    return load_published_runs()
-
-
-@pytest.fixture(scope="module")
-def by_id(runs: list[PublishedRun]) -> dict[str, PublishedRun]:
-    return {run.id: run for run in runs}
-
-
 # ------------------------------------------------------------------ loading
 
 

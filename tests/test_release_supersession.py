@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,21 +16,10 @@ from parsearch.validation.published_runs import (
     PublishedRun,
     base_model,
     current_releases,
-    load_published_runs,
     release_line,
     supersede_key,
 )
 from parsearch.validation.runs import validate_runs
-
-
-@pytest.fixture(scope="module")
-def runs() -> list[PublishedRun]:
-    return load_published_runs()
-
-
-@pytest.fixture(scope="module")
-def by_id(runs: list[PublishedRun]) -> dict[str, PublishedRun]:
-    return {run.id: run for run in runs}
 
 
 def test_base_model_folds_recipe_variants() -> None:

@@ -330,8 +330,7 @@ def calibrate(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = N
     before = _robust_mean(np.log(predict(rows, start) / measured))
     if not names:
         return CalibrationResult(start, (), (), before, before, len(rows), unresolved)
-    priors = [anchor_prior(start, n, ties) if n in anchors(ties) else start.priors[n]
-              for n in names]
+    priors = [factor_prior(start, n, ties) for n in names]
     u_prior = np.array([_to_unit(p, p.value) for p in priors])
 
     def residuals(u: np.ndarray) -> np.ndarray:

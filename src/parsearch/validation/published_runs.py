@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -353,11 +352,9 @@ def dedupe(runs: Iterable[PublishedRun]) -> list[PublishedRun]:
 
 
 def base_model(model: str) -> str:
-    """The model a table row names, without its recipe variant ("DeepSeekV3 (w/ MTP)")."""
-    return _VARIANT_RE.sub("", model)
-
-
-_VARIANT_RE = re.compile(r"\s*\([^()]*\)\s*$")
+    """The model a table row names, without its recipe variant: ``"DeepSeekV3 (w/ MTP)"``
+    -> ``"DeepSeekV3"``."""
+    return model.split(" (")[0]
 
 
 def release_line(release: tuple[int, ...] | None) -> tuple[int, ...]:

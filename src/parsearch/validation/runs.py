@@ -28,6 +28,7 @@ from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.validation.published_runs import (
     PublishedRun,
+    base_model,
     current_releases,
     dedupe,
     dev_rows,
@@ -384,7 +385,7 @@ def _why_unusable(run: PublishedRun) -> str:
 def _group_correlations(rows: list[ValidationRow]) -> tuple[GroupCorrelation, ...]:
     groups: dict[tuple[str, str], list[ValidationRow]] = defaultdict(list)
     for row in rows:
-        groups[(_base_model(row.model), row.gpu)].append(row)
+        groups[(base_model(row.model), row.gpu)].append(row)
     out = []
     for (model, gpu), members in sorted(groups.items()):
         measured = [r.measured_tokens_per_s_per_gpu for r in members]
@@ -399,6 +400,3 @@ def _group_correlations(rows: list[ValidationRow]) -> tuple[GroupCorrelation, ..
     return tuple(out)
 
 
-def _base_model(name: str) -> str:
-    """``"DeepSeekV3 (tokendrop)"`` -> ``"DeepSeekV3"``: variants share a group."""
-    return name.split(" (")[0]
