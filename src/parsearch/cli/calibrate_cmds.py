@@ -241,12 +241,8 @@ def _pct(x: float, sign: bool = False) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from parsearch.validation.plan_profiling import (
-        CANDIDATES,
-        TOP_PAIRS,
-        launch_script,
-        plan_profiling,
-    )
+    from parsearch.validation.plan_launch import launch_script
+    from parsearch.validation.plan_profiling import CANDIDATES, TOP_PAIRS, plan_profiling
 
     model = model_from_args(args)
     training = training_from_args(args)

@@ -58,7 +58,7 @@ from scipy.stats import norm
 from parsearch.cost.analytic import CostModel, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, Prior
 from parsearch.errors import SpecError
-from parsearch.launch import LaunchSettings, launch_for_cluster
+from parsearch.launch import LaunchSettings
 from parsearch.layout import Layout
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.space import require_layouts
@@ -67,21 +67,22 @@ from parsearch.validation.calibration import (
     LOSS_SCALE,
     PRIOR_WEIGHT,
     PreparedRow,
-    predict,
+    factor_prior,
     separable_effects,
 )
 from parsearch.validation.factor_ties import gemm_ties, with_ties
-from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
+from parsearch.validation.megatron_logs import WARMUP_ITERATIONS
 from parsearch.validation.network_calibration import (
     CLUSTER_FACTORS,
     network_priors,
-    rows_with_cluster_factors,
     with_cluster_factors,
 )
+from parsearch.validation.plan_launch import MEASURED_ITERATIONS, short_run_launch
 from parsearch.validation.user_calibration import (
     MIN_SENSITIVITY,
     MIN_UNIQUE_EFFECT,
     factor_limit,
+    range_effects,
     threshold,
 )
 
@@ -102,9 +103,6 @@ TARGET_SHAPES = 90
 FIT_WEIGHT = 1.0
 #: Passes of the exchange step over the chosen set (it stops early once nothing improves).
 EXCHANGE_PASSES = 5
-#: Iterations measured after warm-up: the median of 20 per-iteration times is within about
-#: 1 % of the mean for the 2-3 % iteration-to-iteration spread of steady training.
-MEASURED_ITERATIONS = max(20, MIN_STEADY_LINES)
 
 
 @dataclass(frozen=True)
@@ -177,9 +175,13 @@ def _priced(cm: CostModel, name: str, value: float) -> CostModel:
 
 
 def factor_priors(cm: CostModel, names: Sequence[str]) -> dict[str, Prior]:
-    """The cited range of each factor: the profile's, or the cluster's (``network_priors``)."""
+    """The range each factor is searched over: the cluster's (``network_priors``), or the
+    profile's as calibration searches it (BF16's GEMM range narrowed so that FP8, moving
+    with it, stays inside its own: :func:`~parsearch.validation.calibration.factor_prior`)."""
     cluster = network_priors(cm.fabric.cluster)
-    return {n: cluster[n] if n in CLUSTER_FACTORS else cm.profile.priors[n] for n in names}
+    ties = gemm_ties(cm.profile)
+    return {n: cluster[n] if n in CLUSTER_FACTORS else factor_prior(cm.profile, n, ties)
+            for n in names}
 
 
 def gradients(cm: CostModel, cols: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
@@ -192,22 +194,15 @@ def gradients(cm: CostModel, cols: dict[str, np.ndarray], names: Sequence[str]) 
     return out
 
 
-def row_gradients(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
-                  names: Sequence[str], cluster_priors: dict[str, Prior]) -> np.ndarray:
-    """:func:`gradients` of measured rows (each priced with its own cost model)."""
-    out = np.zeros((len(rows), len(names)))
-    ties = gemm_ties(profile)
-    for j, name in enumerate(names):
-        if name in CLUSTER_FACTORS:
-            prior = cluster_priors[name]
-            low = predict(rows_with_cluster_factors(rows, {name: prior.low}), profile)
-            high = predict(rows_with_cluster_factors(rows, {name: prior.high}), profile)
-        else:
-            prior = profile.priors[name]
-            low = predict(rows, profile.with_values(with_ties({name: prior.low}, ties)))
-            high = predict(rows, profile.with_values(with_ties({name: prior.high}, ties)))
-        out[:, j] = np.log(high / low)
-    return out
+def _row_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
+                 names: Sequence[str], cluster_priors: dict[str, Prior]) -> np.ndarray:
+    """(rows x factors): :func:`gradients` of measured rows, each priced with its own cost
+    model (:func:`~parsearch.validation.user_calibration.range_effects`)."""
+    if not rows:
+        return np.zeros((0, len(names)))
+    effects = range_effects(rows, profile, [n for n in names if n not in CLUSTER_FACTORS],
+                            {n: cluster_priors[n] for n in names if n in CLUSTER_FACTORS})
+    return np.column_stack([effects[n] for n in names])
 
 
 def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
@@ -338,16 +333,16 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
              *cluster_priors)
     g_target = gradients(cm, target_cols, names)
     keep = np.abs(g_target).max(axis=0) > 1e-6 if len(g_target) else np.zeros(len(names), bool)
+    # The measured rows' effects over the same ranges (user calibration's own count).
+    g_done = _row_effects(measured, cm.profile, names, cluster_priors)
     if measured:
-        keep |= np.abs(row_gradients(measured, cm.profile, names,
-                                     cluster_priors)).max(axis=0) > 1e-6
+        keep |= np.abs(g_done).max(axis=0) > 1e-6
     names = tuple(n for n, kept in zip(names, keep, strict=True) if kept)
     g_target = g_target[:, keep]
     g = g_target[:len(rows)]
     thresholds = np.array([threshold(n) if network or n not in CLUSTER_FACTORS else math.inf
                            for n in names])
-    g_done = (row_gradients(measured, cm.profile, names, cluster_priors) if measured
-              else np.zeros((0, len(names))))
+    g_done = g_done[:, keep]
     n_factors = factor_limit(len(measured) + min(k, len(rows)))
     belief = _Belief(FACTOR_SD**2 * np.eye(len(names)), g)
     cov = belief.error_cov()
@@ -386,7 +381,7 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
             order=order, layout=layout, predicted_rank=int(rank[best_i]),
             tokens_per_s_per_gpu=float(tokens[best_i]),
             step_time_s=float(scores["step_time_s"][best_i]), reasons=tuple(reasons),
-            launch=_launch(cm, layout)))
+            launch=short_run_launch(cm, layout)))
     sd_after = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
     return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current)
 
@@ -456,53 +451,4 @@ def _reasons(i: int, mu: np.ndarray, cov: np.ndarray, rank: np.ndarray, names: S
                        f"{math.sqrt(factor_after[j, j]):.2f} of its range)")
     out.append(f"expected misordered pairs in the top {TOP_PAIRS}: {u_before:.2f} -> "
                f"{u_after:.2f}")
-    return out
-
-
-def _launch(cm: CostModel, layout: Layout) -> LaunchSettings:
-    """Launch settings of ``layout`` with the features it was priced with, for a short run.
-
-    Megatron-LM ``--train-iters/--log-interval/--log-throughput`` and the Megatron-Bridge
-    fields they mirror (``train.train_iters``, ``logger.log_interval``,
-    ``logger.log_throughput``: ``megatron/training/config/training_config.py``), so every
-    iteration is logged with its throughput.
-    """
-    settings = launch_for_cluster(cm.model, cm.training, layout, cm.fabric.cluster,
-                                  options=cm.options)
-    iterations = WARMUP_ITERATIONS + MEASURED_ITERATIONS
-    return replace(
-        settings,
-        megatron_lm_args=(*settings.megatron_lm_args, "--train-iters", str(iterations),
-                          "--log-interval", "1", "--log-throughput"),
-        bridge_overrides=(*settings.bridge_overrides, f"train.train_iters={iterations}",
-                          "logger.log_interval=1", "logger.log_throughput=true"))
-
-
-def launch_script(run: PlannedRun, model_name: str) -> str:
-    """A shell script that runs one planned measurement with Megatron-LM (Bridge: commented)."""
-    return (
-        "#!/usr/bin/env bash\n"
-        f"# parsearch plan-profiling, measurement {run.order}: {model_name}, layout "
-        f"{run.layout.key()} on {run.launch.num_gpus} GPUs ({run.launch.nodes} node(s)).\n"
-        f"# {run.iterations} iterations ({WARMUP_ITERATIONS} warm-up); predicted "
-        f"{run.step_time_s:.2f} s per step, about {run.minutes:.1f} min after start-up.\n"
-        "# Pass the data and tokenizer arguments of your setup to this script; set\n"
-        "# MASTER_ADDR/MASTER_PORT (torchrun rendezvous) and run it on every node;\n"
-        "# then feed the log to "
-        "`parsearch calibrate --measurements LOG --model ... --cluster ...`.\n"
-        "set -euo pipefail\n"
-        + "\n".join(_megatron_lm_only(run.launch.shell_snippet().splitlines())) + "\n"
-    )
-
-
-def _megatron_lm_only(lines: list[str]) -> list[str]:
-    """The launch snippet with its Megatron-Bridge alternative commented out (one run),
-    and the script's own arguments (data, tokenizer) passed on to Megatron-LM."""
-    out: list[str] = []
-    bridge = False
-    for line in lines:
-        if line.startswith("# Megatron-Bridge") and not bridge:
-            bridge = True
-            out[-1] += ' "$@"'
-        out.append(line if not bridge or line.startswith("#") else "# " + line)
     return out
