@@ -208,9 +208,9 @@ def separable(names: Sequence[str], rows: Sequence[PreparedRow],
     mimicked by a combination of the other factors' effects; what is left (the least-squares
     residual) is what only it explains.  Where that moves no row by more than
     :data:`LOSS_SCALE`, the fit could set the factor anywhere and let the others make up
-    the difference, so it keeps its prior.  Factors are dropped one at a time, the least
-    separable first (the later in :data:`FIT_ORDER` among equals), so that of two factors
-    that only move together the earlier one is kept and fits their common direction.
+    the difference, so it keeps its prior.  Factors are dropped one at a time, the latest
+    in :data:`FIT_ORDER` first, so that of factors that only move together the earliest
+    is kept and fits their common direction (:func:`separable_effects`).
     """
     if len(names) < 2:
         return list(names)
@@ -218,27 +218,39 @@ def separable(names: Sequence[str], rows: Sequence[PreparedRow],
 
 
 def separable_effects(effects: dict[str, np.ndarray], threshold: float) -> list[str]:
-    """The names (in ``effects`` order) left after dropping, one at a time, the one whose
-    effect the others' least-squares combination leaves at most ``threshold`` of on every
-    row (the least separable first; the later among equals).
+    """The names (in ``effects`` order) left after dropping, one at a time, the last of
+    those whose effect the others' least-squares combination leaves at most ``threshold``
+    of on every row.
+
+    ``effects`` come in order of priority (:data:`FIT_ORDER`: the GEMM rate, whose range
+    the large-matmul measurements bound, before the terms with wider, less direct
+    ranges), so of factors the runs cannot tell apart the first is kept and fits their
+    common direction; the others keep their priors.  Which one the data would pin best
+    is not the question: a wide-ranged factor always moves the runs more, and fitted in
+    place of the GEMM rate it absorbs the GEMM's share onto its own bound.
 
     >>> e = {"a": np.array([0.2, 0.0, 0.1]), "b": np.array([0.0, 0.3, 0.0]),
     ...      "c": np.array([0.2, 0.3, 0.1])}            # c = a + b
     >>> separable_effects(e, 0.1)
     ['a', 'b']
+    >>> separable_effects({"gemm": np.array([0.1, 0.1]), "mem": np.array([0.4, 0.4])}, 0.1)
+    ['gemm']
     """
     kept = list(effects)
     while len(kept) > 1:
-        unique = {}
-        for name in kept:
-            others = np.column_stack([effects[o] for o in kept if o != name])
-            coef, *_ = np.linalg.lstsq(others, effects[name], rcond=None)
-            unique[name] = float(np.max(np.abs(effects[name] - others @ coef)))
-        weak = [n for n in kept if unique[n] <= threshold]
+        weak = [name for name in kept if _unique_effect(effects, kept, name) <= threshold]
         if not weak:
             break
-        kept.remove(min(weak, key=lambda n: (round(unique[n] / threshold, 6), -kept.index(n))))
+        kept.remove(weak[-1])
     return kept
+
+
+def _unique_effect(effects: dict[str, np.ndarray], kept: Sequence[str], name: str) -> float:
+    """The largest change in any row that ``name`` makes and no combination of the other
+    ``kept`` factors can: the residual of its effect on theirs, by least squares."""
+    others = np.column_stack([effects[o] for o in kept if o != name])
+    coef, *_ = np.linalg.lstsq(others, effects[name], rcond=None)
+    return float(np.max(np.abs(effects[name] - others @ coef)))
 
 
 def candidate_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile) -> list[str]:

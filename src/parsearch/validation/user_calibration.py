@@ -236,7 +236,8 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     informative = sorted((n for n, s in sens.items() if s >= threshold(n)),
                          key=lambda n: -rms[n])
     # Of factors whose effects the others can mimic, the runs fix only their sum: keep the
-    # better determined one (calibration.separable_effects; the shipped fit does the same).
+    # better determined one, the first listed (calibration.separable_effects; the shipped
+    # fit keeps the first in FIT_ORDER instead: its runs span many models, a user's few).
     apart = separable_effects({n: effects[n] for n in informative}, MIN_UNIQUE_EFFECT)
     mimicked = [n for n in informative if n not in apart]
     limit = factor_limit(len(rows), rows_per_factor)
