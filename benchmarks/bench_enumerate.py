@@ -11,9 +11,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _timing import best_of, report
 
-from parsearch.presets import get_preset
-from parsearch.space import enumerate_layouts
-from parsearch.workload import TrainingSpec
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 
 
 def main() -> int:

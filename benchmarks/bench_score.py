@@ -17,11 +17,11 @@ import statistics
 import time
 
 from parsearch.cost.analytic import build_cost_model, score_columns
-from parsearch.presets import get_preset
-from parsearch.space import enumerate_layouts
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.workload import TrainingSpec
 
 TARGET_PER_S = 1_000_000
 

@@ -43,8 +43,8 @@ TARGETS: dict[str, tuple[float, float | None]] = {  # seconds, MB
 
 def run_case(name: str) -> dict[str, Any]:
     """One case in this process: its answer and what it cost."""
+    from parsearch.model.specs import TrainingSpec
     from parsearch.search import pareto_front, search_layouts
-    from parsearch.workload import TrainingSpec
 
     wall, cpu = time.perf_counter(), time.process_time()
     if name == "search-dsv3":
@@ -97,8 +97,8 @@ def measure(name: str, repeats: int) -> bool:
 
 
 def optuna_target(seeds: list[int], n_trials: int) -> bool:
+    from parsearch.model.specs import TrainingSpec
     from parsearch.search import pareto_front
-    from parsearch.workload import TrainingSpec
 
     query: dict[str, Any] = {"model": "llama3-8b", "cluster": "dgx-h100", "max_gpus": 256,
                              "training": TrainingSpec(seq_len=8192, global_batch=256)}

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _timing import best_of, report
 
-from parsearch.model_files import resolve_model
+from parsearch.model.files import resolve_model
 from parsearch.serve import ServingWorkload, serve_layouts
 
 CASES = (

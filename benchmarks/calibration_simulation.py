@@ -108,9 +108,10 @@ import yaml
 
 from parsearch.cost.analytic import CostModel, build_cost_model, score_columns
 from parsearch.cost.efficiency import efficiency_for_gpu
-from parsearch.model_files import resolve_model
+from parsearch.layout.space import require_layouts
+from parsearch.model.files import resolve_model
+from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
-from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import calibrate, predict, prepare_rows
@@ -123,7 +124,6 @@ from parsearch.validation.user_calibration import (
     fit_user_profile,
     prepare_measurements,
 )
-from parsearch.workload import TrainingSpec
 
 NOMINAL_CLUSTER = "dgx-h100"
 #: The true cluster's network: half the NIC bandwidth, lower achieved efficiency.

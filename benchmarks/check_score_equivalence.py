@@ -30,11 +30,11 @@ from parsearch.cost.analytic import build_cost_model, score_columns
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_options import MemoryOptions
 from parsearch.cost.options import CostOptions
-from parsearch.presets import get_preset
-from parsearch.space import enumerate_layouts
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.workload import ModelSpec, TrainingSpec
 
 MEMORY_FIELDS = ("weights", "gradients", "optimizer", "activations", "other", "total",
                  "peak_stage", "offloaded_bytes")

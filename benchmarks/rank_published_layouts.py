@@ -17,8 +17,8 @@ import argparse
 import sys
 import warnings
 
-from parsearch.ranking import rank_published_layouts
 from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
+from parsearch.validation.ranking import rank_published_layouts
 
 TARGET = 0.60
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context
 from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated, instance_times
 from parsearch.serve.space import enumerate_serving_layouts

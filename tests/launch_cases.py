@@ -12,10 +12,10 @@ from parsearch.cost.memory import MemoryOptions
 from parsearch.cost.options import CostOptions
 from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
-from parsearch.model_files import resolve_model
+from parsearch.model.files import resolve_model
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import ModelSpec, TrainingSpec
 
 FP8_GATHER = CostOptions(param_gather_bytes=1.0, memory=MemoryOptions(fp8_param_gather=True))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
+from parsearch.model.specs import ModelSpec, MoeSpec, TrainingSpec
 
 
 @st.composite

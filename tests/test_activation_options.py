@@ -20,8 +20,8 @@ from parsearch.cost.memory import (
 from parsearch.cost.stages import stage_contents
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.presets import get_preset
-from parsearch.workload import (
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import (
     RECOMPUTE_CODES,
     RECOMPUTE_MODULES,
     ModelSpec,

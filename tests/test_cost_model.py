@@ -17,11 +17,11 @@ from parsearch.cost.analytic import (
     score_columns,
 )
 from parsearch.cost.schedule import bubble_fraction, pipeline_time
-from parsearch.presets import get_preset
-from parsearch.space import enumerate_layouts
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import ModelSpec, MoeSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

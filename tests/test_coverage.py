@@ -24,7 +24,7 @@ from parsearch.cost.efficiency import (
     profile_to_yaml,
 )
 from parsearch.errors import SpecError
-from parsearch.presets import PRESETS
+from parsearch.model.presets import PRESETS
 from parsearch.validation.calibration import prepare_rows
 from parsearch.validation.published_runs import load_published_runs
 from tests.cli_helpers import run_cli

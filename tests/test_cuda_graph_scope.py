@@ -20,11 +20,11 @@ from parsearch.cost.kernels import (
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
 from parsearch.layout import parse_layout_string
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.recipes import graph_scope
-from parsearch.workload import TrainingSpec
 
 MOE = get_preset("qwen3-30b-a3b")
 TRAINING = TrainingSpec(seq_len=4096, global_batch=512, precision="fp8")

@@ -18,11 +18,11 @@ from parsearch.cost.communication import (
     domains_reached,
 )
 from parsearch.layout import parse_layout_string
-from parsearch.presets import get_preset
-from parsearch.space import enumerate_layouts
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import MoeSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.workload import MoeSpec, TrainingSpec
 
 
 def _link(size: int, per_domain: int, network_Bps: float = 40e9) -> LinkArrays:
@@ -233,10 +233,10 @@ def _a2a_step(backend: str, cluster: str = "gb200-nvl72", gpus: int = 72) -> tup
     from parsearch.cost.analytic import build_cost_model, estimate
     from parsearch.cost.options import CostOptions
     from parsearch.layout import parse_layout_string
-    from parsearch.presets import get_preset
+    from parsearch.model.presets import get_preset
+    from parsearch.model.specs import TrainingSpec
     from parsearch.topology.cluster import load_cluster
     from parsearch.topology.fabric import build_fabric
-    from parsearch.workload import TrainingSpec
 
     model = get_preset("qwen3-30b-a3b")
     training = TrainingSpec(seq_len=4096, global_batch=576, precision="bf16")

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from parsearch.cost.compute import EXPERT_SORT_BYTES_PER_HIDDEN, unit_compute
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.cost.recompute import LayerShares
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import TrainingSpec
 
 MODEL = get_preset("qwen3-30b-a3b")  # 128 experts, top-8, hidden 2048
 TRAINING = TrainingSpec(seq_len=4096, global_batch=512, precision="bf16")

@@ -22,8 +22,8 @@ from parsearch.cost.flops import (
 )
 from parsearch.cost.stages import StageContent, stage_contents
 from parsearch.layout import Layout
-from parsearch.presets import get_preset
-from parsearch.workload import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec
 
 REL = 1e-12
 

@@ -427,8 +427,8 @@ def test_card_rows_are_valid_and_fit_as_recorded(
     memory saving added by validation (these runs ran)."""
     from dataclasses import replace
 
-    from parsearch.constraints import check_layout
     from parsearch.cost.analytic import CostOptions
+    from parsearch.layout.rules import check_layout
     from parsearch.validation.published_runs import training_spec
     from parsearch.validation.runs import best_reading, fabric_for
 

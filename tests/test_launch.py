@@ -21,10 +21,10 @@ from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
 from parsearch.launch import NodeGeometry, launch_for_cluster
 from parsearch.layout import Layout
-from parsearch.model_files import resolve_model
+from parsearch.model.files import resolve_model
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.workload import TrainingSpec
 
 DENSE = ("llama3-8b", "dgx-h100", Layout(num_gpus=32, tp=2, pp=2, sp=True, mbs=1),
          TrainingSpec(seq_len=4096, global_batch=256))

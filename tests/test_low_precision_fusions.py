@@ -19,11 +19,11 @@ from parsearch.cost.softmax import attention_speed, flops_per_score
 from parsearch.errors import SpecError
 from parsearch.launch import launch_for_cluster
 from parsearch.layout import Layout
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology import build_fabric, load_cluster
 from parsearch.topology.hardware import load_gpu_profile
 from parsearch.validation.recipes import apply_setup, load_run_setups
-from parsearch.workload import TrainingSpec
 
 NO_RECOMPUTE = LayerShares(**{f.name: np.zeros(1) for f in fields(LayerShares)})
 ONE_RANK = {k: np.array([v]) for k, v in

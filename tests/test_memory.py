@@ -22,8 +22,8 @@ from parsearch.cost.memory import (
 )
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.presets import get_preset
-from parsearch.workload import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec
 
 KOR = MemoryOptions(activation_model="korthikanti")
 

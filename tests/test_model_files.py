@@ -12,16 +12,16 @@ import pytest
 import yaml
 
 from parsearch.errors import SpecError
-from parsearch.model_files import (
+from parsearch.model.files import (
     SUPPORTED_MODEL_TYPES,
     load_hf_config,
     load_model_file,
     model_to_dict,
     resolve_model,
 )
-from parsearch.params import parameter_counts
-from parsearch.presets import PRESETS
-from parsearch.workload import ModelSpec
+from parsearch.model.params import parameter_counts
+from parsearch.model.presets import PRESETS
+from parsearch.model.specs import ModelSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 WITH_PRESET = sorted(p.stem for p in FIXTURES.glob("*.json") if p.stem in PRESETS)

@@ -10,17 +10,17 @@ import numpy as np
 import optuna
 import pytest
 
-from parsearch.constraints import check_layout
 from parsearch.errors import SpecError
+from parsearch.layout.rules import check_layout
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search import pareto_front, pareto_mask
 from parsearch.search.arguments import gpu_counts_by_cluster
 from parsearch.search.optuna_search import run_study
 from parsearch.search.plot import html_page
 from parsearch.search.results import ParetoResult
-from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import ModelSpec, TrainingSpec
 from tests.cli_helpers import assert_one_line_error, run_cli
 
 TOY = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)

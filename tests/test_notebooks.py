@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PUBLIC_MODULES = {"parsearch.search", "parsearch.workload", "parsearch.model_files",
+PUBLIC_MODULES = {"parsearch.search", "parsearch.model.specs", "parsearch.model.files",
                   "parsearch.serve"}
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 

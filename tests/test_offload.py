@@ -13,11 +13,11 @@ from parsearch.cost.analytic import build_cost_model, layout_columns, score_colu
 from parsearch.cost.memory import MemoryOptions
 from parsearch.cost.offload import offload_exposed
 from parsearch.layout import parse_layout_string
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import TrainingSpec
 
 MODEL = get_preset("llama3-70b")
 

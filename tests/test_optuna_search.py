@@ -14,14 +14,14 @@ import numpy as np
 import optuna
 import pytest
 
-from parsearch.constraints import check_layout
 from parsearch.errors import SpecError
+from parsearch.layout.rules import check_layout
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.specs import RECOMPUTE_MODES, ModelSpec, TrainingSpec
 from parsearch.search import pareto_front
 from parsearch.search.optuna_search import run_study
 from parsearch.search.study_space import candidate_sets
-from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
-from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec
 
 # A small model and setup that keep the search fast.
 TOY = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)

@@ -7,9 +7,9 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.params import ParameterCounts, parameter_counts
-from parsearch.presets import PRESETS
-from parsearch.workload import MlaSpec, ModelSpec, MoeSpec
+from parsearch.model.params import ParameterCounts, parameter_counts
+from parsearch.model.presets import PRESETS
+from parsearch.model.specs import MlaSpec, ModelSpec, MoeSpec
 
 
 def _tiny(**overrides: object) -> ModelSpec:

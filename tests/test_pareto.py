@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.errors import SpecError
+from parsearch.model.specs import ModelSpec, MoeSpec, TrainingSpec
 from parsearch.search import pareto_front, search_layouts
 from parsearch.search.pareto import dominates, hypervolume, pareto_front_indices, pareto_mask
-from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
 
 points_2d = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), min_size=1, max_size=25)
 
@@ -116,8 +116,8 @@ def _oracle_front(model: ModelSpec, training: TrainingSpec, cluster: str,
                   counts: tuple[int, ...]) -> dict[int, float]:
     """Best tokens/s at every GPU count by scoring every valid layout (no bounds)."""
     from parsearch.cost.analytic import build_cost_model
+    from parsearch.layout.space import enumerate_layouts
     from parsearch.search.exhaustive import scan_table
-    from parsearch.space import enumerate_layouts
     from parsearch.topology.cluster import load_cluster
     from parsearch.topology.fabric import build_fabric
 

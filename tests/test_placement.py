@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.placement import (
+from parsearch.topology import build_fabric, load_cluster
+from parsearch.topology.placement import (
     DEFAULT_ORDER,
     GROUP_KINDS,
     RANK_ORDERS,
@@ -20,7 +21,6 @@ from parsearch.placement import (
     group_strides,
     place,
 )
-from parsearch.topology import build_fabric, load_cluster
 
 SIZE_OF = {
     "tp": lambda lay: lay.tp,

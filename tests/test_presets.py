@@ -13,8 +13,8 @@ import re
 import pytest
 
 from parsearch.errors import SpecError
-from parsearch.params import parameter_counts
-from parsearch.presets import PRESETS, get_preset, list_presets
+from parsearch.model.params import parameter_counts
+from parsearch.model.presets import PRESETS, get_preset, list_presets
 
 _NAR21 = "Narayanan et al. 2021, arXiv 2104.04473, Table 1"
 _KOR22 = "Korthikanti et al. 2022, arXiv 2205.05198, Table 3"

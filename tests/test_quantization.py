@@ -18,11 +18,11 @@ from parsearch.cost.quantization import (
 )
 from parsearch.errors import SpecError
 from parsearch.layout import parse_layout_string
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.recipes import priced_fp8_recipe
-from parsearch.workload import TrainingSpec
 
 LLAMA = get_preset("llama3-8b")
 

@@ -21,8 +21,8 @@ from parsearch.cost.recompute import (
     recomputed_layer_counts,
 )
 from parsearch.cost.stages import stage_contents
-from parsearch.presets import get_preset
-from parsearch.workload import RECOMPUTE_CODES, RECOMPUTE_MODULES, ModelSpec, TrainingSpec
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import RECOMPUTE_CODES, RECOMPUTE_MODULES, ModelSpec, TrainingSpec
 
 T = TrainingSpec(seq_len=4096, global_batch=64)
 NONE, SEL, FULL = (RECOMPUTE_CODES[m] for m in ("none", "selective", "full"))

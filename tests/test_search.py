@@ -15,7 +15,9 @@ from parsearch.errors import NoValidLayoutError, SpecError
 from parsearch.launch import NodeGeometry, launch_settings
 from parsearch.launch.plan import pipeline_layout_string
 from parsearch.layout import Layout
-from parsearch.presets import get_preset
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import ModelSpec, MoeSpec, TrainingSpec
 from parsearch.search import search_layouts
 from parsearch.search.bounds import SHAPE_AXES, shape_bounds
 from parsearch.search.exhaustive import (
@@ -25,11 +27,9 @@ from parsearch.search.exhaustive import (
     scan_table,
     shape_codes,
 )
-from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.topology.summary import fabric_from_spec
-from parsearch.workload import ModelSpec, MoeSpec, TrainingSpec
 from tests.strategies import small_models, small_trainings
 
 # A small model and setup that keep the search fast.
@@ -265,8 +265,9 @@ def test_blockwise_helpers_equal_their_whole_table_forms(data, block: int) -> No
     """The memory-saving forms (derived columns a block of rows at a time, row numbers
     from a mask a block at a time, the memory floor compared per group, shape bounds with
     unit time floors in blocks) give exactly what the whole-table forms give."""
-    from parsearch.constraints import derive_columns, rule_context
     from parsearch.cost.analytic import wide_columns
+    from parsearch.layout.rules import derive_columns, rule_context
+    from parsearch.layout.space import _derive_in_chunks
     from parsearch.search.bounds import (
         _in_blocks,
         memory_floor,
@@ -274,7 +275,6 @@ def test_blockwise_helpers_equal_their_whole_table_forms(data, block: int) -> No
         under_memory_floor,
         unit_time_floor,
     )
-    from parsearch.space import _derive_in_chunks
 
     mask = np.asarray(data.draw(st.lists(st.booleans(), max_size=200)), dtype=bool)
     np.testing.assert_array_equal(nonzero_narrow(mask, block=block), np.flatnonzero(mask))

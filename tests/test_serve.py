@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.errors import SpecError
-from parsearch.model_files import resolve_model
-from parsearch.params import parameter_counts
-from parsearch.presets import get_preset
+from parsearch.model.files import resolve_model
+from parsearch.model.params import parameter_counts
+from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context
 from parsearch.serve.cost import decode_step, decode_tpot_s, hbm_read_floor_s
 from parsearch.serve.kv_cache import (

@@ -12,7 +12,7 @@ import pytest
 
 from parsearch import data as data_pkg
 from parsearch.errors import NoValidLayoutError
-from parsearch.presets import PRESETS, get_preset
+from parsearch.model.presets import PRESETS, get_preset
 from parsearch.serve.api import _context, serve_layouts
 from parsearch.serve.evaluate import evaluate_aggregated
 from parsearch.serve.front import pareto_points

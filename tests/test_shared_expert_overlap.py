@@ -16,12 +16,12 @@ from parsearch.errors import SpecError
 from parsearch.launch.megatron_lm import megatron_lm_args
 from parsearch.launch.plan import launch_plan
 from parsearch.layout import parse_layout_string
-from parsearch.presets import get_preset
-from parsearch.space import enumerate_layouts
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.recipes import apply_setup, load_run_setups
-from parsearch.workload import TrainingSpec
 
 
 def _hidden(ep: float, calls: float, shared: float, recomputed: float = 0.0,

@@ -19,11 +19,11 @@ from parsearch.cost.flops import (
 from parsearch.cost.stages import StageContent
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.model_files import load_model_file, model_to_dict
-from parsearch.presets import get_preset
+from parsearch.model.files import load_model_file, model_to_dict
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.summary import fabric_from_spec
-from parsearch.workload import TrainingSpec
 
 GPT_OSS = get_preset("gpt-oss-120b")  # 36 layers, 18 windowed at 128; 64 heads of 64
 FULL = replace(GPT_OSS, sliding_window=0, sliding_window_layers=0)

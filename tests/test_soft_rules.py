@@ -7,7 +7,7 @@ import json
 import pytest
 
 from parsearch.layout import Layout
-from parsearch.soft_rules import soft_rule_flags
+from parsearch.layout.soft_rules import soft_rule_flags
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli

@@ -19,9 +19,9 @@ from parsearch.cost.softmax import (
     flops_per_score,
 )
 from parsearch.errors import SpecError
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.hardware import gpu_profile_from_dict, load_gpu_profile
-from parsearch.workload import TrainingSpec
 
 BLACKWELL = ("b200", "b300", "gb200", "gb300")
 

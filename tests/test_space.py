@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsearch.constraints import RULES, check_layout, derive_columns, rule_context
 from parsearch.errors import NoValidLayoutError
 from parsearch.layout import Layout
-from parsearch.space import enumerate_layouts, require_layouts
-from parsearch.workload import RECOMPUTE_MODES, ModelSpec, MoeSpec, TrainingSpec
+from parsearch.layout.rules import RULES, check_layout, derive_columns, rule_context
+from parsearch.layout.space import enumerate_layouts, require_layouts
+from parsearch.model.specs import RECOMPUTE_MODES, ModelSpec, MoeSpec, TrainingSpec
 from tests.strategies import small_models, small_trainings
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

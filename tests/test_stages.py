@@ -12,8 +12,8 @@ from parsearch.cost.stages import (
     virtual_stage_layer_counts,
 )
 from parsearch.errors import SpecError
-from parsearch.presets import get_preset
-from parsearch.workload import ModelSpec
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import ModelSpec
 
 
 @st.composite

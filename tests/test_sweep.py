@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from optuna.trial import TrialState
 
 from parsearch.errors import SpecError
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search import optuna_search
 from parsearch.search import storage as storage_mod
 from parsearch.search.optuna_search import run_study
@@ -27,7 +28,6 @@ from parsearch.sweep.grid import MAX_CELLS, grid_from, load_grid_file
 from parsearch.sweep.queue import CELL_PARAM, CellQueue
 from parsearch.sweep.worker import run_worker
 from parsearch.topology.cluster import load_cluster
-from parsearch.workload import ModelSpec, TrainingSpec
 from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.polling import wait_until
 

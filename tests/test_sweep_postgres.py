@@ -118,7 +118,7 @@ STUDY_WORKER = textwrap.dedent("""
     import json, sys
     from parsearch.search.optuna_search import run_study
     from parsearch.topology.cluster import load_cluster
-    from parsearch.workload import ModelSpec, TrainingSpec
+    from parsearch.model.specs import ModelSpec, TrainingSpec
     toy = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
     setup = TrainingSpec(seq_len=4096, global_batch=64, micro_batch_sizes=(1, 2),
                          recompute_modes=("none", "full"))

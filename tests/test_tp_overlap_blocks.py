@@ -11,9 +11,9 @@ from parsearch.cost.compute import attention_block_share
 from parsearch.cost.flops import attention_gemm_forward_flops, dense_mlp_forward_flops
 from parsearch.cost.options import CostOptions
 from parsearch.layout import Layout
-from parsearch.presets import get_preset
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology import build_fabric, load_cluster
-from parsearch.workload import TrainingSpec
 
 #: Megatron-Bridge memory-tuning skill (NVIDIA-NeMo/Megatron-Bridge@0026ec187,
 #: skills/nemo-mbridge-perf-memory-tuning/SKILL.md lines 185-187, PR #3107): Llama 3 70B

@@ -22,9 +22,10 @@ from parsearch.cost.analytic import build_cost_model, estimate, layout_columns
 from parsearch.cost.efficiency import efficiency_for_gpu, load_efficiency_profile
 from parsearch.cost.options import CostOptions
 from parsearch.layout import parse_layout_string
-from parsearch.model_files import resolve_model
+from parsearch.layout.space import require_layouts
+from parsearch.model.files import resolve_model
+from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
-from parsearch.space import require_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import predict
@@ -50,7 +51,6 @@ from parsearch.validation.user_calibration import (
     prepare_measurements,
     threshold,
 )
-from parsearch.workload import TrainingSpec
 from tests.cli_helpers import run_cli
 
 LOGS = Path(__file__).parent / "fixtures" / "megatron_logs"

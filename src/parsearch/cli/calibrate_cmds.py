@@ -22,7 +22,7 @@ from parsearch.cli.common import (
     training_from_args,
 )
 from parsearch.errors import SpecError
-from parsearch.workload import PRECISIONS
+from parsearch.model.specs import PRECISIONS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

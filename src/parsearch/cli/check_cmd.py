@@ -14,7 +14,7 @@ from parsearch.cli.common import (
     print_json,
     training_from_args,
 )
-from parsearch.constraints import check_layout
+from parsearch.layout.rules import check_layout
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

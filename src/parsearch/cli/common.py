@@ -16,9 +16,7 @@ from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
-from parsearch.strict_json import strict_json
-from parsearch.topology.cluster import MAX_GPUS
-from parsearch.workload import (
+from parsearch.model.specs import (
     MAX_MICRO_BATCH,
     PIPELINE_SPLITS,
     PRECISIONS,
@@ -29,6 +27,8 @@ from parsearch.workload import (
     TrainingSpec,
     short_repr,
 )
+from parsearch.strict_json import strict_json
+from parsearch.topology.cluster import MAX_GPUS
 
 
 def _int_at_least(text: str, low: int, what: str) -> int:
@@ -248,7 +248,7 @@ def add_format_option(parser: argparse.ArgumentParser, formats: Sequence[str]) -
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    from parsearch.model_files import resolve_model
+    from parsearch.model.files import resolve_model
 
     return resolve_model(args.model)
 

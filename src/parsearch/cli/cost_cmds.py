@@ -69,12 +69,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from parsearch.constraints import check_layout
     from parsearch.cost.analytic import estimate
     from parsearch.cost.coverage import uncovered_features
     from parsearch.launch import launch_for_cluster
     from parsearch.launch.plan import priced_features
-    from parsearch.soft_rules import soft_rule_flags
+    from parsearch.layout.rules import check_layout
+    from parsearch.layout.soft_rules import soft_rule_flags
 
     model = model_from_args(args)
     training = training_from_args(args)

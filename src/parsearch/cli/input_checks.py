@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.files import is_dir, is_file, path_exists
-from parsearch.topology.cluster import MAX_GPUS
-from parsearch.workload import (
+from parsearch.model.specs import (
     MAX_BYTES_PER_PARAMETER,
     MAX_GLOBAL_BATCH,
     MAX_LAYERS,
@@ -37,6 +36,7 @@ from parsearch.workload import (
     MAX_SEQ_LEN,
     short_repr,
 )
+from parsearch.topology.cluster import MAX_GPUS
 
 #: Most trials one optuna study may be asked for (the default is 2,000).
 MAX_TRIALS = 100_000

@@ -16,8 +16,8 @@ from parsearch.cli.common import (
     training_from_args,
 )
 from parsearch.layout import min_gpus_for
-from parsearch.space import LayoutTable, require_layouts
-from parsearch.workload import RECOMPUTE_MODES
+from parsearch.layout.space import LayoutTable, require_layouts
+from parsearch.model.specs import RECOMPUTE_MODES
 
 _FIELDS = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "edp", "mbs", "sp", "recompute",
            "min_gpus")

@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parsearch.params import parameter_counts
-    from parsearch.presets import PRESETS
+    from parsearch.model.params import parameter_counts
+    from parsearch.model.presets import PRESETS
 
     rows = []
     for name, model in PRESETS.items():

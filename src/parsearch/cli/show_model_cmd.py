@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from parsearch.cli.common import add_format_option, print_json, print_table
-from parsearch.workload import ModelSpec
+from parsearch.model.specs import ModelSpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +35,7 @@ def _window(model: ModelSpec) -> str:
 
 def model_fields(model: ModelSpec, source: str = "") -> dict[str, Any]:
     """The parsed architecture and its parameter counts, as plain values."""
-    from parsearch.params import parameter_counts
+    from parsearch.model.params import parameter_counts
 
     counts = parameter_counts(model)
     out: dict[str, Any] = {
@@ -89,7 +89,7 @@ def _text(value: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from parsearch.model_files import resolve_model
+    from parsearch.model.files import resolve_model
 
     fields = model_fields(resolve_model(args.model), args.model)
     if args.format == "json":

@@ -10,7 +10,7 @@ from typing import Any
 from parsearch.cli.common import choice_list, int_list, positive_int, print_json, print_table
 from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.errors import SpecError
-from parsearch.workload import PRECISIONS, RECOMPUTE_MODES
+from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODES
 
 #: Longest heartbeat interval or hold, in seconds.
 MAX_WAIT_S = 3600

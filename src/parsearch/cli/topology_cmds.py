@@ -15,10 +15,10 @@ from parsearch.cli.common import (
     print_table,
 )
 from parsearch.errors import SpecError
-from parsearch.placement import DEFAULT_ORDER, RANK_ORDERS, place
 from parsearch.topology.cluster import ClusterSpec, list_clusters, load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.topology.graph import build_graph, count_kinds
+from parsearch.topology.placement import DEFAULT_ORDER, RANK_ORDERS, place
 
 _GB = 1e9
 

@@ -47,7 +47,7 @@ from parsearch.cost.memory_options import (
     gemm_input_bytes,
 )
 from parsearch.cost.stages import StageContent
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: Terms held once per micro-batch in flight, in the order a stage sums them: a dense
 #: layer under the layout's recompute mode, a dense layer past the chunk's first

@@ -42,7 +42,7 @@ from parsearch.cost.memory_options import (
     gemm_input_bytes,
 )
 from parsearch.errors import SpecError
-from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 FULL = RECOMPUTE_CODES["full"]
 SELECTIVE = RECOMPUTE_CODES["selective"]

@@ -1,7 +1,7 @@
 """The analytic cost model: step time, its breakdown and memory, for many layouts at once.
 
 :func:`score_columns` works on numpy columns of layouts (a
-:class:`~parsearch.space.LayoutTable`'s ``columns``); :func:`estimate` scores
+:class:`~parsearch.layout.space.LayoutTable`'s ``columns``); :func:`estimate` scores
 one :class:`Layout` by calling the same code on one-row columns, so the two
 can never disagree.
 
@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.collectives import LinkArrays, p2p_time
 from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit, unit_compute
@@ -47,11 +46,12 @@ from parsearch.cost.stage_time import (
 from parsearch.cost.stages import effective_split, rows_by_split, stage_contents
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.params import parameter_counts
-from parsearch.placement import group_strides
+from parsearch.layout.rules import RECOMPUTE_CODES
+from parsearch.model.params import parameter_counts
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.hardware import GpuProfile
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.topology.placement import group_strides
 
 __all__ = [
     "MOE_DISPATCHERS",
@@ -477,7 +477,7 @@ def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
 
 
 def estimate(cm: CostModel, layout: Layout) -> Estimate:
-    """Score one layout (it must be valid: run :func:`parsearch.constraints.check_layout`)."""
+    """Score one layout (it must be valid: run :func:`parsearch.layout.rules.check_layout`)."""
     if layout.num_gpus != cm.fabric.num_gpus:
         raise SpecError(
             f"layout is for {layout.num_gpus} GPUs but the fabric has {cm.fabric.num_gpus}"

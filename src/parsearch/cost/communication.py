@@ -48,7 +48,7 @@ from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
 from parsearch.cost.recompute import LayerShares
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: TP blocks per unit: a dense layer has two (attention, MLP); an MoE layer one plus
 #: one for TP-sharded shared experts; the output layer's vocab-parallel GEMM gathers its

@@ -48,8 +48,8 @@ from parsearch.cost.quantization import (
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile, generation_profiles
-from parsearch.workload import ModelSpec, TrainingSpec
 
 ACT_BYTES = 2.0  # bf16 activations
 #: Rows of an expert GEMM tile: grouped GEMMs pad each expert's tokens up to a multiple
@@ -275,7 +275,7 @@ def attention_block_share(model: ModelSpec, unit: str) -> float:
     MLP or the shared experts (formulas.md §3.5 counts); units with one TP block
     (embedding, output layer, MoE layers without shared experts) give 1.0.
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> round(attention_block_share(get_preset("llama3-70b"), "dense"), 3)
     0.176
     >>> attention_block_share(get_preset("mixtral-8x7b"), "moe")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parsearch.errors import SpecError
-from parsearch.workload import ModelSpec
+from parsearch.model.specs import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ArchitectureCoverage:
 def coverage_of(models: Iterable[ModelSpec]) -> ArchitectureCoverage:
     """The features of ``models`` (the calibration runs' model specs).
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> cov = coverage_of([get_preset("llama3-8b"), get_preset("mixtral-8x7b")])
     >>> cov.head_dims, cov.sliding_window, cov.moe, cov.dense
     ((128,), False, True, True)
@@ -70,7 +70,7 @@ def widened(coverage: ArchitectureCoverage | None, models: Iterable[ModelSpec]
     """``coverage`` plus the features of ``models`` (a user's own calibration runs);
     ``None`` stays ``None`` (no record of the base calibration: no claim either way).
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> base = coverage_of([get_preset("llama3-8b")])
     >>> widened(base, [get_preset("gpt-oss-120b")]).head_dims
     (64, 128)
@@ -92,7 +92,7 @@ def uncovered_features(model: ModelSpec, coverage: ArchitectureCoverage | None
                        ) -> tuple[str, ...]:
     """What ``model`` has that no calibration run had (empty: all covered or no record).
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> cov = coverage_of([get_preset("qwen3-30b-a3b"), get_preset("llama3-70b")])
     >>> uncovered_features(get_preset("llama3-8b"), cov)
     ()

@@ -28,8 +28,8 @@ import numpy as np
 
 from parsearch.cost.stages import StageContent, effective_split, stage_contents
 from parsearch.layout import Layout
-from parsearch.params import mlp_matrix_factor
-from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.params import mlp_matrix_factor
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats (vectorised scoring).
 Num = Any

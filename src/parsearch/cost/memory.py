@@ -56,7 +56,7 @@ from parsearch.cost.memory_states import (
 )
 from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
 from parsearch.layout import Layout
-from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 __all__ = [
     "ACTIVATION_BYTES",

@@ -34,7 +34,7 @@ from parsearch.cost.memory_options import MemoryOptions
 from parsearch.cost.memory_rows import RowOrder, Tables, Term, carve, score_rows
 from parsearch.cost.memory_states import StageCounts, stage_model_state, stage_params
 from parsearch.cost.stages import StageContent, effective_split, stage_contents
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: Up to this many representative rows, model state is evaluated per row, not grouped.
 SMALL_GROUP = 256

@@ -20,8 +20,8 @@ import numpy as np
 
 from parsearch.cost.memory_options import LOW_PRECISION_BYTES, MemoryOptions, Num
 from parsearch.cost.stages import StageContent
-from parsearch.params import ParameterCounts, parameter_counts
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.model.params import ParameterCounts, parameter_counts
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import numpy as np
 
 from parsearch.cost.activations import ActDegrees, layer_bytes
 from parsearch.cost.memory import MemoryOptions
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile
-from parsearch.workload import ModelSpec, TrainingSpec
 
 #: Host link per GPU and direction when the GPU profile does not state one: PCIe
 #: Gen5 x16, 32 GT/s x 16 lanes x 128/130 = 63 GB/s (PCI-SIG PCIe 5.0 base spec).

@@ -10,8 +10,8 @@ from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import resolve_fp8_recipe
 from parsearch.errors import SpecError
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.hardware import GpuProfile
-from parsearch.workload import TrainingSpec
 
 
 def check_precision_options(training: TrainingSpec, gpu: GpuProfile, cluster_name: str,

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from parsearch.errors import SpecError
-from parsearch.workload import ModelSpec
+from parsearch.model.specs import ModelSpec
 
 #: FP8 scaling recipes a run can ask for (``auto``: MXFP8 on Blackwell, else tensorwise).
 FP8_RECIPE_CHOICES: tuple[str, ...] = ("auto", "tensorwise", "delayed", "mxfp8", "blockwise")
@@ -152,7 +152,7 @@ def fp8_attention_cast_bytes_per_token(model: ModelSpec, tp: Any) -> Any:
     carry the rank's query heads; K and V its KV heads (GQA), or every query head's latent
     up-projection under MLA.
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> float(fp8_attention_cast_bytes_per_token(get_preset("llama3-8b"), 1))
     61440.0
     """

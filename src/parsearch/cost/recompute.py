@@ -62,7 +62,7 @@ from parsearch.cost.flops import (
     shared_expert_forward_flops,
 )
 from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
-from parsearch.workload import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats.
 Num = Any
@@ -126,7 +126,7 @@ def full_recompute_fractions(model: ModelSpec, pp: int, vpp: int, split: str,
                              recompute_num_layers: int | None) -> tuple[float, float]:
     """Share of the model's (dense, MoE) layers that ``full`` recompute re-runs.
 
-    >>> from parsearch.workload import ModelSpec
+    >>> from parsearch.model.specs import ModelSpec
     >>> m = ModelSpec("toy", 8, 64, 256, 4, 4, 16, 1000)
     >>> full_recompute_fractions(m, 2, 2, "uneven", 1)   # chunks of 2 layers: 1 of 2
     (0.5, 0.0)
@@ -269,7 +269,7 @@ def recompute_shares(
     ``tp`` and ``sp`` (which weight the elementwise ops); every share is in
     [0, 1].  ``training.recompute_modules`` chooses the selective modules.
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> t = TrainingSpec(seq_len=4096, global_batch=8)
     >>> s = recompute_shares(get_preset("llama3-8b"), t, RECOMPUTE_CODES["selective"])
     >>> float(s.dense.core_attention), float(s.dense.gemm), float(s.dense.elementwise)

@@ -19,8 +19,8 @@ generation's mean at the model's head dims (:func:`attention_scale`), the way
 from __future__ import annotations
 
 from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.model.specs import ModelSpec
 from parsearch.topology.hardware import GpuProfile, generation_profiles
-from parsearch.workload import ModelSpec
 
 #: Share of the exponential time that the tensor-core matmuls do not hide.  From NVIDIA's
 #: measurement in the blog above: FP8 attention forward on DeepSeek-V3 shapes runs about
@@ -36,7 +36,7 @@ BACKWARD_FLOPS_RATIO = 2.5
 def flops_per_score(model: ModelSpec) -> float:
     """Forward matmul FLOPs per attention score: ``2 (d_qk + d_v)`` (QKᵀ and P·V).
 
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> flops_per_score(get_preset("llama3-70b"))
     512.0
     """
@@ -80,7 +80,7 @@ def attention_scale(gpu: GpuProfile, profile: EfficiencyProfile, model: ModelSpe
     FP8 against 740 TFLOP/s in FP16 on H100, 1.6x; this model gives 1.65x at head dim 128).
 
     >>> from parsearch.cost.efficiency import efficiency_for_gpu
-    >>> from parsearch.presets import get_preset
+    >>> from parsearch.model.presets import get_preset
     >>> llama = get_preset("llama3-70b")
     >>> from parsearch.topology.hardware import load_gpu_profile
     >>> gb300 = load_gpu_profile("gb300")

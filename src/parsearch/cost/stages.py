@@ -52,8 +52,8 @@ from itertools import pairwise
 import numpy as np
 
 from parsearch.errors import SpecError
-from parsearch.pipeline_layout import layout_layer_counts
-from parsearch.workload import PIPELINE_SPLITS, ModelSpec, TrainingSpec, require_choice
+from parsearch.layout.pipeline import layout_layer_counts
+from parsearch.model.specs import PIPELINE_SPLITS, ModelSpec, TrainingSpec, require_choice
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def virtual_stage_layer_counts(
     (0, 1, 1, 1, 1, 0)
 
     A 0 is an embedding-only (first) or loss-only (last) virtual stage.  ``split`` may
-    also be a Megatron layout string (:mod:`parsearch.pipeline_layout`):
+    also be a Megatron layout string (:mod:`parsearch.layout.pipeline`):
 
     >>> virtual_stage_layer_counts(5, 2, 1, "Et*2|t*3L")
     (2, 3)

@@ -9,7 +9,7 @@ written out too, so the argument file trains the model that was priced.
 from __future__ import annotations
 
 from parsearch.launch.plan import LaunchPlan
-from parsearch.workload import ModelSpec
+from parsearch.model.specs import ModelSpec
 
 
 def model_args(model: ModelSpec) -> list[str]:

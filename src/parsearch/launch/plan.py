@@ -25,7 +25,7 @@ from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
 from parsearch.layout import Layout
-from parsearch.workload import ModelSpec, TrainingSpec
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: FP8 recipes of Megatron-LM's ``--fp8-recipe`` that parsearch launches; ``auto`` is the
 #: one NVIDIA's performance recipes use per generation — per-tensor current scaling on
@@ -100,8 +100,8 @@ def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
 def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
     """The features a plan prices, in words, for a reader checking what a number assumes.
 
-    >>> from parsearch.presets import get_preset
-    >>> from parsearch.workload import TrainingSpec
+    >>> from parsearch.model.presets import get_preset
+    >>> from parsearch.model.specs import TrainingSpec
     >>> plan = launch_plan(get_preset("llama3-8b"), TrainingSpec(seq_len=4096, global_batch=64),
     ...                    Layout(num_gpus=16, tp=2, sp=True, mbs=1))
     >>> priced_features(plan)

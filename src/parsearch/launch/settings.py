@@ -5,7 +5,7 @@ Everything here is generated from one :class:`~parsearch.launch.plan.LaunchPlan`
 the estimate.
 
 >>> from parsearch.layout import Layout
->>> from parsearch.workload import ModelSpec, TrainingSpec
+>>> from parsearch.model.specs import ModelSpec, TrainingSpec
 >>> m = ModelSpec("toy", 8, 1024, 4096, 16, 16, 64, 32000)
 >>> t = TrainingSpec(seq_len=4096, global_batch=64)
 >>> s = launch_settings(m, t, Layout(num_gpus=16, tp=2, pp=2, sp=True), gpus_per_node=8)
@@ -30,8 +30,8 @@ from parsearch.launch.megatron_lm import megatron_lm_args
 from parsearch.launch.names import bridge_groups, check_recipe, provenance
 from parsearch.launch.plan import LaunchPlan, launch_plan
 from parsearch.layout import Layout
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile, load_gpu_profile
-from parsearch.workload import ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:
     from parsearch.topology.cluster import ClusterSpec

@@ -1,6 +1,9 @@
-"""Model specs from files: Hugging Face configs and the safe reading of model files.
+"""Models: their specs, presets, config loading and parameter counts.
 
-The package grows toward holding the model specs, presets, config loading and parameter
-counts (the top-level :mod:`parsearch.workload`, :mod:`parsearch.presets`,
-:mod:`parsearch.model_files` and :mod:`parsearch.params` move here as they change).
+* :mod:`.specs`: ``ModelSpec`` (dense or MoE, MLA, MTP, attention variants) and
+  ``TrainingSpec`` (sequence, batch, precision, optimizer, memory features);
+* :mod:`.presets`: the built-in models with their sources;
+* :mod:`.hf_config` and :mod:`.config_text`: Hugging Face ``config.json`` reading;
+* :mod:`.files`: the safe reading of model files (size limits, clear errors);
+* :mod:`.params`: parameter counts, total and active.
 """

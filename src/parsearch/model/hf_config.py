@@ -13,7 +13,7 @@ from typing import Any
 
 from parsearch.errors import SpecError
 from parsearch.model.config_text import one_line, parse_mapping_file
-from parsearch.workload import MAX_SIZES, MlaSpec, ModelSpec, MoeSpec, short_repr
+from parsearch.model.specs import MAX_SIZES, MlaSpec, ModelSpec, MoeSpec, short_repr
 
 Config = Mapping[str, Any]
 

@@ -7,7 +7,7 @@ keyword-only functions returning frozen dataclasses
 :mod:`~parsearch.search.arguments`; a front's best layout per GPU count is
 found by :mod:`~parsearch.search.front_methods`:
 
->>> from parsearch.workload import ModelSpec, TrainingSpec
+>>> from parsearch.model.specs import ModelSpec, TrainingSpec
 >>> toy = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
 >>> setup = TrainingSpec(seq_len=2048, global_batch=64, micro_batch_sizes=(1, 2))
 >>> result = search_layouts(model=toy, training=setup, cluster="dgx-h100", num_gpus=8, top=3)
@@ -46,6 +46,9 @@ from parsearch.cost.coverage import uncovered_features
 from parsearch.cost.efficiency import EfficiencyProfile, band_for
 from parsearch.errors import SpecError
 from parsearch.launch import launch_for_cluster
+from parsearch.layout.soft_rules import soft_rule_flags
+from parsearch.layout.space import require_layouts
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search.arguments import (
     ClusterLike,
     as_cluster,
@@ -75,12 +78,9 @@ from parsearch.search.front_methods import (
 )
 from parsearch.search.pareto import hypervolume, pareto_mask
 from parsearch.search.results import ParetoPoint, ParetoResult, SearchEntry, SearchResult
-from parsearch.soft_rules import soft_rule_flags
-from parsearch.space import require_layouts
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.hardware import load_gpu_profile
 from parsearch.topology.summary import fabric_from_spec
-from parsearch.workload import ModelSpec, TrainingSpec
 
 Method = Literal["exhaustive", "optuna", "auto"]
 METHODS: tuple[str, ...] = ("exhaustive", "optuna", "auto")

@@ -15,9 +15,9 @@ from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import ModelSpec, TrainingSpec
 
 #: A cluster: a preset name, a cluster file path, or a :class:`ClusterSpec`.
 ClusterLike = ClusterSpec | str
@@ -28,7 +28,7 @@ def as_model(model: ModelSpec | str) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
-        from parsearch.model_files import resolve_model
+        from parsearch.model.files import resolve_model
 
         return resolve_model(model)
     raise SpecError(f"model must be a ModelSpec or a preset name/path, got {type(model).__name__}")

@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from parsearch.constraints import RECOMPUTE_CODES
 from parsearch.cost.analytic import (
     UNITS,
     CostModel,
@@ -58,6 +57,7 @@ from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
+from parsearch.layout.rules import RECOMPUTE_CODES
 
 #: Relative slack on the bound: its sums run in another order than the scorer's.
 BOUND_SLACK = 1e-9

@@ -29,7 +29,6 @@ from math import prod
 
 import numpy as np
 
-from parsearch.constraints import rule_context
 from parsearch.cost.analytic import (
     CostModel,
     Estimate,
@@ -40,9 +39,10 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
+from parsearch.layout.rules import rule_context
+from parsearch.layout.space import AXIS_ORDER, LayoutTable, axis_candidates
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search.bounds import shape_bounds, under_memory_floor
-from parsearch.space import AXIS_ORDER, LayoutTable, axis_candidates
-from parsearch.workload import ModelSpec, TrainingSpec
 
 #: Columns that break ties between layouts of equal throughput and memory.
 RANK_TIE_BREAK: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "sp",

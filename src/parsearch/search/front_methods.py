@@ -18,6 +18,8 @@ import numpy as np
 from parsearch.cost.analytic import CostOptions, Estimate, build_cost_model, estimate
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.layout import Layout
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search.arguments import positive, progress_bar
 from parsearch.search.exhaustive import (
     SHAPE_AXES,
@@ -26,11 +28,9 @@ from parsearch.search.exhaustive import (
     rank_feasible,
     scan_bounded,
 )
-from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.hardware import load_gpu_profile
 from parsearch.topology.summary import fabric_from_spec
-from parsearch.workload import ModelSpec, TrainingSpec
 
 #: GPU counts per cluster where an optuna front is seeded with the exact best layout.
 SEED_COUNTS = 3

@@ -59,6 +59,7 @@ from parsearch.cost.analytic import CostOptions
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search import storage as storage_mod
 from parsearch.search.study_scoring import Router, cache_key, make_router
 from parsearch.search.study_space import (
@@ -70,7 +71,6 @@ from parsearch.search.study_space import (
 )
 from parsearch.search.study_start import enqueue_limit, starting_params
 from parsearch.topology.cluster import ClusterSpec
-from parsearch.workload import ModelSpec, TrainingSpec
 
 SAMPLERS: tuple[str, ...] = ("nsga2", "tpe")
 _QUERY_ATTR = "parsearch_query"

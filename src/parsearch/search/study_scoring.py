@@ -27,6 +27,7 @@ from parsearch.cost.analytic import (
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.memory import memory_arrays
 from parsearch.layout import Layout
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search.study_space import (
     CLUSTER_AXIS,
     OUTCOME_KEYS,
@@ -37,7 +38,6 @@ from parsearch.search.study_space import (
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import build_fabric
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import ModelSpec, TrainingSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.constraints import RECOMPUTE_CODES, RULES, derive_columns, rule_context
 from parsearch.cost.analytic import layout_columns
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.space import divisors
+from parsearch.layout.rules import RECOMPUTE_CODES, RULES, derive_columns, rule_context
+from parsearch.layout.space import divisors
+from parsearch.model.specs import RECOMPUTE_MODES, ModelSpec, TrainingSpec
 from parsearch.topology.cluster import ClusterSpec
-from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec
 
 AXES: tuple[str, ...] = ("num_gpus", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "sp",
                          "recompute")

@@ -17,10 +17,10 @@ import numpy as np
 from parsearch.cost.analytic import CostOptions, usable_memory_bytes
 from parsearch.cost.memory import memory_arrays
 from parsearch.layout import Layout
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.search.study_space import AXES, CLUSTER_AXIS, StudySpace, rule_violations
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import ModelSpec, TrainingSpec
 
 
 def starting_layouts(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,

@@ -1,6 +1,6 @@
 """Public serving API beside :func:`parsearch.search.api.search_layouts`.
 
->>> from parsearch.presets import get_preset
+>>> from parsearch.model.presets import get_preset
 >>> from parsearch.serve.spec import ServingWorkload
 >>> w = ServingWorkload(isl=1000, osl=1000, precision="fp8", kv_precision="fp8", tpot_ms=50)
 >>> r = serve_layouts(model=get_preset("llama3-70b"), cluster="dgx-h100", num_gpus=8,
@@ -17,6 +17,7 @@ from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu, load_efficiency_profile
 from parsearch.errors import NoValidLayoutError, SpecError
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.cost import rates_for
 from parsearch.serve.evaluate import (
     ServingContext,
@@ -31,7 +32,6 @@ from parsearch.serve.space import require_serving_layouts
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.workload import ModelSpec
 
 #: Prefill instance shapes tried per query in disaggregated mode (the best by requests/s per GPU).
 PREFILL_SHAPES = 6

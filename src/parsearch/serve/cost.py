@@ -17,13 +17,13 @@ from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_t
 from parsearch.cost.compute import matmul_scale
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.softmax import attention_scale
-from parsearch.params import ParameterCounts
+from parsearch.model.params import ParameterCounts
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.hardware import GpuProfile
-from parsearch.workload import ModelSpec
 
 _ACT = ELEMENT_BYTES["bf16"]  # activations and all-reduce payloads are BF16
 #: Kernels per transformer layer in a decode step (norms, QKV, rope/cache write, attention,

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.params import ParameterCounts, parameter_counts
+from parsearch.model.params import ParameterCounts, parameter_counts
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.cost import (
     InstanceLinks,
     Rates,
@@ -37,7 +38,6 @@ from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.topology.hardware import GpuProfile
-from parsearch.workload import ModelSpec
 
 
 @dataclass

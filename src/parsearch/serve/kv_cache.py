@@ -1,6 +1,6 @@
 """KV-cache bytes per token, per layer and per GPU (GQA, MLA compressed cache, sliding windows).
 
->>> from parsearch.presets import get_preset
+>>> from parsearch.model.presets import get_preset
 >>> kv_bytes_per_token(get_preset("llama3-70b"), "bf16")      # 80 * 2 * 8 * 128 * 2
 327680.0
 >>> kv_bytes_per_token(get_preset("deepseek-v3"), "bf16")     # 61 * (512 + 64) * 2
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 from parsearch.errors import SpecError
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.spec import ELEMENT_BYTES, SlidingWindow
-from parsearch.workload import ModelSpec
 
 
 def sliding_window_for(model: ModelSpec,

@@ -1,6 +1,6 @@
 """Memory of one serving GPU: weights, activation workspace, and what is left for the KV cache.
 
-Weights follow :mod:`parsearch.params` (parameter counts by sharding class).  Quantized
+Weights follow :mod:`parsearch.model.params` (parameter counts by sharding class).  Quantized
 checkpoints quantize the linear layers of the transformer blocks only; embedding, output
 layer, norms and router stay BF16 (NVIDIA ModelOpt FP8/NVFP4 model cards: "only the
 weights and activations of the linear operators within transformer blocks are quantized").
@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from parsearch.params import ParameterCounts, parameter_counts
+from parsearch.model.params import ParameterCounts, parameter_counts
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import moe_layer_count, stage_layers
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
 from parsearch.topology.hardware import GpuProfile
-from parsearch.workload import ModelSpec
 
 GIB = float(2**30)
 #: Memory the engine needs outside weights, KV and activations: CUDA context, NCCL

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 
 from parsearch.errors import NoValidLayoutError, Violation
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.spec import ServingLayout, ServingWorkload
-from parsearch.workload import ModelSpec
 
 
 def _divisors(n: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Serving specifications: the workload a deployment must carry and one serving layout.
 
 Frozen dataclasses validated on construction (bad input is a :class:`SpecError`
-naming the field, the value and the rule), like :mod:`parsearch.workload`.
+naming the field, the value and the rule), like :mod:`parsearch.model.specs`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from parsearch.errors import SpecError
-from parsearch.workload import require_choice, require_positive_int
+from parsearch.model.specs import require_choice, require_positive_int
 
 ServingMode = Literal["aggregated", "disaggregated"]
 SERVING_MODES: tuple[str, ...] = ("aggregated", "disaggregated")

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from parsearch.errors import ParsearchError
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.sweep.grid import Cell, SweepGrid
-from parsearch.workload import ModelSpec, TrainingSpec
 
 GIB = float(1 << 30)
 
@@ -34,7 +34,7 @@ class CellSolver:
 
     def model(self, name: str) -> ModelSpec:
         if name not in self._models:
-            from parsearch.model_files import resolve_model
+            from parsearch.model.files import resolve_model
 
             self._models[name] = resolve_model(name)
         return self._models[name]

@@ -25,7 +25,7 @@ import yaml
 
 from parsearch.errors import SpecError
 from parsearch.files import is_file, path_exists
-from parsearch.workload import PRECISIONS, RECOMPUTE_MODES
+from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODES
 
 #: The grid's axes, in the order cells are listed.
 AXES: tuple[str, ...] = ("models", "clusters", "gpus", "global_batch", "seq_len")

@@ -44,9 +44,9 @@ from typing import Any
 
 from parsearch.errors import TopologyError, parse_yaml_text
 from parsearch.files import is_file
+from parsearch.model.specs import short_repr
 from parsearch.resources import data_dir
 from parsearch.topology.hardware import list_gpu_profiles
-from parsearch.workload import short_repr
 
 FABRICS: tuple[str, ...] = ("infiniband", "ethernet")
 

@@ -35,8 +35,8 @@ from collections.abc import Iterable
 import networkx as nx
 
 from parsearch.errors import TopologyError
+from parsearch.model.specs import short_repr
 from parsearch.topology.cluster import MAX_GPUS, ClusterSpec
-from parsearch.workload import short_repr
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nvswitch", "nic", "leaf", "spine", "core")
 

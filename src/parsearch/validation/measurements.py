@@ -35,6 +35,7 @@ from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.files import is_file
 from parsearch.layout import Layout, parse_layout_string
+from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODULES
 from parsearch.validation.megatron_logs import (
     WARMUP_ITERATIONS,
     LogError,
@@ -43,7 +44,6 @@ from parsearch.validation.megatron_logs import (
     steady_states,
 )
 from parsearch.validation.recipes import graph_scope, priced_fp8_recipe
-from parsearch.workload import PRECISIONS, RECOMPUTE_MODULES
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("num_gpus", "global_batch", "seq_len", "precision",
                                      "layout")
@@ -57,7 +57,7 @@ OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_com
                                    "overlap_grad_reduce", "overlap_param_gather", "cuda_graphs",
                                    "cuda_graph_scope", "fp8_recipe", "grad_reduce_bytes",
                                    "param_gather_bytes", "moe_imbalance")
-#: Optional columns that set :class:`~parsearch.workload.TrainingSpec` fields.
+#: Optional columns that set :class:`~parsearch.model.specs.TrainingSpec` fields.
 TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "distributed_optimizer", "recompute_num_layers",
                                      "recompute_modules", "pipeline_layout", "grad_bytes",
                                      "activation_offload_layers")

@@ -60,8 +60,8 @@ from parsearch.cost.efficiency import EfficiencyProfile, Prior
 from parsearch.errors import SpecError
 from parsearch.launch import LaunchSettings
 from parsearch.layout import Layout
+from parsearch.layout.space import require_layouts
 from parsearch.search.exhaustive import rank_feasible, scan_table
-from parsearch.space import require_layouts
 from parsearch.validation.calibration import (
     FIT_ORDER,
     LOSS_SCALE,

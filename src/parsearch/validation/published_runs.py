@@ -13,7 +13,7 @@ frozen :class:`PublishedRun`:
   it is converted with *that source's own* FLOP count (``conversion`` names
   which one, :data:`~parsearch.validation.run_conventions.CONVERSIONS`
   describes it);
-* a :class:`~parsearch.workload.ModelSpec` (a preset when one matches the
+* a :class:`~parsearch.model.specs.ModelSpec` (a preset when one matches the
   model name, else built from the row's architecture columns) and the
   cluster preset to run it on;
 * ``skip_reason``: why the row cannot be used as ground truth, or ``None``.
@@ -36,6 +36,7 @@ from pathlib import Path
 
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
+from parsearch.model.specs import ModelSpec, Precision, TrainingSpec
 from parsearch.validation.run_cells import Row, cell_float, cell_int, cell_text, required_int
 from parsearch.validation.run_conventions import (
     MBRIDGE_HELDOUT,
@@ -48,7 +49,6 @@ from parsearch.validation.run_conventions import (
 from parsearch.validation.run_corrections import corrected
 from parsearch.validation.run_layouts import build_layout, layout_problems, normalise_precision
 from parsearch.validation.run_models import megascale_block, resolve_model, split_model_name
-from parsearch.workload import ModelSpec, Precision, TrainingSpec
 
 DATA_PACKAGE = "parsearch.data"
 DATA_FILE = "published_runs.csv"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from parsearch.errors import SpecError
-from parsearch.workload import short_repr
+from parsearch.model.specs import short_repr
 
 #: One CSV row, as ``csv.DictReader`` yields it.
 Row = Mapping[str, str]

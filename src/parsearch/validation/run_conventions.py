@@ -14,8 +14,8 @@ import re
 
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
+from parsearch.model.specs import ModelSpec
 from parsearch.validation.run_cells import Row, cell_float, cell_int
-from parsearch.workload import ModelSpec
 
 # Source tags (derived from the ``source`` column).
 NAR21 = "NAR21"
@@ -154,7 +154,7 @@ def palm_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     (torchtitan ``get_nparams_and_flops`` subtracts the ``nn.Embedding`` only, so
     an untied output layer is in N) and H·Q = heads × head dim; no causal halving.
     """
-    from parsearch.params import parameter_counts
+    from parsearch.model.params import parameter_counts
 
     counts = parameter_counts(model)
     n = counts.total - counts.embedding

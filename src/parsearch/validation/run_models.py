@@ -2,7 +2,7 @@
 
 :func:`resolve_model` tries the presets a model name maps to (checking them
 against the row's architecture columns), then builds a
-:class:`~parsearch.workload.ModelSpec` from those columns (with cited
+:class:`~parsearch.model.specs.ModelSpec` from those columns (with cited
 public-config fills for blank cells), and otherwise says why there is none.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import replace
 from functools import cache
 
 from parsearch.errors import ParsearchError
+from parsearch.model.specs import ModelSpec, MoeSpec
 from parsearch.validation.run_cells import Row, cell_int, cell_text
-from parsearch.workload import ModelSpec, MoeSpec
 
 # Model name (without its parenthesised variant) -> preset names to try, in order.
 _PRESET_CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -80,9 +80,9 @@ def split_model_name(model: str) -> tuple[str, str | None]:
 def _preset(name: str) -> ModelSpec | None:
     """The preset called ``name``, or ``None`` if there is none (or no preset module)."""
     try:
-        from parsearch.presets import get_preset
+        from parsearch.model.presets import get_preset
     except ModuleNotFoundError as exc:
-        if exc.name in ("parsearch.presets", "parsearch"):
+        if exc.name in ("parsearch.model.presets", "parsearch"):
             return None
         raise
     try:

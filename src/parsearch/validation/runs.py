@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
-from parsearch.constraints import check_layout
 from parsearch.cost.analytic import CostModel, CostOptions, Estimate, build_cost_model, estimate
 from parsearch.errors import ParsearchError
 from parsearch.layout import Layout
+from parsearch.layout.rules import check_layout
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.validation.published_runs import (
@@ -36,7 +37,6 @@ from parsearch.validation.published_runs import (
 )
 from parsearch.validation.recipes import apply_setup, load_run_setups, priced_fp8_recipe
 from parsearch.validation.run_conventions import MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER
-from parsearch.workload import TrainingSpec
 
 
 @dataclass(frozen=True)

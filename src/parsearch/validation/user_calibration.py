@@ -38,12 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.constraints import check_layout
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, layout_columns
 from parsearch.cost.coverage import widened
 from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
 from parsearch.errors import ParsearchError
-from parsearch.model_files import resolve_model
+from parsearch.layout.rules import check_layout
+from parsearch.model.files import resolve_model
+from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.calibration import (
@@ -67,7 +68,6 @@ from parsearch.validation.network_calibration import (
     rows_with_cluster_factors,
 )
 from parsearch.validation.published_runs import PublishedRun
-from parsearch.workload import ModelSpec, TrainingSpec
 
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
 #: (mean over the runs) cannot be informed by them and is not fitted.

@@ -31,13 +31,13 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.analytic import CostOptions
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.specs import RECOMPUTE_MODES
 from parsearch.search.exhaustive import rank_feasible, scan_table, shape_codes
-from parsearch.space import enumerate_layouts
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation import best_reading, run_cost_model
 from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows, group_key
-from parsearch.workload import RECOMPUTE_MODES
 
 MATCH_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
 

@@ -6,7 +6,7 @@ same code serves two callers:
 
 * :func:`check_layout` evaluates every rule on one :class:`Layout` and returns
   :class:`Violation` values that name the values and the fix;
-* :mod:`parsearch.space` applies each rule as soon as the enumerator has
+* :mod:`parsearch.layout.space` applies each rule as soon as the enumerator has
   assigned the axes it reads, pruning whole blocks of the space at once.
 
 Derived columns (``dp``, ``edp``, ``m``) are computed by :func:`derive_columns`
@@ -22,7 +22,7 @@ import numpy as np
 
 from parsearch.errors import Violation
 from parsearch.layout import Layout
-from parsearch.workload import RECOMPUTE_CODES, RECOMPUTE_MODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, RECOMPUTE_MODES, ModelSpec, TrainingSpec
 
 Columns = Mapping[str, np.ndarray]
 
@@ -385,7 +385,7 @@ def layout_columns(layout: Layout) -> dict[str, np.ndarray]:
 def check_layout(model: ModelSpec, training: TrainingSpec, layout: Layout) -> list[Violation]:
     """Every rule ``layout`` breaks for this model and setup (empty: valid).
 
-    >>> from parsearch.workload import ModelSpec, TrainingSpec
+    >>> from parsearch.model.specs import ModelSpec, TrainingSpec
     >>> m = ModelSpec("toy", 32, 4096, 14336, 32, 8, 128, 128256)
     >>> t = TrainingSpec(seq_len=8192, global_batch=64)
     >>> [v.rule for v in check_layout(m, t, Layout(num_gpus=64, tp=8, pp=6))]

@@ -1,4 +1,4 @@
-"""Parameter counts of a :class:`~parsearch.workload.ModelSpec`, by sharding class.
+"""Parameter counts of a :class:`~parsearch.model.specs.ModelSpec`, by sharding class.
 
 Formulas follow ``shared/reference/formulas.md`` §4, i.e. Megatron-Core
 ``megatron/training/theoretical_memory_usage.py::compute_weight_and_optimizer_memory``;
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsearch.workload import ModelSpec
+from parsearch.model.specs import ModelSpec
 
 
 @dataclass(frozen=True)

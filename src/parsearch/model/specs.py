@@ -2,8 +2,8 @@
 
 Both are frozen dataclasses validated on construction, so every later stage
 (layout space, placement, cost) may assume well-formed values.  Loading from
-files lives in :mod:`parsearch.model_files`; presets in
-:mod:`parsearch.presets`; parameter counts in :mod:`parsearch.params`.
+files lives in :mod:`parsearch.model.files`; presets in
+:mod:`parsearch.model.presets`; parameter counts in :mod:`parsearch.model.params`.
 """
 
 from __future__ import annotations
@@ -437,7 +437,7 @@ class TrainingSpec:
         if len(set(modules)) != len(modules):
             raise SpecError(f"{owner}: recompute_modules repeats a module: {modules!r}")
         if self.pipeline_layout is not None:  # syntax now; stage/layer counts per layout
-            from parsearch.pipeline_layout import parse_pipeline_layout
+            from parsearch.layout.pipeline import parse_pipeline_layout
 
             parse_pipeline_layout(self.pipeline_layout)
         value = self.activation_offload_layers

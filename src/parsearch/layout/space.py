@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from parsearch.constraints import (
+from parsearch.errors import NoValidLayoutError
+from parsearch.layout import Layout
+from parsearch.layout.rules import (
     RECOMPUTE_CODES,
     RULES,
     RULES_BY_ID,
@@ -31,9 +33,7 @@ from parsearch.constraints import (
     derive_columns,
     rule_context,
 )
-from parsearch.errors import NoValidLayoutError
-from parsearch.layout import Layout
-from parsearch.workload import RECOMPUTE_MODES, ModelSpec, TrainingSpec, require_positive_int
+from parsearch.model.specs import RECOMPUTE_MODES, ModelSpec, TrainingSpec, require_positive_int
 
 AXIS_ORDER: tuple[str, ...] = ("pp", "vpp", "tp", "cp", "ep", "etp", "mbs", "sp", "recompute")
 
@@ -240,7 +240,7 @@ def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *
     ``explain=False``: a space that a rule empties on its own is returned at
     once, without the per-axis record (``steps``) that names the rule.
 
-    >>> from parsearch.workload import ModelSpec, TrainingSpec
+    >>> from parsearch.model.specs import ModelSpec, TrainingSpec
     >>> m = ModelSpec("toy", 4, 256, 1024, 4, 4, 64, 1000)
     >>> t = TrainingSpec(seq_len=128, global_batch=8, micro_batch_sizes=(1,),
     ...                  recompute_modes=("none",), sequence_parallel="on")

@@ -22,8 +22,8 @@ recipes' default how to ask for it.
 from __future__ import annotations
 
 from parsearch.layout import Layout
-from parsearch.placement import group_strides
 from parsearch.topology.fabric import Fabric
+from parsearch.topology.placement import group_strides
 
 #: Pipelines at least this deep without interleaving are flagged.
 DEEP_PIPELINE = 8

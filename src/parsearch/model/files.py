@@ -26,8 +26,8 @@ from parsearch.model.hf_config import (
     load_hf_config,
     with_where,
 )
-from parsearch.presets import PRESETS, get_preset
-from parsearch.workload import MlaSpec, ModelSpec, MoeSpec
+from parsearch.model.presets import PRESETS, get_preset
+from parsearch.model.specs import MlaSpec, ModelSpec, MoeSpec
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "hf_config_to_spec", "load_hf_config", "load_model_file",
            "model_file_to_spec", "model_to_dict", "resolve_model"]

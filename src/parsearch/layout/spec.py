@@ -3,7 +3,7 @@
 A :class:`Layout` holds the degrees a user chooses; ``dp``, ``edp`` and
 ``min_gpus`` are derived (``shared/spec/layout-space.md``, "Derived
 quantities").  A layout is only a description: whether it is *valid* for a
-model and training setup is decided by :mod:`parsearch.constraints`.
+model and training setup is decided by :mod:`parsearch.layout.rules`.
 
 The key ``tp4-cp2-pp8-vpp2-ep8-etp1-mbs1-sp1-rsel`` round-trips through
 :func:`Layout.key` and :func:`parse_layout_key`; the user-facing string
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from parsearch.errors import SpecError
-from parsearch.workload import RECOMPUTE_MODES, Recompute
+from parsearch.model.specs import RECOMPUTE_MODES, Recompute
 
 DEGREE_KEYS: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
 LAYOUT_STRING_KEYS: tuple[str, ...] = (*DEGREE_KEYS, "sp", "recompute")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from parsearch.errors import SpecError
-from parsearch.workload import MlaSpec, ModelSpec, MoeSpec
+from parsearch.model.specs import MlaSpec, ModelSpec, MoeSpec
 
 _NAR21 = "Narayanan et al. 2021 (arXiv 2104.04473) Table 1"
 
