@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import re
+from pathlib import Path
 
 import pytest
 
+import parsearch
 from tests.cli_helpers import assert_one_line_error, run_cli
 
 EXPLAIN = ("explain", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64",
@@ -150,3 +154,30 @@ def test_the_likely_range_says_when_no_run_like_it_was_calibrated() -> None:
     assert width(bf16) > width(fp8)
     table = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision", "bf16")
     assert "no dense bf16 run in the calibration set" in table.out
+
+
+def test_validate_cv_names_each_fold_that_put_a_factor_on_a_bound(tmp_path) -> None:
+    """The Ampere runs alone (two sources, so leave one source out): the summary's count
+    of fits on a bound is the in-sample fit plus one line per failing fold, and each line
+    names the held-out source, its error there and the factor's value."""
+    runs = tmp_path / "ampere.csv"
+    bundled = Path(parsearch.__file__).parent / "data" / "published_runs.csv"
+    with open(bundled, newline="", encoding="utf-8") as src:
+        reader = csv.DictReader(src)
+        kept = [row for row in reader if row["gpu"].startswith("A100")]
+        fields = reader.fieldnames
+    with open(runs, "w", newline="", encoding="utf-8") as out:
+        writer = csv.DictWriter(out, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(kept)
+    result = run_cli("validate", "--cv", "family", "--data", str(runs))
+    assert result.code == 0, result
+    summary = next(line for line in result.out.splitlines() if line.startswith("ampere "))
+    on_bound, folds = re.search(r"(\d+) of (\d+)\s*$", summary).groups()
+    fold_lines = [line for line in result.out.splitlines() if line.startswith("ampere without ")]
+    in_sample = any(line.startswith("ampere: on a bound") for line in result.out.splitlines())
+    assert int(on_bound) == len(fold_lines) + int(in_sample) and int(folds) == 3
+    for line in fold_lines:
+        match = re.match(r"ampere without (NAR21|KOR22) \(fitted on the others; [\d.]+% on its "
+                         r"\d+ runs\): on a bound: ([a-z_.0-9]+ = [\d.e-]+(, )?)+$", line)
+        assert match, line

@@ -53,6 +53,16 @@ def test_leave_one_source_out_on_ampere_is_within_ten_percent() -> None:
     fit = cv.to_dict()["in_sample_fits"]["ampere"]
     assert fit["held_at_prior"] == list(cv.in_sample_profiles["ampere"].unresolved)
     assert fit["held_at_prior"] and not set(fit["held_at_prior"]) & set(fit["fitted"])
+    # each fold says what it held out, how it did there, and which factor hit a bound
+    assert sorted(f.held_out for f in cv.folds) == sorted({r.run.source_tag for r in rows})
+    assert sum(f.n_held_out for f in cv.folds) == len(rows)
+    in_sample_bound = int(bool(cv.in_sample_profiles["ampere"].on_bound))
+    assert summary.fits_on_bound == sum(bool(f.on_bound) for f in cv.folds) + in_sample_bound
+    for fold in cv.folds:
+        assert set(fold.on_bound) <= set(fold.values)
+        held = [r.ape_out for r in cv.rows if r.source == fold.held_out]
+        assert fold.mape_out == pytest.approx(sum(held) / len(held))
+    assert [f["held_out"] for f in cv.to_dict()["folds"]] == [f.held_out for f in cv.folds]
 
 
 def test_every_source_and_generation_is_covered(report) -> None:

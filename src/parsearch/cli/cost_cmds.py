@@ -62,8 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     validate.add_argument("--cv", choices=("family", "source"), default=None,
                           help="out-of-sample accuracy: per GPU generation, calibrate on all "
                           "runs but one model family (or source) and predict the held-out "
-                          "ones; reports MAPE out of and in sample, pairwise order accuracy "
-                          "and error bands (takes a few minutes)")
+                          "ones; reports MAPE out of and in sample, pairwise order accuracy, "
+                          "error bands and the folds that put a factor on a bound (takes a "
+                          "few minutes)")
     add_format_option(validate, ("table", "json"))
     validate.set_defaults(handler=run_validate)
 
@@ -213,6 +214,11 @@ def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
         if fit.unresolved:
             print(f"{generation}: held at the prior (no run resolves it apart from the others): "
                   f"{', '.join(fit.unresolved)}")
+    for fold in cv.folds:
+        if fold.on_bound:
+            at = ", ".join(f"{n} = {fold.values[n]:.4g}" for n in fold.on_bound)
+            print(f"{fold.generation} without {fold.held_out} (fitted on the others; "
+                  f"{fold.mape_out:.1%} on its {fold.n_held_out} runs): on a bound: {at}")
     print()
     print("error bands of these folds (out-of-sample measured/predicted, 10th-90th percentile; "
           "the shipped profiles add the held-out Megatron-Bridge runs):")

@@ -89,17 +89,37 @@ class GenerationSummary:
 
 
 @dataclass(frozen=True)
+class FoldFit:
+    """One fold: the generation's runs but one family (or source), fitted, and how
+    the fit went; ``mape_out`` is over the held-out runs."""
+
+    generation: str
+    held_out: str
+    n_held_out: int
+    mape_out: float
+    values: dict[str, float]
+    on_bound: tuple[str, ...]
+    held_at_prior: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "on_bound": list(self.on_bound),
+                "held_at_prior": list(self.held_at_prior)}
+
+
+@dataclass(frozen=True)
 class CrossValidation:
     rows: tuple[RowPrediction, ...]
     generations: tuple[GenerationSummary, ...]
     bands: dict[str, ErrorBand] = field(default_factory=dict)
     in_sample_profiles: dict[str, CalibrationResult] = field(default_factory=dict)
+    folds: tuple[FoldFit, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "generations": [g.to_dict() for g in self.generations],
             "bands": {k: b.__dict__ for k, b in self.bands.items()},
             "rows": [r.to_dict() for r in self.rows],
+            "folds": [f.to_dict() for f in self.folds],
             "in_sample_fits": {g: {"fitted": list(c.fitted), "on_bound": list(c.on_bound),
                                    "held_at_prior": list(c.unresolved),
                                    "values": {n: c.profile.get(n) for n in c.fitted}}
@@ -152,6 +172,7 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
     out_rows: list[RowPrediction] = []
     summaries: list[GenerationSummary] = []
     fits: dict[str, CalibrationResult] = {}
+    fold_fits: list[FoldFit] = []
     by_generation: dict[str, list[PreparedRow]] = defaultdict(list)
     for row in rows:
         by_generation[row.generation].append(row)
@@ -178,6 +199,13 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
                 on_bound += int(not fold.ok)
                 fold_profile = fold.profile
             oos[test] = predict([members[i] for i in test], fold_profile)
+            if len(keys) >= 2 and train:
+                measured = np.array([members[i].measured for i in test])
+                fold_fits.append(FoldFit(
+                    generation=generation, held_out=key, n_held_out=len(test),
+                    mape_out=float(np.mean(np.abs(oos[test] / measured - 1.0))),
+                    values={n: fold.profile.get(n) for n in fold.fitted},
+                    on_bound=fold.on_bound, held_at_prior=fold.unresolved))
         gen_rows = [
             RowPrediction(id=r.id, model=r.run.model, gpu=r.run.gpu, generation=generation,
                           family=r.family, source=r.run.source_tag, kind=r.kind,
@@ -195,7 +223,8 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
             median_ape_out=float(np.median([r.ape_out for r in gen_rows])),
             order_pairs=pairs, order_accuracy_in=acc_in, order_accuracy_out=acc_out,
             fits_on_bound=on_bound + int(not full.ok), folds=len(keys)))
-    return CrossValidation(tuple(out_rows), tuple(summaries), error_bands(out_rows, by), fits)
+    return CrossValidation(tuple(out_rows), tuple(summaries), error_bands(out_rows, by), fits,
+                           tuple(fold_fits))
 
 
 def heldout_predictions(rows: Sequence[PreparedRow],
