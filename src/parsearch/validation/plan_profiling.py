@@ -202,7 +202,9 @@ def _row_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
         return np.zeros((0, len(names)))
     effects = range_effects(rows, profile, [n for n in names if n not in CLUSTER_FACTORS],
                             {n: cluster_priors[n] for n in names if n in CLUSTER_FACTORS})
-    return np.column_stack([effects[n] for n in names])
+    # A factor whose range is a single value moves nothing (range_effects leaves it out).
+    none = np.zeros(len(rows))
+    return np.column_stack([effects.get(n, none) for n in names])
 
 
 def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
