@@ -187,25 +187,22 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
         fits[generation] = full
         in_pred = predict(members, full.profile)
         oos = np.full(len(members), np.nan)
-        on_bound = 0
         for key in keys:
             test = [i for i, r in enumerate(members) if _holdout_key(r, holdout) == key]
             train = [r for r in members if _holdout_key(r, holdout) != key]
+            held_out = [members[i] for i in test]
             if len(keys) < 2 or not train:
-                fold_profile = start
-            else:
-                fold = calibrate(train, start, max_evaluations=max_evaluations,
-                                 prior_weight=prior_weight)
-                on_bound += int(not fold.ok)
-                fold_profile = fold.profile
-            oos[test] = predict([members[i] for i in test], fold_profile)
-            if len(keys) >= 2 and train:
-                measured = np.array([members[i].measured for i in test])
-                fold_fits.append(FoldFit(
-                    generation=generation, held_out=key, n_held_out=len(test),
-                    mape_out=float(np.mean(np.abs(oos[test] / measured - 1.0))),
-                    values={n: fold.profile.get(n) for n in fold.fitted},
-                    on_bound=fold.on_bound, held_at_prior=fold.unresolved))
+                oos[test] = predict(held_out, start)
+                continue
+            fold = calibrate(train, start, max_evaluations=max_evaluations,
+                             prior_weight=prior_weight)
+            oos[test] = predict(held_out, fold.profile)
+            measured = np.array([r.measured for r in held_out])
+            fold_fits.append(FoldFit(
+                generation=generation, held_out=key, n_held_out=len(test),
+                mape_out=float(np.mean(np.abs(oos[test] / measured - 1.0))),
+                values={n: fold.profile.get(n) for n in fold.fitted},
+                on_bound=fold.on_bound, held_at_prior=fold.unresolved))
         gen_rows = [
             RowPrediction(id=r.id, model=r.run.model, gpu=r.run.gpu, generation=generation,
                           family=r.family, source=r.run.source_tag, kind=r.kind,
@@ -222,7 +219,8 @@ def cross_validate(rows: Sequence[PreparedRow], *, by: str = "family",
             mape_out=float(np.mean([r.ape_out for r in gen_rows])),
             median_ape_out=float(np.median([r.ape_out for r in gen_rows])),
             order_pairs=pairs, order_accuracy_in=acc_in, order_accuracy_out=acc_out,
-            fits_on_bound=on_bound + int(not full.ok), folds=len(keys)))
+            fits_on_bound=sum(bool(f.on_bound) for f in fold_fits if f.generation == generation)
+            + int(not full.ok), folds=len(keys)))
     return CrossValidation(tuple(out_rows), tuple(summaries), error_bands(out_rows, by), fits,
                            tuple(fold_fits))
 
