@@ -57,6 +57,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("cuda graphs", {}, {"cuda_graphs": True}),
     ("cuda graph scope", {}, {"cuda_graphs": True, "cuda_graph_scope": ("attn",)}),
     ("unfused attention", {}, {"flash_attention": False}),
+    ("pp scatter gather", {}, {"pp_scatter_gather": True}),
     ("moe imbalance", {}, {"moe_imbalance": 1.3}),
     ("grad reduce bf16", {}, {"grad_reduce_bytes": 2.0}),
     ("fp8 dispatch", {}, {"fp8_dispatch": True}),

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.collectives import LinkArrays, p2p_time
+from parsearch.cost.collectives import LinkArrays, all_gather_time, p2p_time
 from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
@@ -172,6 +172,25 @@ def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, uni
         "ep_comm": comm.ep,
         "offload": offload,
     }
+
+
+def _pp_send_time(groups: Groups, size_bytes: np.ndarray, cols: dict[str, np.ndarray],
+                  options: CostOptions) -> np.ndarray:
+    """One pipeline send of ``size_bytes`` per TP rank, without its latency constant.
+
+    Megatron-Core: every TP rank sends its copy to its peer in the next stage (b*s*h each
+    without SP, NAR21 §3.2).  With ``options.pp_scatter_gather`` (Megatron-LM's
+    ``--scatter-gather-tensors-in-pipeline``, NAR21 §4.1; formulas.md §7.4) and no SP,
+    each rank sends 1/t of it over its own link and the receiving stage all-gathers the
+    pieces over its TP group.
+    """
+    direct = p2p_time(groups.pp, size_bytes)
+    if not options.pp_scatter_gather:
+        return direct
+    tp = cols["tp"].astype(np.float64)
+    split = ~cols["sp"].astype(bool) & (tp > 1)
+    scattered = p2p_time(groups.pp, size_bytes / tp) + all_gather_time(groups.tp, size_bytes)
+    return np.where(split, scattered, direct)
 
 
 def _unit_params(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, tuple[Any, Any]]:
@@ -326,7 +345,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     tp_f, cp_f = pcols["tp"].astype(np.float64), pcols["cp"].astype(np.float64)
     pp_bytes = (pcols["mbs"] * training.seq_len / cp_f * model.hidden_size * ACT_BYTES
                 / np.where(pcols["sp"], tp_f, 1.0))
-    pp_send = np.where(pcols["pp"] > 1, p2p_time(groups.pp, pp_bytes)
+    pp_send = np.where(pcols["pp"] > 1, _pp_send_time(groups, pp_bytes, pcols, cm.options)
                        + cm.profile.collective_latency_s, 0.0)
     pshape = pcols["tp"].shape
     opt = cm.options

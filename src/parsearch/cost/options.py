@@ -63,6 +63,10 @@ class CostOptions:
     * ``flash_attention``: fused attention (FlashAttention / cuDNN); ``False`` prices
       Megatron's pre-2022 path (batched GEMMs over the full s x s scores plus the
       fused scale-mask-softmax and dropout kernels that read and write them).
+    * ``pp_scatter_gather``: pipeline sends split over the TP group and all-gathered on
+      arrival (Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by default before
+      Megatron-Core; NAR21 §4.1).  Only layouts without SP send less (with SP the tensor is
+      already split); Megatron-Core dropped it, so the launch settings have no flag for it.
     * ``moe_imbalance``: max/mean tokens per expert rank (``None``: the profile's).
     * ``grad_reduce_bytes``: element size of the DP gradient reduction (4: fp32,
       2: bf16, ``grad_reduce_in_fp32=False``); ``param_gather_bytes``: of the
@@ -95,6 +99,7 @@ class CostOptions:
     cuda_graphs: bool = False
     cuda_graph_scope: tuple[str, ...] = ()
     flash_attention: bool = True
+    pp_scatter_gather: bool = False
     moe_imbalance: float | None = None
     grad_reduce_bytes: float = 4.0
     param_gather_bytes: float = 2.0

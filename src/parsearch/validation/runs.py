@@ -180,7 +180,10 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # predate Transformer Engine's userbuffers TP overlap (2023): Megatron-LM then
         # overlapped only the backward TP collectives with the weight-gradient GEMM
         # (LinearWithGradAccumulationAndAsyncCommunication), the non-userbuffers path.
-        return training, replace(options, flash_attention=False, tp_comm_overlap=False)
+        # Pipeline sends were split over the TP group (--scatter-gather-tensors-in-pipeline,
+        # default on; NAR21 §4.1), which matters for NAR21's layouts without SP.
+        return training, replace(options, flash_attention=False, tp_comm_overlap=False,
+                                 pp_scatter_gather=True)
     if run.source_tag == "MEGASCALE":
         # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
         # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
