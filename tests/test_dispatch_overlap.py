@@ -94,7 +94,8 @@ def test_expert_parallelism_inside_the_node_beats_spilling_over_eight_nodes() ->
     assert _gpt_oss(8) > 1.1 * _gpt_oss(64)
 
 
-FEATURES = ("tp_comm_overlap", "moe_a2a_overlap", "overlap_grad_reduce", "overlap_param_gather")
+FEATURES = ("tp_comm_overlap", "tp_async_grad_comm", "moe_a2a_overlap", "overlap_grad_reduce",
+            "overlap_param_gather")
 
 
 @pytest.fixture(scope="module")

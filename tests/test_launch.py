@@ -58,6 +58,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("cuda graph scope", {}, {"cuda_graphs": True, "cuda_graph_scope": ("attn",)}),
     ("unfused attention", {}, {"flash_attention": False}),
     ("pp scatter gather", {}, {"pp_scatter_gather": True}),
+    ("tp async grad comm off", {}, {"tp_async_grad_comm": False}),
     ("moe imbalance", {}, {"moe_imbalance": 1.3}),
     ("grad reduce bf16", {}, {"grad_reduce_bytes": 2.0}),
     ("fp8 dispatch", {}, {"fp8_dispatch": True}),

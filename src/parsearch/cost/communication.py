@@ -380,7 +380,9 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     per_block = 1.0 / len(shares)
     # Plain Megatron: the wgrad input re-gather (SP) or the dgrad all-reduce (no SP) and the
     # dgrad reduce-scatter run asynchronously beside the backward GEMMs.
-    async_ops = blocks * 2.0 * op
+    # Megatron-LM before September 2021 ran them on the compute stream, exposed
+    # (``options.tp_async_grad_comm``; Megatron-LM commit 16c90445, 2021-09-02).
+    async_ops = blocks * 2.0 * op if options.tp_async_grad_comm else zeros
     async_block = [np.minimum(per_block * async_ops, compute.tp_gemm * (2.0 / 3.0) * f)
                    for f in shares]
     tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)

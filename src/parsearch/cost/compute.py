@@ -58,12 +58,21 @@ ACT_BYTES = 2.0  # bf16 activations
 EXPERT_TILE_ROWS = 128
 #: Backward FLOPs of fused attention relative to forward (FlashAttention-2 §3.2).
 ATTENTION_BACKWARD_RATIO = 2.5
-#: Unfused attention (Megatron before FlashAttention): HBM bytes per attention-score
-#: element, our count: forward QK^T writes it (2), the fused scale-mask-softmax reads and
-#: writes it (4), dropout reads it and writes it and a 1-byte mask (5), the PV GEMM reads
-#: it (2) = 13; backward about 15 (dV GEMM read, dropout and softmax gradients, dS GEMM).
-UNFUSED_SCORE_BYTES_FORWARD = 13.0
-UNFUSED_SCORE_BYTES_BACKWARD = 15.0
+#: Unfused attention (Megatron before FlashAttention, 2-byte scores): HBM bytes per
+#: attention-score element of the non-GEMM kernels, our count.  Forward: the fused
+#: scale-mask-softmax reads and writes it (4), dropout reads it, writes it and a 1-byte
+#: mask (5) = 9.  Backward: dropout's gradient reads the gradient and the mask and writes
+#: one (5), the fused softmax backward reads the gradient and the saved probabilities and
+#: writes one (6) = 11.
+UNFUSED_SCORE_BYTES_FORWARD = 9.0
+UNFUSED_SCORE_BYTES_BACKWARD = 11.0
+#: ... and of the batched GEMMs, whose inner dimension is the head dim, so the score
+#: matrix they write or read bounds their time (FlashAttention, Dao et al. 2022 §2.2:
+#: standard attention is memory-bound on these N x N reads and writes).  Forward: QK^T
+#: writes it (2), PV reads it (2) = 4; backward: dV reads the dropped probabilities (2),
+#: dP is written (2), dQ and dK each read dS (4) = 8.
+UNFUSED_SCORE_GEMM_BYTES_FORWARD = 4.0
+UNFUSED_SCORE_GEMM_BYTES_BACKWARD = 8.0
 #: CP ring merge: bytes per attention-output element and ring step, forward + backward.
 CP_MERGE_BYTES = 20.0
 #: Megatron-Core's all-to-all dispatcher sorts the received tokens by local expert after
@@ -361,6 +370,12 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         t_attn_fwd = full_scores / (peak_bf16_gemm
                                     * gemm_efficiency(profile, "bf16", per_call, half_bf16))
         t_attn_bwd = 2.0 * t_attn_fwd
+        # Each GEMM takes the longer of its FLOPs and its score-matrix traffic (roofline).
+        scores = mbs * (s / cp) * model.num_attention_heads / tp * (s / cp)
+        hbm_rate = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
+        t_attn_fwd = np.maximum(t_attn_fwd, scores * UNFUSED_SCORE_GEMM_BYTES_FORWARD / hbm_rate)
+        t_attn_bwd = np.maximum(t_attn_bwd,
+                                scores * UNFUSED_SCORE_GEMM_BYTES_BACKWARD / hbm_rate)
     # The output layer stays BF16 unless fp8_output_proj runs it under the MXFP8 autocast
     # (MCORE transformer_config fp8_output_proj, TELMHeadColumnParallelLinear).
     if fp8_output_proj and precision == "fp8":

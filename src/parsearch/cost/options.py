@@ -63,6 +63,10 @@ class CostOptions:
     * ``flash_attention``: fused attention (FlashAttention / cuDNN); ``False`` prices
       Megatron's pre-2022 path (batched GEMMs over the full s x s scores plus the
       fused scale-mask-softmax and dropout kernels that read and write them).
+    * ``tp_async_grad_comm``: without userbuffers, a linear's backward TP collectives run
+      beside its dgrad/wgrad GEMMs (Megatron's ``LinearWithGradAccumulationAndAsyncCommunication``,
+      always on in current Megatron); ``False`` prices Megatron-LM before September 2021,
+      whose backward all-reduce ran exposed on the compute stream.
     * ``pp_scatter_gather``: pipeline sends split over the TP group and all-gathered on
       arrival (Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by default before
       Megatron-Core; NAR21 §4.1).  Only layouts without SP send less (with SP the tensor is
@@ -99,6 +103,7 @@ class CostOptions:
     cuda_graphs: bool = False
     cuda_graph_scope: tuple[str, ...] = ()
     flash_attention: bool = True
+    tp_async_grad_comm: bool = True
     pp_scatter_gather: bool = False
     moe_imbalance: float | None = None
     grad_reduce_bytes: float = 4.0

@@ -275,6 +275,10 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     if opt.fp8_dispatch and training.precision != "bf16" and moe and lay.ep > 1:
         conflicts.append("FP8 token dispatch was priced (fp8_dispatch), but Megatron-LM has no "
                          "switch for it; the launch dispatches BF16 tokens")
+    if not opt.tp_async_grad_comm and lay.tp > 1:
+        conflicts.append("exposed backward TP collectives were priced (tp_async_grad_comm "
+                         "off, Megatron-LM before September 2021), but current Megatron "
+                         "always runs them beside the backward GEMMs")
     if opt.pp_scatter_gather and lay.pp > 1 and lay.tp > 1 and not lay.sp:
         conflicts.append("pipeline scatter/gather was priced (pp_scatter_gather, Megatron-LM "
                          "before Megatron-Core), but current Megatron sends each TP rank's full "

@@ -181,9 +181,12 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # overlapped only the backward TP collectives with the weight-gradient GEMM
         # (LinearWithGradAccumulationAndAsyncCommunication), the non-userbuffers path.
         # Pipeline sends were split over the TP group (--scatter-gather-tensors-in-pipeline,
-        # default on; NAR21 §4.1), which matters for NAR21's layouts without SP.
+        # default on; NAR21 §4.1), which matters for NAR21's layouts without SP.  NAR21's
+        # Megatron-LM (its sc21 scripts date from August 2021) also predates the async
+        # backward TP all-reduce (Megatron-LM commit 16c90445, 2021-09-02): it ran exposed.
         return training, replace(options, flash_attention=False, tp_comm_overlap=False,
-                                 pp_scatter_gather=True)
+                                 pp_scatter_gather=True,
+                                 tp_async_grad_comm=run.source_tag != "NAR21")
     if run.source_tag == "MEGASCALE":
         # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
         # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
