@@ -191,9 +191,11 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
         # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
         # all-gather / reduce-scatter with the GEMMs as MegaScale's own additions, so
-        # the baseline ran them exposed.
+        # the baseline ran them exposed.  §3.3 likewise presents FlashAttention-2 as its
+        # own; the baseline's Megatron-LM commit (285068c8, 2023-01-11) has FlashAttention
+        # only behind the opt-in --use-flash-attn, so it ran Megatron's unfused attention.
         return training, replace(options, tp_comm_overlap=False, overlap_grad_reduce=False,
-                                 overlap_param_gather=False)
+                                 overlap_param_gather=False, flash_attention=False)
     if run.source_tag not in (MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER):  # Bridge's defaults
         return training, options
     low_precision = run.precision != "bf16"
