@@ -361,6 +361,9 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     t_attn_bwd = ATTENTION_BACKWARD_RATIO * flops.core_attention_flops / (
         peak_attn * profile.attention_backward_efficiency * size_factor
         * attention_scale(gpu, profile, model, backward=True, precision=attn_precision))
+    hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
+    # Attention-score elements of one micro-batch on this rank (heads / tp, s/cp squared).
+    score_elements = mbs * (s / cp) * model.num_attention_heads / tp * (s / cp)
     if not flash_attention:
         # Batched GEMMs over the full score matrix (the causal half is computed and
         # masked), one (s/cp x d x s/cp) GEMM per head; backward 2x forward (NAR21).
@@ -371,11 +374,10 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                                     * gemm_efficiency(profile, "bf16", per_call, half_bf16))
         t_attn_bwd = 2.0 * t_attn_fwd
         # Each GEMM takes the longer of its FLOPs and its score-matrix traffic (roofline).
-        scores = mbs * (s / cp) * model.num_attention_heads / tp * (s / cp)
-        hbm_rate = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
-        t_attn_fwd = np.maximum(t_attn_fwd, scores * UNFUSED_SCORE_GEMM_BYTES_FORWARD / hbm_rate)
+        t_attn_fwd = np.maximum(t_attn_fwd,
+                                score_elements * UNFUSED_SCORE_GEMM_BYTES_FORWARD / hbm)
         t_attn_bwd = np.maximum(t_attn_bwd,
-                                scores * UNFUSED_SCORE_GEMM_BYTES_BACKWARD / hbm_rate)
+                                score_elements * UNFUSED_SCORE_GEMM_BYTES_BACKWARD / hbm)
     # The output layer stays BF16 unless fp8_output_proj runs it under the MXFP8 autocast
     # (MCORE transformer_config fp8_output_proj, TELMHeadColumnParallelLinear).
     if fp8_output_proj and precision == "fp8":
@@ -426,11 +428,9 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     if not flash_attention and is_layer:
         score_bytes = (UNFUSED_SCORE_BYTES_FORWARD + UNFUSED_SCORE_BYTES_BACKWARD
                        + recompute.core_attention * UNFUSED_SCORE_BYTES_FORWARD)
-        byte_count = byte_count + (rows * model.num_attention_heads / tp * (s / cp)
-                                   * score_bytes)
+        byte_count = byte_count + score_elements * score_bytes
     if unit in ("output", "mtp"):  # fused cross-entropy reads the logits, writes their grad
         byte_count = byte_count + rows * 8.0 * model.vocab_size / tp
-    hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
     memory_bound = profile.memory_bound_factor * byte_count / hbm
     # The forward is about a third of the counted bytes; recompute re-runs its share.
     memory_bound = memory_bound * (1.0 + recompute.elementwise / 3.0)
