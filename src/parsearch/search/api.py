@@ -111,16 +111,21 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     table = require_layouts(model, training, num_gpus)
     cm = build_cost_model(model, training, fabric_from_spec(cluster, num_gpus), profile=profile,
                           options=options)
+    band = tie_band(cm)
     with progress_bar(progress, len(table), "layouts", f"search {num_gpus} GPUs") as advance:
-        scan = scan_bounded(cm, table, top=top, diverse=diverse,
+        scan = scan_bounded(cm, table, top=top, diverse=diverse, tie_band=band,
                             considered=considered_count(model, training, num_gpus),
                             on_rows=advance)
-    picks = rank_feasible(scan, top=top, diverse=diverse) if scan.feasible else np.zeros(0, int)
-    found = estimates_for_rows(cm, table, scan.feasible_rows[picks])
-    floor = tie_floor(cm, found)
-    estimates = order_ties(found, floor)
-    in_band = [floor is not None and e.tokens_per_s_per_gpu >= floor for e in estimates]
-    ties = sum(in_band)
+    floor = (float(scan.tokens_per_s.max()) * (1.0 - band)
+             if band is not None and scan.feasible else None)
+    picks = (rank_feasible(scan, top=top, diverse=diverse, tie_floor=floor) if scan.feasible
+             else np.zeros(0, int))
+    # ties (within the error band of the best) lead, most memory headroom first, over the
+    # whole band: the same question names the same first layouts whatever ``top`` is
+    estimates = estimates_for_rows(cm, table, scan.feasible_rows[picks])
+    in_band = ([False] * len(picks) if floor is None
+               else (scan.tokens_per_s[picks] >= floor).tolist())
+    ties = 0 if floor is None else int(np.count_nonzero(scan.tokens_per_s >= floor))
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_for_cluster(model, training, e.layout, cluster,
@@ -139,18 +144,15 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
         outside_calibration=uncovered_features(cm.model, cm.profile.coverage))
 
 
-def tie_floor(cm: Any, estimates: Sequence[Estimate]) -> float | None:
-    """Tokens/s per GPU above which a layout is a tie with the best (``None``: no band).
+def tie_band(cm: Any) -> float | None:
+    """Relative width below the best within which layouts tie (``None``: no band).
 
     The band is the out-of-sample spread of this kind of prediction (the
     profile's ``uncertainty``: half the 10th-90th percentile width of
     measured/predicted); the tool cannot tell layouts inside it apart.
     """
     band, _ = band_for(cm.profile.uncertainty, cm.model.is_moe, cm.training.precision)
-    if band is None or not estimates:
-        return None
-    best = max(e.tokens_per_s_per_gpu for e in estimates)
-    return best * (1.0 - band.relative_halfwidth)
+    return None if band is None else float(band.relative_halfwidth)
 
 
 def tie_note(cm: Any) -> str:
@@ -166,18 +168,6 @@ def tie_note(cm: Any) -> str:
             f"can tell (out of sample, {kind} runs measured {math.exp(-band.high):.2f}-"
             f"{math.exp(-band.low):.2f}x of prediction, 10th-90th percentile{basis}).\n"
             "  Ties are listed by memory headroom; profile them to choose.")
-
-
-def order_ties(estimates: Sequence[Estimate], floor: float | None) -> list[Estimate]:
-    """Layouts at or above ``floor`` (:func:`tie_floor`: within the prediction's error band
-    of the best), most memory headroom first: the one least likely to run out of memory
-    leads.  Without a band (``None``) the order is unchanged."""
-    if floor is None:
-        return list(estimates)
-    tied = [e for e in estimates if e.tokens_per_s_per_gpu >= floor]
-    rest = [e for e in estimates if e.tokens_per_s_per_gpu < floor]
-    tied.sort(key=lambda e: e.capacity_bytes - e.memory_bytes["total"], reverse=True)
-    return tied + rest
 
 
 def _smallest_memory_gib(cm: Any, table: Any) -> float:

@@ -172,9 +172,17 @@ def scan_table(cm: CostModel, table: LayoutTable, *, considered: int | None = No
 
 
 def _threshold(tokens: list[np.ndarray], shapes: list[np.ndarray], top: int,
-               diverse: bool) -> float:
-    """The ``top``-th best throughput so far (per shape when ``diverse``); -inf if fewer."""
+               diverse: bool, tie_band: float | None = None) -> float:
+    """The ``top``-th best throughput so far (per shape when ``diverse``); -inf if fewer.
+
+    With ``tie_band``, never above the best so far times ``1 - tie_band``: every layout
+    that may tie with the final best is kept, so the tie order cannot depend on ``top``
+    (the best only grows, so a row below this bar is below the final one too).
+    """
     values = np.concatenate(tokens) if tokens else np.zeros(0)
+    if tie_band is not None and len(values):
+        floor = float(values.max()) * (1.0 - tie_band)
+        return min(floor, _threshold(tokens, shapes, top, diverse))
     if diverse and len(values):
         codes = np.concatenate(shapes)
         unique, inverse = np.unique(codes, return_inverse=True)
@@ -198,6 +206,7 @@ def _peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bool = False,
+                 tie_band: float | None = None,
                  considered: int | None = None, first_rows: int = 1 << 12,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS,
                  on_rows: Callable[[int], None] | None = None) -> ScanResult:
@@ -211,7 +220,9 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     to enter the answer.  The ranking of the result (:func:`rank_feasible`
     with the same ``top`` and ``diverse``) is that of :func:`scan_table`;
     ``feasible`` counts the layouts found to fit (those whose memory was
-    checked), ``examined`` the layouts scored.
+    checked), ``examined`` the layouts scored.  ``tie_band`` (relative width of the
+    prediction's error band) also keeps every layout within that share of the best, so
+    :func:`rank_feasible` can order the ties the same way whatever ``top`` is.
     """
     if top < 1:
         raise SpecError(f"search: top must be >= 1, got {top}")
@@ -278,7 +289,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                 tokens_out.append(tokens[fits])
                 memory_out.append(total[total <= hbm])
                 shapes_out.append(shape_of_row[rows[fits]])
-                threshold = _threshold(tokens_out, shapes_out, top, diverse)
+                threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
         if on_rows is not None:
             on_rows(int(ends[j - 1]) - start)
         start = int(ends[j - 1])
@@ -311,11 +322,17 @@ def shape_codes(columns: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
     return code
 
 
-def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False) -> np.ndarray:
+def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
+                  tie_floor: float | None = None) -> np.ndarray:
     """Positions (into the scan's feasible arrays) of the best ``top`` layouts, best first.
 
     ``diverse``: at most one layout per (tp, pp, cp, ep, etp) shape -- the best
-    of each -- so the list is not ten variants of one layout.
+    of each -- so the list is not ten variants of one layout.  ``tie_floor``:
+    tokens/s from which a layout ties with the best (closer than the prediction can
+    tell); those come first, least memory (most headroom) first, the rest by
+    throughput.  The order of the whole ranking is fixed before the first ``top`` are
+    cut, so a larger ``top`` only appends (the scan must hold every tie:
+    :func:`scan_bounded`'s ``tie_band``).
     """
     if top < 1:
         raise SpecError(f"search: top must be >= 1, got {top}")
@@ -332,13 +349,26 @@ def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False) -> np.nd
         ordered = _order(scan, candidates)
         _, first = np.unique(codes[ordered], return_index=True)
         ordered = ordered[np.sort(first)]
-        return ordered[:top]
+        return _ties_first(scan, ordered, tie_floor)[:top]
     if n > top:
         threshold = np.partition(tokens, n - top)[n - top]
+        if tie_floor is not None:
+            threshold = min(threshold, tie_floor)
         candidates = np.nonzero(tokens >= threshold)[0]
     else:
         candidates = np.arange(n)
-    return _order(scan, candidates)[:top]
+    return _ties_first(scan, _order(scan, candidates), tie_floor)[:top]
+
+
+def _ties_first(scan: ScanResult, ordered: np.ndarray, tie_floor: float | None) -> np.ndarray:
+    """``ordered`` (best first) with the layouts at or above ``tie_floor`` moved to the front,
+    least peak memory first (stable: equal memory keeps the throughput order)."""
+    if tie_floor is None:
+        return ordered
+    tied = ordered[scan.tokens_per_s[ordered] >= tie_floor]
+    rest = ordered[scan.tokens_per_s[ordered] < tie_floor]
+    tied = tied[np.argsort(scan.memory_bytes[tied], kind="stable")]
+    return np.concatenate([tied, rest])
 
 
 def estimates_for_rows(cm: CostModel, table: LayoutTable, rows: np.ndarray) -> list[Estimate]:
