@@ -6,16 +6,19 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parsearch import data as data_pkg
 from parsearch.errors import NoValidLayoutError
 from parsearch.model.presets import PRESETS, get_preset
 from parsearch.serve.api import _context, serve_layouts
-from parsearch.serve.evaluate import evaluate_aggregated
-from parsearch.serve.front import pareto_points
+from parsearch.serve.evaluate import ServingEstimate, _finite, evaluate_aggregated
+from parsearch.serve.front import pareto_points, rank_estimates
 from parsearch.serve.spec import ServingLayout, ServingWorkload
 from parsearch.topology.cluster import load_cluster, preset_names
 from tests.cli_helpers import assert_one_line_error, run_cli
@@ -200,3 +203,74 @@ def test_vllm_max_num_seqs_is_per_data_parallel_engine() -> None:
     sglang = " ".join(s.sglang)
     assert "--tp-size 8 --dp-size 8 --enable-dp-attention --ep-size 8" in sglang
     assert "--max-running-requests 512" in sglang
+
+
+# --- issue 35: a result that serves nothing is "nothing fits", never a result --------------
+
+
+def test_request_beyond_the_context_window_is_nothing_fits() -> None:
+    # The campaign's reproducer: a 4M-token prompt on DeepSeek-V3 (163,840-token window)
+    # exited 0 with tokens/s per GPU printed as 0.
+    result = run_cli("serve", "--model", "deepseek-v3", "--cluster", "gb300-nvl72", "--gpus",
+                     "32", "--mix", "4194304:1", "--ttft-ms", "1e9", "--tpot-ms", "1e9",
+                     "--precision", "fp4")
+    assert_one_line_error(result, "nothing fits", "4,194,305 tokens", "163,840")
+
+
+def test_request_at_the_context_window_is_served() -> None:
+    w = ServingWorkload(isl=163_839, osl=1, precision="fp8", kv_precision="fp8")
+    result = serve_layouts(model=get_preset("deepseek-v3"), cluster="gb300-nvl72",
+                           num_gpus=8, workload=w, top=1)
+    assert result.best is not None and result.best.estimate.tokens_per_s_per_gpu > 0
+
+
+def test_tiny_positive_rates_never_print_as_zero() -> None:
+    # No window is known for the Llama presets: a 4M-token prompt is priced, and its tiny
+    # rate must show as what it is, not as 0 (JSON rounded to 4 decimals did).
+    result = run_cli("serve", "--model", "llama3-70b", "--cluster", "gb300-nvl72", "--gpus",
+                     "32", "--mix", "4194304:1", "--precision", "fp4", "--format", "json")
+    assert result.code == 0, result.err
+    data = _strict(result.out)
+    for entry in data["results"] + data["front"]:
+        assert entry["tokens_per_s_per_gpu"] > 0
+        assert entry["tokens_per_s_per_user"] > 0
+        assert entry["tokens_per_s"] / entry["gpus"] == pytest.approx(
+            entry["tokens_per_s_per_gpu"], rel=2e-3)
+
+
+def _estimate(tokens_per_s: float, per_user: float = 1.0) -> ServingEstimate:
+    return ServingEstimate(ServingLayout(1, 1, 1, 1, 1), 1, tokens_per_s, per_user, 1.0, 1.0,
+                           1.0, 1.0, True, 1, "memory")
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, math.nan, math.inf])
+def test_zero_or_undefined_throughput_is_never_ranked_nor_on_the_front(rate) -> None:
+    bad, good = _estimate(rate), _estimate(5.0)
+    assert not bad.serves and good.serves
+    assert rank_estimates([bad, good], by_gpus=False) == [good]
+    assert pareto_points([bad, good]) == [good]
+    assert not _estimate(5.0, per_user=0.0).serves
+
+
+def test_layouts_that_fit_but_serve_nothing_raise_nothing_fits(monkeypatch) -> None:
+    import parsearch.serve.api as api
+
+    def zero(ctx, num_gpus, layouts):
+        return [replace(e, tokens_per_s=0.0) for e in real(ctx, num_gpus, layouts)]
+
+    real = api.score_layouts
+    monkeypatch.setattr(api, "score_layouts", zero)
+    with pytest.raises(NoValidLayoutError, match="carries any tokens"):
+        serve_layouts(model=get_preset("llama3-8b"), cluster="dgx-h100", num_gpus=1,
+                      workload=ServingWorkload(isl=100, osl=100))
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.floats(min_value=-1e12, max_value=1e12, allow_nan=False))
+def test_reported_numbers_keep_sign_and_four_significant_digits(value) -> None:
+    shown = _finite(value)
+    assert shown is not None
+    assert (shown > 0) == (value > 0) and (shown < 0) == (value < 0)
+    # 4 decimals from 1 up (plus float64's own spacing), 4 significant digits below
+    tolerance = 5e-5 + 4e-16 * abs(value) if abs(value) >= 1 else 5e-4 * abs(value)
+    assert abs(shown - value) <= tolerance + 1e-300

@@ -18,6 +18,7 @@ from typing import Any
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu, load_efficiency_profile
 from parsearch.errors import NoValidLayoutError, SpecError
 from parsearch.model.specs import ModelSpec
+from parsearch.serve.context import context_window
 from parsearch.serve.cost import rates_for
 from parsearch.serve.evaluate import (
     ServingContext,
@@ -117,6 +118,11 @@ def score_layouts(ctx: ServingContext, num_gpus: int,
 def _no_result_message(model: ModelSpec, workload: ServingWorkload, num_gpus: int,
                        estimates: list[ServingEstimate]) -> str:
     fitting = [e for e in estimates if e.fits]
+    serving = [e for e in fitting if e.serves]
+    if fitting and not serving:
+        return (f"no serving layout of {model.name} on {num_gpus} GPUs carries any tokens: "
+                "every layout that fits computes zero or undefined throughput; try shorter "
+                "requests or more GPUs")
     if not fitting:
         load = ""
         if workload.concurrency is not None:
@@ -129,11 +135,23 @@ def _no_result_message(model: ModelSpec, workload: ServingWorkload, num_gpus: in
                 "shorter requests or less load")
     targets = [f"{name} <= {value:g} ms" for name, value in
                (("ttft", workload.ttft_ms), ("tpot", workload.tpot_ms)) if value is not None]
-    best_ttft = min(e.ttft_ms for e in fitting)
-    best_tpot = min(e.tpot_ms for e in fitting)
+    best_ttft = min(e.ttft_ms for e in serving)
+    best_tpot = min(e.tpot_ms for e in serving)
     return (f"no layout meets the latency targets ({', '.join(targets)}); the best reachable "
             f"on {num_gpus} GPUs are ttft {best_ttft:.1f} ms and tpot {best_tpot:.2f} ms "
             "(not necessarily together)")
+
+
+def require_context_fits(model: ModelSpec, workload: ServingWorkload) -> None:
+    """A :class:`NoValidLayoutError` when the longest request exceeds the model's context
+    window (:mod:`parsearch.serve.context`): no engine serves it on any layout."""
+    window = context_window(model)
+    if window is not None and workload.max_context > window:
+        raise NoValidLayoutError(
+            f"nothing fits: a request of {workload.max_context:,} tokens (isl + osl) exceeds "
+            f"{model.name}'s context window of {window:,} tokens (config.json "
+            "max_position_embeddings), which serving engines refuse to exceed; give requests "
+            f"of at most {window:,} tokens")
 
 
 def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int,
@@ -153,6 +171,7 @@ def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int
     spec = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if spec.max_gpus is not None and num_gpus > spec.max_gpus:
         raise SpecError(f"--gpus {num_gpus} exceeds cluster {spec.name}'s max_gpus={spec.max_gpus}")
+    require_context_fits(model, workload)
     ctx = _context(model, spec, workload, window, efficiency)
     layouts = require_serving_layouts(model, workload, num_gpus, spec.job_domain_size,
                                       spec.gpus_per_node)

@@ -114,6 +114,13 @@ class ServingEstimate:
     def tokens_per_s_per_gpu(self) -> float:
         return self.tokens_per_s / self.gpus if self.gpus else 0.0
 
+    @property
+    def serves(self) -> bool:
+        """Whether the layout carries any tokens: finite, positive throughput per GPU and
+        per user (a zero or undefined one is "nothing fits", never a result)."""
+        rates = (self.tokens_per_s_per_gpu, self.tokens_per_s_per_user)
+        return all(math.isfinite(r) and r > 0 for r in rates)
+
     def to_dict(self) -> dict[str, Any]:
         def shape(layout: ServingLayout) -> dict[str, int]:
             return {"tp": layout.tp, "pp": layout.pp, "ep": layout.ep,
@@ -142,8 +149,14 @@ class ServingEstimate:
 
 
 def _finite(value: float, digits: int = 4) -> float | None:
-    """Rounded, or None for a value that is not finite (JSON has no NaN/Infinity)."""
-    return round(float(value), digits) if math.isfinite(value) else None
+    """Rounded to ``digits`` decimals, below 1 to ``digits`` significant digits (a tiny
+    positive rate is not printed as 0); None for a value that is not finite (JSON has no
+    NaN/Infinity)."""
+    if not math.isfinite(value):
+        return None
+    if abs(value) >= 1.0:
+        return round(float(value), digits)
+    return float(f"{value:.{digits}g}")
 
 
 def _bottleneck(step: StepTime) -> str:

@@ -21,9 +21,10 @@ from parsearch.serve.evaluate import ServingEstimate
 
 
 def pareto_points(estimates: Sequence[ServingEstimate]) -> list[ServingEstimate]:
-    """Fitting estimates not beaten on both tokens/s per GPU and tokens/s per user, sorted by
-    tokens/s per GPU (low to high: from the interactive end to the throughput end)."""
-    fitting = [e for e in estimates if e.fits]
+    """Fitting estimates that serve (positive throughput) not beaten on both tokens/s per
+    GPU and tokens/s per user, sorted by tokens/s per GPU (low to high: from the
+    interactive end to the throughput end)."""
+    fitting = [e for e in estimates if e.fits and e.serves]
     if not fitting:
         return []
     values = np.array([[e.tokens_per_s_per_gpu, e.tokens_per_s_per_user] for e in fitting])
@@ -33,14 +34,14 @@ def pareto_points(estimates: Sequence[ServingEstimate]) -> list[ServingEstimate]
 
 
 def rank_estimates(estimates: Sequence[ServingEstimate], *, by_gpus: bool) -> list[ServingEstimate]:
-    """Fitting estimates that meet the latency targets, best first.
+    """Fitting estimates that serve and meet the latency targets, best first.
 
     ``by_gpus`` (a request rate was given): fewest GPUs that carry it first, then the
     highest tokens/s per GPU; otherwise the highest throughput of the whole group on the
     budget (GPUs a layout leaves idle earn nothing), then tokens/s per user.  Ties keep
     the smaller instance (fewer GPUs per replica) first.
     """
-    ok = [e for e in estimates if e.fits and e.meets_targets]
+    ok = [e for e in estimates if e.fits and e.serves and e.meets_targets]
 
     def key(e: ServingEstimate) -> tuple[float, ...]:
         if by_gpus:
