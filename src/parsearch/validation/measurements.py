@@ -37,6 +37,7 @@ from parsearch.files import is_file
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODULES
 from parsearch.validation.megatron_logs import (
+    CSV_ROUTE,
     WARMUP_ITERATIONS,
     LogError,
     LogRun,
@@ -404,12 +405,13 @@ def measurements_from_log(path: Path, defaults: Defaults) -> Loaded:
         notes.extend(run_notes)
         if not run.iterations:
             problems.append(f"{run.name}: arguments but no iteration lines (the run died "
-                            "before its first logged iteration)")
+                            f"before its first logged iteration); {CSV_ROUTE}")
             continue
         if not readings:
             problems.append(f"{run.name}: no steady-state iterations to measure "
                             f"({len(run.iterations)} logged line(s), the first "
-                            f"{defaults.warmup_iterations} iterations are warm-up)")
+                            f"{defaults.warmup_iterations} iterations are warm-up; pass "
+                            "--warmup-iterations 0 if they were already past it)")
             continue
         own: list[str] = []
         precision = _log_precision(run, own)

@@ -25,7 +25,12 @@ from the ``key: value`` lines.
 
 Launchers prefix lines (``srun --label`` writes ``0: ``, ``torchrun --tee``
 ``[default0]:``); lines are matched anywhere, and lines that match nothing
-are counted as garbage and otherwise ignored.
+are counted as garbage and otherwise ignored.  The forms users paste beside
+these (colour codes, Primus's ``elapsed ... (ms): a/b``, NeMo 2's
+``train_step_timing in s:`` lines, argument lines without their header) are
+read line by line in :mod:`parsearch.validation.log_lines`; a checkpoint load
+(``successfully loaded checkpoint from ... at iteration N``) tells where the
+run's warm-up starts.
 """
 
 from __future__ import annotations
@@ -36,6 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parsearch.errors import ParsearchError
+from parsearch.validation.log_lines import (
+    IterationLine,
+    iteration_line,
+    looks_like_iteration,
+    loose_argument,
+    plain,
+)
 
 #: Iterations discarded at the start of a run and after a change of batch size: the first
 #: iterations include CUDA/NCCL initialisation, allocator growth and autotuning.
@@ -46,16 +58,12 @@ MIN_STEADY_LINES = 3
 _ARGS_HEADER = re.compile(r"-{3,} arguments -{3,}")
 _ARGS_FOOTER = re.compile(r"-{3,} end of arguments -{3,}")
 _ARG_LINE = re.compile(r"^(?:.*?:\s)?\s*([A-Za-z_][A-Za-z0-9_]*) \.*\s*(.*?)\s*$")
-_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|")
-_FIELDS = {
-    "consumed": re.compile(r"consumed samples:\s*(\d+)\s*\|"),
-    "elapsed_ms": re.compile(r"elapsed time per iteration \(ms\):\s*([0-9.eE+-]+)\s*\|"),
-    "tflops": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([0-9.eE+-]+)\s*\|"),
-    "batch": re.compile(r"global batch size:\s*(\d+)\s*\|"),
-    "skipped": re.compile(r"number of skipped iterations:\s*(\d+)\s*\|"),
-    "nan": re.compile(r"number of nan iterations:\s*(\d+)\s*\|"),
-}
-_DONE = re.compile(r"after training is done")
+#: Megatron-LM's end of training, and PyTorch Lightning's (NeMo 2: ``Trainer.fit`` stopped:
+#: ``max_steps=N`` reached.).
+_DONE = re.compile(r"after training is done|`Trainer\.fit` stopped")
+#: Megatron-LM ``checkpointing.py`` ``load_checkpoint`` (and Megatron-Bridge's): ``successfully
+#: loaded checkpoint from {load_dir} [ t .., p .. ] at iteration {iteration}``.
+_RESUMED = re.compile(r"successfully loaded checkpoint from .*\bat iteration\s+(\d+)")
 #: ``key: value`` lines of a Megatron-Bridge ConfigContainer YAML dump that we read.
 _YAML_KEYS = frozenset({
     "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
@@ -65,24 +73,13 @@ _YAML_KEYS = frozenset({
     "moe_token_dispatcher_type", "train_iters", "bf16", "fp16", "fp8", "fp4",
 })
 _YAML_LINE = re.compile(r"^\s+([a-z_][a-z0-9_]*):\s+(\S.*?)\s*$")
+#: Where a stretch's CSV alternative is spelled out (the other route into ``calibrate``).
+CSV_ROUTE = ("or give the step times as a CSV with columns model, cluster, num_gpus, "
+             "global_batch, seq_len, precision, layout, step_time_s")
 
 
 class LogError(ParsearchError):
     """A log (or one run in it) that yields no measurement; the message is one line."""
-
-
-@dataclass(frozen=True)
-class IterationLine:
-    """One per-iteration line of the log."""
-
-    line_no: int
-    iteration: int
-    train_iters: int
-    elapsed_ms: float
-    global_batch: int | None
-    tflops_per_gpu: float | None
-    skipped: int
-    nan: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +93,12 @@ class LogRun:
     iterations: tuple[IterationLine, ...]
     finished: bool
     malformed_lines: tuple[int, ...] = ()
+    #: The iteration the run started from: 0 (a fresh start, or an excerpt that shows no
+    #: resume), the checkpoint's iteration when the log says it loaded one, ``None`` when
+    #: the counter went back (a restart) with no such line: unknown.
+    start_iteration: int | None = 0
+    #: Lines read as arguments without an arguments-block header around them.
+    loose_arguments: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -146,35 +149,6 @@ def _int_or_none(text: str | None) -> int | None:
         return None
 
 
-def _iteration_line(text: str, line_no: int) -> IterationLine | None:
-    """The iteration line's fields, or ``None`` when a field the reading needs is missing."""
-    head = _ITERATION.search(text)
-    elapsed = _FIELDS["elapsed_ms"].search(text)
-    if head is None or elapsed is None:
-        return None
-    try:
-        ms = float(elapsed.group(1))
-    except ValueError:
-        return None
-    if not ms > 0 or ms != ms or ms == float("inf"):
-        return None
-    values = {k: rx.search(text) for k, rx in _FIELDS.items()}
-
-    def number(key: str) -> str | None:
-        match = values[key]
-        return match.group(1) if match else None
-
-    tflops = number("tflops")
-    try:
-        tflops_value = float(tflops) if tflops is not None else None
-    except ValueError:
-        tflops_value = None
-    return IterationLine(
-        line_no=line_no, iteration=int(head.group(1)), train_iters=int(head.group(2)),
-        elapsed_ms=ms, global_batch=_int_or_none(number("batch")), tflops_per_gpu=tflops_value,
-        skipped=_int_or_none(number("skipped")) or 0, nan=_int_or_none(number("nan")) or 0)
-
-
 @dataclass
 class _Builder:
     path: str
@@ -185,10 +159,13 @@ class _Builder:
     malformed: list[int] = field(default_factory=list)
     finished: bool = False
     from_header: bool = False
+    start_iteration: int | None = 0
+    loose: list[int] = field(default_factory=list)
 
     def build(self) -> LogRun:
         return LogRun(self.path, self.index, self.start_line, dict(self.arguments),
-                      tuple(self.iterations), self.finished, tuple(self.malformed))
+                      tuple(self.iterations), self.finished, tuple(self.malformed),
+                      self.start_iteration, tuple(self.loose))
 
     @property
     def empty(self) -> bool:
@@ -198,9 +175,11 @@ class _Builder:
 def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
     """Every run in the log text, in order.
 
-    A new run starts at each arguments block, and where the iteration counter
-    goes backwards (a restart whose arguments block is missing from the log);
-    a restart inherits the arguments seen before it.
+    A new run starts at each arguments block (or, without its header, at the first
+    argument line after iterations), and where the iteration counter goes backwards
+    (a restart whose arguments block is missing from the log); a restart inherits the
+    arguments seen before it.  Colour codes are removed from every line first
+    (:func:`~parsearch.validation.log_lines.plain`).
 
     >>> line = (" [2024-05-01 10:00:00] iteration {:8d}/{:8d} | consumed samples: {:12d} |"
     ...         " elapsed time per iteration (ms): {:.1f} | global batch size: {:5d} |")
@@ -218,14 +197,16 @@ def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
     runs: list[_Builder] = []
     current = _Builder(path, 1, 1)
     in_args = False
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    resumed: int | None = None  # a checkpoint load seen before the run's first iteration
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        line = plain(raw)
         if _ARGS_HEADER.search(line) and not _ARGS_FOOTER.search(line):
             # Lines before the first arguments block that happened to look like config
             # (no iterations yet) are not a run of their own.
             if current.iterations or (current.from_header and not current.empty):
                 runs.append(current)
             current = _Builder(path, len(runs) + 1, line_no, from_header=True)
-            in_args = True
+            in_args, resumed = True, None
             continue
         if in_args:
             if _ARGS_FOOTER.search(line):
@@ -235,18 +216,34 @@ def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
             if match and match.group(1) not in current.arguments:
                 current.arguments[match.group(1)] = match.group(2)
             continue
-        if "iteration" in line and "elapsed time per iteration" in line:
-            parsed = _iteration_line(line, line_no)
+        if looks_like_iteration(line):
+            parsed = iteration_line(line, line_no)
             if parsed is None:
                 current.malformed.append(line_no)
                 continue
             if current.iterations and parsed.iteration <= current.iterations[-1].iteration:
                 runs.append(current)  # restarted: a new run with the same arguments
-                current = _Builder(path, len(runs) + 1, line_no, dict(current.arguments))
+                current = _Builder(path, len(runs) + 1, line_no, dict(current.arguments),
+                                   start_iteration=resumed)
+            elif not current.iterations and resumed is not None:
+                current.start_iteration = resumed
+            resumed = None
             current.iterations.append(parsed)
             continue
         if _DONE.search(line):
             current.finished = True
+            continue
+        loaded = _RESUMED.search(line)
+        if loaded is not None:
+            resumed = int(loaded.group(1))
+            continue
+        argument = loose_argument(line)
+        if argument is not None:
+            if current.iterations:  # another run's arguments, pasted without the header
+                runs.append(current)
+                current = _Builder(path, len(runs) + 1, line_no)
+            current.arguments.setdefault(*argument)
+            current.loose.append(line_no)
             continue
         yaml_line = _YAML_LINE.match(line)
         if yaml_line and yaml_line.group(1) in _YAML_KEYS:
@@ -265,8 +262,10 @@ def read_megatron_log(path: str | Path) -> list[LogRun]:
     runs = parse_megatron_log(text, str(path))
     if not runs:
         raise LogError(f"{path}: no Megatron arguments block and no iteration lines "
-                       "('iteration N/M | ... elapsed time per iteration (ms): ...'); "
-                       "is this a Megatron-LM / Megatron-Bridge training log?")
+                       "('iteration N/M | ... elapsed time per iteration (ms): ...', or "
+                       "NeMo 2's 'iteration N/M | ... train_step_timing in s: ...'); is this "
+                       f"a Megatron-LM / Megatron-Bridge / NeMo training log? {CSV_ROUTE} "
+                       "(a .csv file)")
     return runs
 
 
@@ -286,11 +285,14 @@ def steady_states(run: LogRun, warmup_iterations: int = WARMUP_ITERATIONS,
                   ) -> tuple[list[SteadyState], list[str]]:
     """Steady-state readings of a run, one per constant-batch stretch, and notes.
 
-    In each stretch the iterations up to ``warmup_iterations`` after its first
-    iteration are dropped (after a change of batch size the first line also
-    averages over iterations of the old size), then the step time is the
-    median of the remaining lines' per-iteration times.  A stretch with fewer
-    than :data:`MIN_STEADY_LINES` remaining lines gives a note, not a reading.
+    Warm-up is counted in the run's own iteration numbers: the first stretch drops
+    iterations up to ``warmup_iterations`` after the iteration the run started from
+    (0, or the checkpoint it loaded), so an excerpt that starts at iteration 29 is past
+    its warm-up; a restart without a checkpoint line, and every stretch after a change
+    of batch size (whose first line also averages over iterations of the old size),
+    count from their first logged line.  The step time is the median of the remaining
+    lines' per-iteration times.  A stretch with fewer than :data:`MIN_STEADY_LINES`
+    remaining lines gives a note, not a reading.
     """
     notes: list[str] = []
     if run.malformed_lines:
@@ -308,19 +310,30 @@ def steady_states(run: LogRun, warmup_iterations: int = WARMUP_ITERATIONS,
         sizes = " -> ".join(str(s[0].global_batch) for s in segments)
         notes.append(f"{run.name}: global batch size changed ({sizes}); each batch size "
                      "is read separately")
+    if run.loose_arguments:
+        notes.append(f"{run.name}: read {len(run.loose_arguments)} argument line(s) found "
+                     "without the '--- arguments ---' header (from line "
+                     f"{run.loose_arguments[0]}); paste the whole block to be sure none is "
+                     "missing")
     readings = []
-    for segment in segments:
-        # The first logged line of a stretch averages over the iterations since the line
-        # before it (other batch size, or start-up), so warm-up counts from that line.
-        start = segment[0].iteration - 1
+    for number, segment in enumerate(segments):
+        start = _warmup_start(run, segment, first=number == 0)
+        if number == 0 and run.start_iteration == 0 and segment[0].iteration > \
+                warmup_iterations + 1 and warmup_iterations:
+            notes.append(f"{run.name}: the log starts at iteration {segment[0].iteration}, "
+                         f"past the run's {warmup_iterations} warm-up iterations: all its lines "
+                         "are used (pass --warmup-iterations N to drop N more if the run was "
+                         "resumed from a checkpoint at that point)")
         steady = [x for x in segment if x.iteration > start + warmup_iterations]
         batch = segment[0].global_batch
         where = (f"{run.name}: iterations {segment[0].iteration}-{segment[-1].iteration}"
                  + (f" (batch {batch})" if batch else ""))
         if len(steady) < MIN_STEADY_LINES:
-            notes.append(f"{where}: only {len(steady)} logged line(s) after the "
-                         f"{warmup_iterations} warm-up iterations, need {MIN_STEADY_LINES}; "
-                         "not used (log more iterations or lower --log-interval)")
+            notes.append(f"{where}: only {len(steady)} logged line(s) after warm-up "
+                         f"(iterations {start + 1}-{start + warmup_iterations}), need "
+                         f"{MIN_STEADY_LINES}; not used (log more iterations or lower "
+                         "--log-interval, or pass --warmup-iterations 0 if these iterations "
+                         "were already past warm-up)")
             continue
         times = [x.elapsed_ms / 1000.0 for x in steady]
         median = statistics.median(times)
@@ -336,3 +349,16 @@ def steady_states(run: LogRun, warmup_iterations: int = WARMUP_ITERATIONS,
             lines_used=len(steady),
             tflops_per_gpu=statistics.median(tflops) if tflops else None, notes=tuple(own)))
     return readings, notes
+
+
+def _warmup_start(run: LogRun, segment: list[IterationLine], first: bool) -> int:
+    """The iteration warm-up counts from in ``segment``.
+
+    The run's first stretch: the iteration the run started from (0, or the checkpoint it
+    loaded).  A restart without a checkpoint line, and a stretch after a change of batch
+    size: its first logged line averages over the iterations since the line before it
+    (start-up, or the old batch size), so warm-up counts from that line.
+    """
+    if first and run.start_iteration is not None:
+        return min(run.start_iteration, segment[0].iteration - 1)
+    return segment[0].iteration - 1
