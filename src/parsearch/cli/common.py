@@ -14,6 +14,7 @@ from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
+from parsearch.cost.routing import ROUTING_MODES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.model.specs import (
@@ -172,9 +173,20 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cost model")
     group.add_argument("--efficiency", metavar="NAME|FILE", default=None,
                        help="efficiency profile (default: the one covering the cluster's GPU)")
+    group.add_argument("--routing", choices=ROUTING_MODES, default="trained",
+                       help="MoE routing priced: trained (default: a trained router's expert-"
+                       "load imbalance, growing with EP) or balanced (forced uniform routing, "
+                       "--moe-router-force-load-balancing: for benchmarks only, the router "
+                       "stops learning; the launch settings turn it on only then)")
     group.add_argument("--moe-imbalance", type=non_negative_float, default=None, metavar="X",
-                       help="max/mean tokens per expert rank (>= 1; default: the profile's 1.0, "
-                       "force-balanced routing)")
+                       help="max/mean tokens per expert rank, fixed for every layout (>= 1; "
+                       "default: from --routing)")
+    group.add_argument("--moe-capacity-factor", type=non_negative_float, default=None,
+                       metavar="C", help="Megatron's --moe-expert-capacity-factor: tokens past "
+                       "C times the mean per expert are dropped (>= 1; default: dropless)")
+    group.add_argument("--moe-pad-to-capacity", action="store_true",
+                       help="pad every expert's input to the capacity factor "
+                       "(--moe-pad-expert-input-to-capacity)")
     group.add_argument("--grad-reduce-bytes", type=non_negative_float, default=4.0,
                        metavar="B", help="bytes per gradient element in the DP reduction "
                        "(default 4: fp32; 2: bf16)")
@@ -290,8 +302,17 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     # (tests/test_search.py), without building a graph of every GPU, NIC and switch
     fabric = fabric_from_spec(cluster, num_gpus)
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
+    if args.moe_capacity_factor is not None and args.moe_capacity_factor < 1:
+        raise SpecError(f"--moe-capacity-factor {args.moe_capacity_factor} must be >= 1 "
+                        "(tokens kept per expert, as a multiple of the mean)")
+    if args.moe_pad_to_capacity and args.moe_capacity_factor is None:
+        raise SpecError("--moe-pad-to-capacity needs --moe-capacity-factor C (Megatron pads "
+                        "expert inputs to the capacity factor)")
     options = CostOptions(
+        routing=args.routing,
         moe_imbalance=args.moe_imbalance,
+        moe_capacity_factor=args.moe_capacity_factor,
+        moe_pad_to_capacity=args.moe_pad_to_capacity,
         tp_comm_overlap=args.tp_comm_overlap,
         moe_a2a_overlap=args.moe_a2a_overlap,
         moe_shared_expert_overlap=args.moe_shared_expert_overlap,

@@ -100,7 +100,18 @@ def run_explain(args: argparse.Namespace) -> int:
     # what the number assumes, from the same plan the launch settings are written from
     plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=cm.options,
                               gpu=cm.fabric.gpu).plan
-    document["priced_features"] = list(priced_features(plan))
+    features = list(priced_features(plan))
+    if model.moe is not None:
+        from parsearch.cost.analytic import layout_columns
+        from parsearch.cost.routing import priced_imbalance
+
+        imbalance = float(priced_imbalance(model, training, cm.options,
+                                           layout_columns([layout]))[0])
+        document["moe_imbalance"] = imbalance
+        features = [f"{f} (busiest EP rank {imbalance:.2f}x the mean)"
+                    if f.startswith(("trained-router", "forced-balance", "capacity")) else f
+                    for f in features]
+    document["priced_features"] = features
     document["outside_calibration"] = list(uncovered_features(model, cm.profile.coverage))
     if args.format == "json":
         print_json(document)

@@ -38,6 +38,7 @@ from parsearch.cost.offload import offload_exposed
 from parsearch.cost.option_checks import check_precision_options
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
+from parsearch.cost.routing import priced_imbalance
 from parsearch.cost.stage_time import (
     StageSettings,
     score_split,
@@ -138,7 +139,7 @@ def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
     opt = cm.options
     return unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
                         recompute=recompute, causal=opt.causal,
-                        imbalance=float(opt.moe_imbalance or 1.0),
+                        imbalance=priced_imbalance(cm.model, cm.training, opt, cols),
                         cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
                         fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
                         flash_attention=opt.flash_attention,
@@ -378,6 +379,9 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
         for key, values in part.items():
             out[key][idx] = values
     del coef
+    if cm.profile.cluster_speed != 1.0:  # a calibrated cluster's speed (efficiency.py)
+        for key in TIME_KEYS:
+            out[f"time_{key}"] = out[f"time_{key}"] / cm.profile.cluster_speed
     step = sum(out[f"time_{k}"] for k in TIME_KEYS)
     tokens = float(training.global_batch * training.seq_len)
     tokens_per_s = tokens / step

@@ -48,6 +48,7 @@ from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
 from parsearch.cost.recompute import LayerShares
+from parsearch.cost.routing import priced_imbalance
 from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: TP blocks per unit: a dense layer has two (attention, MLP); an MoE layer one plus
@@ -417,7 +418,7 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     ep_exposed, network_bytes = zeros, zeros
     if is_moe_unit(model, unit) and model.moe is not None:
         k = model.moe.top_k
-        imbalance = float(options.moe_imbalance or 1.0)
+        imbalance = priced_imbalance(model, training, options, cols)
         tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
         low = options.fp8_dispatch and training.precision != "bf16"
         dispatch_bytes = h * (1.0 if low else ACT_BYTES)

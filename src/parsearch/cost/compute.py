@@ -300,7 +300,8 @@ def attention_block_share(model: ModelSpec, unit: str) -> float:
 
 def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  profile: EfficiencyProfile, cols: dict[str, np.ndarray], unit: str, *,
-                 recompute: LayerShares, causal: bool, imbalance: float, cuda_graphs: bool,
+                 recompute: LayerShares, causal: bool, imbalance: np.ndarray | float,
+                 cuda_graphs: bool,
                  flash_attention: bool = True,
                  cuda_graph_scope: tuple[str, ...] = (),
                  fp8_recipe: str = "auto",

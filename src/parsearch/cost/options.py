@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.memory import MemoryOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
+from parsearch.cost.routing import ROUTING_MODES
 from parsearch.errors import SpecError
 
 if TYPE_CHECKING:
@@ -71,7 +72,15 @@ class CostOptions:
       arrival (Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by default before
       Megatron-Core; NAR21 §4.1).  Only layouts without SP send less (with SP the tensor is
       already split); Megatron-Core dropped it, so the launch settings have no flag for it.
-    * ``moe_imbalance``: max/mean tokens per expert rank (``None``: the profile's).
+    * ``routing``: ``trained`` (a trained router's expert-load imbalance, growing with EP:
+      :mod:`parsearch.cost.routing`) or ``balanced`` (Megatron-Core
+      ``--moe-router-force-load-balancing``, a benchmarking switch: every EP rank gets the
+      mean; the launch settings turn it on only then).
+    * ``moe_imbalance``: max/mean tokens per expert rank, fixed for every layout (``None``:
+      from ``routing``; under ``balanced``, the profile's).
+    * ``moe_capacity_factor``: Megatron-Core ``--moe-expert-capacity-factor`` (tokens past
+      it are dropped: the imbalance is capped at it); ``moe_pad_to_capacity``:
+      ``--moe-pad-expert-input-to-capacity`` (every expert runs exactly that many).
     * ``grad_reduce_bytes``: element size of the DP gradient reduction (4: fp32,
       2: bf16, ``grad_reduce_in_fp32=False``); ``param_gather_bytes``: of the
       parameter all-gather (1 with ``--fp8-param-gather``).
@@ -105,7 +114,10 @@ class CostOptions:
     flash_attention: bool = True
     tp_async_grad_comm: bool = True
     pp_scatter_gather: bool = False
+    routing: str = "trained"
     moe_imbalance: float | None = None
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
     grad_reduce_bytes: float = 4.0
     param_gather_bytes: float = 2.0
     fp8_dispatch: bool = False
@@ -160,16 +172,26 @@ class CostOptions:
                 math.isfinite(self.moe_imbalance) and self.moe_imbalance >= 1.0):
             raise SpecError(f"moe_imbalance must be a number >= 1 (max/mean tokens per expert "
                             f"rank), got {self.moe_imbalance!r}")
+        if self.routing not in ROUTING_MODES:
+            raise SpecError(f"routing must be one of {', '.join(ROUTING_MODES)} (trained: a "
+                            f"trained router's imbalance; balanced: forced uniform routing, "
+                            f"for benchmarks), got {self.routing!r}")
+        if self.moe_capacity_factor is not None and not (
+                math.isfinite(self.moe_capacity_factor) and self.moe_capacity_factor >= 1.0):
+            raise SpecError(f"moe_capacity_factor must be a number >= 1 (tokens per expert "
+                            f"kept, as a multiple of the mean), got {self.moe_capacity_factor!r}")
+        if self.moe_pad_to_capacity and self.moe_capacity_factor is None:
+            raise SpecError("moe_pad_to_capacity needs a capacity factor (Megatron-Core pads "
+                            "expert inputs to --moe-expert-capacity-factor): set one or drop "
+                            "the padding")
         for name in ("grad_reduce_bytes", "param_gather_bytes"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise SpecError(f"{name} must be a positive number of bytes, got {value!r}")
 
     def resolved(self, profile: EfficiencyProfile) -> CostOptions:
-        """The options with every ``None`` filled in from ``profile``."""
-        return replace(
-            self,
-            moe_imbalance=(
-                profile.moe_imbalance if self.moe_imbalance is None else self.moe_imbalance
-            ),
-        )
+        """The options with every ``None`` the profile decides filled in from ``profile``
+        (the imbalance of balanced routing; a trained router's comes from the layout)."""
+        if self.routing != "balanced" or self.moe_imbalance is not None:
+            return self
+        return replace(self, moe_imbalance=profile.moe_imbalance)

@@ -160,6 +160,8 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
             "model.overlap_moe_expert_parallel_comm": plan.moe_a2a_overlap,
             "model.moe_shared_expert_overlap": plan.moe_shared_expert_overlap,
             "model.moe_router_force_load_balancing": plan.force_balanced_routing,
+            "model.moe_expert_capacity_factor": plan.capacity_factor,
+            "model.moe_pad_expert_input_to_capacity": plan.pad_to_capacity,
         })
     if plan.optimizer != "adam":
         fields["optimizer.optimizer"] = plan.optimizer

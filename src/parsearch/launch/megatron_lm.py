@@ -146,6 +146,10 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
         args.append("--moe-shared-expert-overlap")
     if plan.force_balanced_routing:
         args.append("--moe-router-force-load-balancing")
+    if plan.capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", f"{plan.capacity_factor:g}"]
+        if plan.pad_to_capacity:
+            args.append("--moe-pad-expert-input-to-capacity")
     if plan.cuda_graphs:
         args += ["--cuda-graph-impl", "transformer_engine"]
         if plan.cuda_graph_scope:

@@ -66,6 +66,8 @@ class LaunchPlan:
     moe_a2a_overlap: bool
     moe_shared_expert_overlap: bool
     force_balanced_routing: bool
+    capacity_factor: float | None
+    pad_to_capacity: bool
     cuda_graphs: bool
     cuda_graph_scope: tuple[str, ...]
     flash_attention: bool
@@ -115,6 +117,12 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (plan.moe_dispatcher is not None,
          f"{plan.moe_dispatcher} dispatcher"
          + (f" ({plan.flex_backend})" if plan.flex_backend else "")),
+        (plan.moe_dispatcher is not None,
+         "forced-balance routing (benchmark)" if plan.force_balanced_routing
+         else "trained-router imbalance"),
+        (plan.capacity_factor is not None,
+         f"capacity factor {plan.capacity_factor or 0:g}"
+         + (" (padded)" if plan.pad_to_capacity else " (token drop)")),
         (plan.fused_expert_mlp, "fused expert MLP"),
         (plan.tp_comm_overlap, "TP comm overlap"),
         (plan.moe_a2a_overlap, "EP all-to-all overlap"),
@@ -254,6 +262,11 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         backend = flex_backend(opt, nvlink_domain_size, gpus_per_node)
     fp8_gather = training.precision != "bf16" and opt.memory.fp8_param_gather
     conflicts: list[str] = []
+    if (model.moe is not None and opt.moe_imbalance is not None
+            and not (opt.routing == "balanced" and opt.moe_imbalance == 1.0)):
+        conflicts.append(f"expert-load imbalance fixed at {opt.moe_imbalance:g} "
+                         "(--moe-imbalance): no launch setting makes the router produce it; "
+                         "the run's own routing decides")
     if training.precision == "bf16" and opt.memory.fp8_param_gather:
         conflicts.append("FP8 parameter gather was asked for with BF16 GEMMs; Megatron only "
                          "gathers FP8 weights when training in FP8 (use --precision fp8)")
@@ -332,9 +345,11 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
         # priced only where there are shared experts and EP traffic to hide
         moe_shared_expert_overlap=shared_overlap,
-        # The default profile prices perfectly balanced routing (imbalance 1.0), which is
-        # what Megatron's --moe-router-force-load-balancing benchmarks run.
-        force_balanced_routing=moe and (opt.moe_imbalance is None or opt.moe_imbalance == 1.0),
+        # Forced-uniform routing (--moe-router-force-load-balancing) only when priced so: it
+        # is a benchmarking switch under which the router stops learning.
+        force_balanced_routing=moe and opt.routing == "balanced",
+        capacity_factor=opt.moe_capacity_factor if moe else None,
+        pad_to_capacity=moe and opt.moe_pad_to_capacity,
         cuda_graphs=opt.cuda_graphs,
         cuda_graph_scope=opt.cuda_graph_scope if opt.cuda_graphs else (),
         flash_attention=opt.flash_attention,

@@ -53,6 +53,21 @@ class RunSetup:
     fp8_output_proj: bool | None = None
     fused_expert_mlp: bool | None = None
     moe_shared_expert_overlap: bool | None = None
+    force_balance: bool | None = None
+    capacity_factor: float | None = None
+    pad_to_capacity: bool = False
+
+
+def _capacity(text: str) -> tuple[float | None, bool]:
+    """``moe_capacity_factor`` cell: ``"1.0 (pad to capacity)"`` / ``"1.0 (token drop)"``."""
+    text = text.strip().lower()
+    if not text:
+        return None, False
+    try:
+        value = float(text.split()[0])
+    except ValueError:
+        return None, False
+    return value, "pad" in text
 
 
 def _flag(text: str) -> bool | None:
@@ -143,6 +158,9 @@ def _setup(row: dict[str, str]) -> RunSetup:
         fp8_output_proj=_flag(cell.get("fp8_output_proj", "")),
         fused_expert_mlp=_flag(cell.get("fused_expert_mlp", "")),
         moe_shared_expert_overlap=_flag(cell.get("moe_shared_expert_overlap", "")),
+        force_balance=_flag(cell.get("moe_router_force_load_balancing", "")),
+        capacity_factor=_capacity(cell.get("moe_capacity_factor", ""))[0],
+        pad_to_capacity=_capacity(cell.get("moe_capacity_factor", ""))[1],
     )
 
 
@@ -186,6 +204,13 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["fp8_output_proj"] = (setup.fp8_output_proj
                                       and changes.get("fp8_recipe", options.fp8_recipe)
                                       in ("mxfp8", "auto"))
+    if moe and setup.force_balance is not None:
+        # the recipe's --moe-router-force-load-balancing: forced uniform, or its router's own
+        changes["routing"] = "balanced" if setup.force_balance else "trained"
+        changes["moe_imbalance"] = None if not setup.force_balance else options.moe_imbalance
+    if moe and setup.capacity_factor is not None:
+        changes["moe_capacity_factor"] = setup.capacity_factor
+        changes["moe_pad_to_capacity"] = setup.pad_to_capacity
     if moe and setup.moe_shared_expert_overlap is not None:
         changes["moe_shared_expert_overlap"] = setup.moe_shared_expert_overlap
     if moe and setup.fused_expert_mlp is not None and precision != "bf16":

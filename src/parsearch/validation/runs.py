@@ -207,7 +207,15 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
 
 def recipe_accounting(run: PublishedRun, training: TrainingSpec,
                       options: CostOptions) -> tuple[TrainingSpec, CostOptions]:
-    """The source's accounting, then what the run's public recipe states on top."""
+    """The source's accounting, then what the run's public recipe states on top.
+
+    MoE rows are read with forced-balance routing unless the recipe says otherwise: NVIDIA's
+    tables force it (or drop to a capacity factor of 1) and state so (PROVENANCE.md, "Load
+    balance"); a recipe with ``moe_router_force_load_balancing=false`` is read with its
+    trained router (:mod:`parsearch.cost.routing`).
+    """
+    if options.routing == "trained" and options.moe_imbalance is None:
+        options = replace(options, routing="balanced")
     training, options = source_accounting(run, training, options)
     stated = priced_fp8_recipe(run.fp8_recipe) if run.precision == "fp8" else None
     if stated is not None:  # the precision the table names (FP8-CS, FP8-MX, ...)
