@@ -36,6 +36,8 @@ DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "ser
 #: "Tuning Max Batch Size and Max Num Tokens").
 TRTLLM_MAX_BATCH = 2048
 TRTLLM_MAX_TOKENS = 8192
+#: The engine of each row's ``framework`` column: its memory rules size the KV pool.
+ENGINE_OF = {"tensorrt-llm": "trtllm", "sglang": "sglang", "vllm": "vllm"}
 
 
 def load_rows(path: Path = DATA) -> list[dict[str, str]]:
@@ -54,6 +56,7 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
                            kv_precision=kv, max_batch=int(row["max_batch"] or TRTLLM_MAX_BATCH),
                            max_num_batched_tokens=int(row["max_num_tokens"] or TRTLLM_MAX_TOKENS),
                            ep_overlap=row["ep_overlap"] == "yes",
+                           engine=ENGINE_OF[row["framework"]],
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None)
 
 

@@ -228,7 +228,8 @@ def test_small_batch_tp_all_reduce_is_latency_bound() -> None:
     ({"precision": "int3"}, "precision must be one of bf16, fp8, fp4; got 'int3'"),
     ({"tpot_ms": -1.0}, "tpot_ms must be a positive number, got -1.0"),
     ({"mode": "split"}, "mode must be one of aggregated, disaggregated"),
-    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
+    ({"memory_fraction": 1.5}, "memory_fraction must be in (0, 1]"),
+    ({"engine": "tgi"}, "engine must be one of vllm, sglang, trtllm"),
 ])
 def test_workload_errors_name_the_field(changes, fragment) -> None:
     base = ServingWorkload(isl=10, osl=10)

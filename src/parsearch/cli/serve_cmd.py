@@ -20,6 +20,7 @@ from parsearch.errors import SpecError
 from parsearch.serve.api import ServeResult, serve_layouts
 from parsearch.serve.spec import (
     KV_PRECISIONS,
+    SERVING_ENGINES,
     SERVING_MODES,
     WEIGHT_PRECISIONS,
     LengthClass,
@@ -35,6 +36,13 @@ def _positive_number(text: str) -> float:
     value = non_negative_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_number(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{value:g} must be in (0, 1], a share of GPU memory")
     return value
 
 
@@ -98,6 +106,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(SGLang --enable-two-batch-overlap)")
     parser.add_argument("--max-instance-gpus", type=positive_int, default=128, metavar="G",
                         help="largest serving instance to consider (default 128)")
+    parser.add_argument("--engine", choices=SERVING_ENGINES, default="vllm",
+                        help="serving engine whose memory rules size the KV pool "
+                        "(default vllm)")
+    parser.add_argument("--memory-fraction", type=_fraction, default=None, metavar="F",
+                        help="the engine's memory fraction: vLLM --gpu-memory-utilization "
+                        "(default 0.9 of total), SGLang --mem-fraction-static (0.79-0.88 by "
+                        "GPU count), TensorRT-LLM kv_cache_free_gpu_memory_fraction (0.9 of "
+                        "free memory)")
     parser.add_argument("--max-batch", type=positive_int, default=1024, metavar="B",
                         help="most requests per instance (vLLM --max-num-seqs; default 1024)")
     parser.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
@@ -124,7 +140,8 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
     fields = {"ttft_ms": args.ttft_ms, "tpot_ms": args.tpot_ms, "precision": args.precision,
               "kv_precision": kv, "mode": args.mode, "concurrency": args.concurrency,
               "request_rate": args.request_rate, "max_batch": args.max_batch,
-              "ep_overlap": args.ep_overlap, "max_instance_gpus": args.max_instance_gpus}
+              "ep_overlap": args.ep_overlap, "max_instance_gpus": args.max_instance_gpus,
+              "engine": args.engine, "memory_fraction": args.memory_fraction}
     if args.mix is not None:
         if args.isl is not None or args.osl is not None:
             raise SpecError("give either --isl/--osl or --mix, not both")

@@ -190,6 +190,7 @@ def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int
              "mix": [{"isl": c.isl, "osl": c.osl, "weight": c.weight} for c in workload.mix],
              "precision": workload.precision, "kv_precision": workload.kv_precision,
              "mode": workload.mode, "ep_overlap": workload.ep_overlap,
+             "engine": workload.engine, "memory_fraction": workload.memory_fraction,
              "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
              "concurrency": workload.concurrency, "request_rate": workload.request_rate,
              "sliding_window": None if ctx.window is None else

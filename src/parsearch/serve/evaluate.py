@@ -174,7 +174,7 @@ def _memory(ctx: ServingContext, layout: ServingLayout) -> tuple[float, float, f
     per_rank = max_sequences(mem.kv_capacity, per_seq)
     kv_used = math.ceil(layout.batch / layout.attention_dp) * per_seq
     fits = mem.kv_capacity > 0 and kv_used <= mem.kv_capacity
-    used = mem.weights + mem.workspace + mem.reserve + kv_used
+    used = mem.weights + mem.workspace + mem.reserve + mem.graphs + kv_used
     return (max(mem.kv_capacity, 0.0) / GIB, used / GIB, kv_used,
             per_rank * layout.attention_dp, fits)
 

@@ -69,6 +69,8 @@ def _vllm(model: str, layout: ServingLayout, workload: ServingWorkload) -> list[
     kv = _VLLM_KV[workload.kv_precision]
     if kv and kv != "auto":
         args += ["--kv-cache-dtype", kv]
+    if workload.engine == "vllm" and workload.memory_fraction is not None:
+        args += ["--gpu-memory-utilization", f"{workload.memory_fraction:g}"]
     return args
 
 
@@ -88,6 +90,8 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
     kv = _SGLANG_KV[workload.kv_precision]
     if kv and kv != "auto":
         args += ["--kv-cache-dtype", kv]
+    if workload.engine == "sglang" and workload.memory_fraction is not None:
+        args += ["--mem-fraction-static", f"{workload.memory_fraction:g}"]
     if workload.ep_overlap and layout.ep > 1:
         args += ["--enable-two-batch-overlap"]
     if disaggregation:

@@ -1,4 +1,5 @@
-"""Memory of one serving GPU: weights, activation workspace, and what is left for the KV cache.
+"""Memory of one serving GPU as the engines allocate it: weights, activation workspace, CUDA
+context and graphs, and the KV pool each engine sizes by its memory fraction.
 
 Weights follow :mod:`parsearch.model.params` (parameter counts by sharding class).  Quantized
 checkpoints quantize the linear layers of the transformer blocks only; embedding, output
@@ -14,14 +15,29 @@ from dataclasses import dataclass
 from parsearch.model.params import ParameterCounts, parameter_counts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import moe_layer_count, stage_layers
-from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
+from parsearch.serve.spec import ELEMENT_BYTES, SERVING_ENGINES, ServingLayout, ServingWorkload
 from parsearch.topology.hardware import GpuProfile
 
 GIB = float(2**30)
-#: Memory the engine needs outside weights, KV and activations: CUDA context, NCCL
-#: buffers, captured CUDA graphs.  Assumption: vLLM start-up logs report about 0.5 GiB
-#: context plus 0.3-1.5 GiB "Graph capturing ... took X GiB"; 1.5 GiB is taken.
-RUNTIME_RESERVE_BYTES = 1.5 * GIB
+#: Memory outside weights, KV pool and activations that the engine's budget must cover: CUDA
+#: context, NCCL buffers, cuBLAS workspaces.  vLLM's memory profiler logs it as "non-torch
+#: memory", 0.3-1.1 GiB on Hopper with TP (vllm/v1/worker/gpu_worker.py
+#: ``determine_available_memory``); 1 GiB is taken.
+CONTEXT_BYTES = 1.0 * GIB
+#: Decode CUDA graphs' private memory pool.  All three engines capture them after the KV pool
+#: is allocated, from the memory the fraction leaves out (vLLM logs "Graph capturing
+#: finished ... took 0.3-1.5 GiB"; TensorRT-LLM ``cuda_graph_config``; SGLang
+#: ``--cuda-graph-max-bs``); 1 GiB is taken.
+CUDA_GRAPH_BYTES = 1.0 * GIB
+#: Engines whose memory rules are modelled (:func:`gpu_memory`).
+ENGINES = SERVING_ENGINES
+#: vLLM ``--gpu-memory-utilization`` default (vLLM engine arguments documentation).
+VLLM_DEFAULT_FRACTION = 0.9
+#: TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction`` default, the
+#: ``kv_cache_free_gpu_memory_fraction`` of trtllm-serve/trtllm-bench
+#: (tensorrt_llm/llmapi/llm_args.py: "The fraction of GPU memory fraction that should be
+#: allocated for the KV cache. Default is 90%").
+TRTLLM_DEFAULT_FRACTION = 0.9
 _BF16 = ELEMENT_BYTES["bf16"]
 
 
@@ -101,31 +117,80 @@ def workspace_bytes(model: ModelSpec, layout: ServingLayout, workload: ServingWo
     return activations + logits
 
 
+def sglang_default_fraction(world_size: int) -> float:
+    """SGLang's ``--mem-fraction-static`` default by the instance's GPU count
+    (sglang/srt/server_args.py ``ServerArgs.__post_init__``: 0.79 from 16 GPUs, 0.81 from
+    8, 0.85 from 4, 0.87 from 2, else 0.88)."""
+    for size, fraction in ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87)):
+        if world_size >= size:
+            return fraction
+    return 0.88
+
+
+def memory_fraction(workload: ServingWorkload, layout: ServingLayout) -> float:
+    """The engine's memory fraction: the workload's when given, else the engine default."""
+    if workload.memory_fraction is not None:
+        return workload.memory_fraction
+    if workload.engine == "sglang":
+        return sglang_default_fraction(layout.gpus_per_replica)
+    return VLLM_DEFAULT_FRACTION if workload.engine == "vllm" else TRTLLM_DEFAULT_FRACTION
+
+
 @dataclass(frozen=True)
 class GpuMemory:
     """One GPU's memory budget (bytes)."""
 
     weights: float
     workspace: float
-    reserve: float
-    kv_capacity: float   # what the engine may give to the KV cache (may be <= 0: no room)
-    usable: float
+    reserve: float       # CUDA context, NCCL, cuBLAS (:data:`CONTEXT_BYTES`)
+    graphs: float        # decode CUDA graph pool (:data:`CUDA_GRAPH_BYTES`)
+    kv_capacity: float   # what the engine gives to the KV cache (may be <= 0: no room)
+    usable: float        # HBM of the GPU
+    fraction: float      # the engine memory fraction that sized the pool
 
     @property
     def fits_weights(self) -> bool:
         return self.kv_capacity > 0
 
 
+def kv_pool_bytes(engine: str, fraction: float, hbm: float, weights: float,
+                  workspace: float) -> float:
+    """The KV pool each engine allocates (bytes; <= 0: none), capped by what is physically
+    left once the activation workspace, context and CUDA graphs have their room.
+
+    * vLLM: ``fraction`` of *total* memory is the instance's budget; the KV cache gets what
+      the profile run (weights, activation peak of ``max_num_batched_tokens``, non-torch
+      memory) leaves of it (vllm/v1/worker/gpu_worker.py ``determine_available_memory``:
+      ``requested_memory - non_kv_cache_memory``).
+    * TensorRT-LLM: ``fraction`` of the memory *free* after loading the weights and running
+      the activation estimate (tensorrt_llm/_torch/pyexecutor/_util.py ``KvCacheCreator``;
+      ``free_gpu_memory_fraction`` documentation).
+    * SGLang: ``fraction`` (``mem_fraction_static``) of total memory holds weights and the KV
+      pool; activations and CUDA graphs live in the rest (sglang/srt/model_executor/
+      model_runner.py ``profile_max_num_token``: ``rest_memory = available - total *
+      (1 - mem_fraction_static)``).
+    """
+    physical = hbm - weights - workspace - CONTEXT_BYTES - CUDA_GRAPH_BYTES
+    if engine == "trtllm":
+        rule = fraction * (hbm - weights - workspace - CONTEXT_BYTES)
+    elif engine == "sglang":
+        rule = fraction * hbm - weights
+    else:
+        rule = fraction * hbm - weights - workspace - CONTEXT_BYTES
+    return min(rule, physical)
+
+
 def gpu_memory(model: ModelSpec, layout: ServingLayout, workload: ServingWorkload,
                gpu: GpuProfile, counts: ParameterCounts | None = None) -> GpuMemory:
-    """KV capacity = utilization * HBM - weights - workspace - runtime reserve (vLLM sizing:
-    ``gpu_memory_utilization`` of total memory, minus what the profile run measured)."""
-    usable = workload.gpu_memory_utilization * gpu.hbm_bytes
+    """One GPU's weights, workspace and KV pool as ``workload.engine`` sizes them
+    (:func:`kv_pool_bytes`)."""
     weights = weight_bytes_per_gpu(model, layout, workload.precision, counts)
     work = workspace_bytes(model, layout, workload)
-    kv = usable - weights - work - RUNTIME_RESERVE_BYTES
-    return GpuMemory(weights=weights, workspace=work, reserve=RUNTIME_RESERVE_BYTES,
-                     kv_capacity=kv, usable=usable)
+    fraction = memory_fraction(workload, layout)
+    kv = kv_pool_bytes(workload.engine, fraction, gpu.hbm_bytes, weights, work)
+    return GpuMemory(weights=weights, workspace=work, reserve=CONTEXT_BYTES,
+                     graphs=CUDA_GRAPH_BYTES, kv_capacity=kv, usable=gpu.hbm_bytes,
+                     fraction=fraction)
 
 
 def max_sequences(capacity_bytes: float, bytes_per_sequence: float) -> int:

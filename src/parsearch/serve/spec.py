@@ -17,6 +17,8 @@ ServingMode = Literal["aggregated", "disaggregated"]
 SERVING_MODES: tuple[str, ...] = ("aggregated", "disaggregated")
 WEIGHT_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 KV_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
+#: Engines whose memory rules are modelled (:mod:`parsearch.serve.memory`).
+SERVING_ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm")
 
 #: Bytes per stored element.  FP8 (E4M3) is one byte; NVFP4 stores 4-bit values with one
 #: FP8 scale per 16 values, 4.5 bits per value (NVIDIA technical blog "Introducing NVFP4
@@ -79,9 +81,13 @@ class ServingWorkload:
     requests one instance runs at once (vLLM ``--max-num-seqs``, SGLang
     ``--max-running-requests``).  ``max_num_batched_tokens``: tokens per scheduler
     step (chunked prefill), which sizes the activation workspace.
-    ``gpu_memory_utilization``: share of HBM the engine may use (vLLM's default 0.9,
-    vLLM engine arguments documentation).  ``ep_overlap``: MoE all-to-alls overlapped with
-    the computation of a second micro-batch (SGLang ``--enable-two-batch-overlap``).
+    ``engine``: the serving engine whose memory rules size the KV pool (``vllm``,
+    ``sglang``, ``trtllm``; :func:`parsearch.serve.memory.kv_pool_bytes`).
+    ``memory_fraction``: that engine's memory knob (vLLM ``--gpu-memory-utilization``,
+    SGLang ``--mem-fraction-static``, TensorRT-LLM ``kv_cache_free_gpu_memory_fraction``;
+    None: the engine's default, :func:`parsearch.serve.memory.memory_fraction`).
+    ``ep_overlap``: MoE all-to-alls overlapped with the computation of a second
+    micro-batch (SGLang ``--enable-two-batch-overlap``).
     ``max_instance_gpus``: the largest serving instance considered (replicas fill the rest
     of the budget; DeepSeek's published decode instances span 144 GPUs, SGLang's 72).
     """
@@ -97,7 +103,8 @@ class ServingWorkload:
     request_rate: float | None = None
     max_batch: int = 1024
     max_num_batched_tokens: int = 8192
-    gpu_memory_utilization: float = 0.9
+    engine: str = "vllm"
+    memory_fraction: float | None = None
     mix: tuple[LengthClass, ...] = ()
     ep_overlap: bool = False
     max_instance_gpus: int = 128
@@ -139,11 +146,12 @@ class ServingWorkload:
         if not isinstance(self.ep_overlap, bool):
             raise SpecError(f"{owner}: ep_overlap must be true or false, got {self.ep_overlap!r}")
         object.__setattr__(self, "_classes", self.mix or (LengthClass(self.isl, self.osl, 1.0),))
-        util = self.gpu_memory_utilization
-        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
-            raise SpecError(
-                f"{owner}: gpu_memory_utilization must be in (0, 1], got {util!r}"
-            )
+        require_choice(owner, "engine", self.engine, SERVING_ENGINES)
+        frac = self.memory_fraction
+        if frac is not None and (isinstance(frac, bool) or not isinstance(frac, int | float)
+                                 or not 0 < frac <= 1):
+            raise SpecError(f"{owner}: memory_fraction must be in (0, 1], got {frac!r} "
+                            "(the engine's share of GPU memory, e.g. 0.9)")
 
     @property
     def classes(self) -> tuple[LengthClass, ...]:
