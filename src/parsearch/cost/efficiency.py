@@ -129,7 +129,11 @@ class EfficiencyProfile:
     * ``collective_latency_s``: base latency of one collective call;
     * ``comm_sm_share``: share of SMs communication kernels occupy while they
       overlap compute (the overlapped compute runs that much slower);
-    * ``moe_imbalance``: max/mean tokens per expert rank.
+    * ``moe_imbalance``: max/mean tokens per expert rank;
+    * ``cluster_speed`` (optional, default 1): a user's cluster's delivered speed over
+      what the other factors model (power cap, clocks, software overhead), fitted by
+      ``parsearch calibrate`` only when its runs fall outside what the cited ranges
+      allow (:mod:`parsearch.validation.cluster_speed`); every step time is divided by it.
     """
 
     name: str
@@ -154,6 +158,7 @@ class EfficiencyProfile:
     uncertainty: dict[str, ErrorBand] = field(default_factory=dict)
     gemm_half_flops_ceiling: float | None = None
     coverage: ArchitectureCoverage | None = None  # what the calibration runs had
+    cluster_speed: float = 1.0
 
     def get(self, name: str) -> float:
         """A parameter by its dotted name (``gemm_efficiency.fp8``)."""
@@ -189,7 +194,7 @@ _OPTIONAL_SCALARS = ("gemm_half_flops_ceiling",)
 _SCALAR_FIELDS = tuple(
     f.name for f in fields(EfficiencyProfile)
     if f.name not in ("name", "gpus", "gemm_efficiency", "source", "priors", "uncertainty",
-                      "coverage", *_OPTIONAL_SCALARS)
+                      "coverage", "cluster_speed", *_OPTIONAL_SCALARS)
 )
 
 
@@ -216,7 +221,7 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
     if missing:
         raise SpecError(f"efficiency profile {where}: missing field(s) {', '.join(missing)}")
     unknown = sorted(set(data) - {*required, "priors", "uncertainty", "calibrated_on",
-                                  *_OPTIONAL_SCALARS})
+                                  "cluster_speed", *_OPTIONAL_SCALARS})
     if unknown:
         raise SpecError(f"efficiency profile {where}: unknown field(s) {', '.join(unknown)}")
     gemm = data["gemm_efficiency"]
@@ -243,6 +248,10 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
     for name in _OPTIONAL_SCALARS:
         if data.get(name) is not None:
             values[name] = _fraction(where, name, data[name])
+    if data.get("cluster_speed") is not None:
+        values["cluster_speed"] = _non_negative(where, "cluster_speed", data["cluster_speed"])
+        if values["cluster_speed"] == 0.0:
+            raise SpecError(f"efficiency profile {where}: cluster_speed must be > 0")
     values["priors"] = _priors(where, data.get("priors") or {})
     values["uncertainty"] = _bands(where, data.get("uncertainty") or {})
     if data.get("calibrated_on") is not None:
@@ -345,6 +354,8 @@ def profile_to_yaml(profile: EfficiencyProfile, header: str = "") -> str:
         doc[name] = float(f"{profile.get(name):.4g}")
         if name == "gemm_half_flops" and profile.gemm_half_flops_ceiling is not None:
             doc["gemm_half_flops_ceiling"] = profile.gemm_half_flops_ceiling
+    if profile.cluster_speed != 1.0:
+        doc["cluster_speed"] = float(f"{profile.cluster_speed:.4g}")
     doc["source"] = profile.source
     doc["priors"] = {name: {"value": p.value, "low": p.low, "high": p.high, "source": p.source}
                      for name, p in profile.priors.items()}
