@@ -42,7 +42,9 @@ def _register_calibrate(subparsers: argparse._SubParsersAction) -> None:
         "search, pareto and explain take with --efficiency FILE.  When the runs cross nodes "
         "enough, the cluster's delivered inter-node (and NVLink) bandwidth is fitted too, "
         "and a corrected cluster file PROFILE.cluster.yaml is written beside the profile for "
-        "--cluster FILE.")
+        "--cluster FILE.  When the runs are slower or faster than the cited ranges allow "
+        "(power caps, clocks, another software stack), a cluster-level speed factor is "
+        "fitted, said so, and written into the profile; exit 0 unless no input is usable.")
     parser.add_argument("--measurements", nargs="+", required=True, metavar="FILE",
                         help=".csv / .yaml tables; any other file is read as a Megatron log")
     parser.add_argument("--model", metavar="M", default=None,
@@ -64,8 +66,9 @@ def _register_calibrate(subparsers: argparse._SubParsersAction) -> None:
     hints.add_argument("--seq-len", type=positive_int, default=None, metavar="S")
     hints.add_argument("--precision", choices=PRECISIONS, default=None)
     hints.add_argument("--warmup-iterations", type=non_negative_int, default=None,
-                       metavar="W", help="iterations dropped at the start of each run and "
-                       "after a batch-size change (default 10)")
+                       metavar="W", help="iterations dropped at the start of each run (counted "
+                       "in its own iteration numbers) and after a batch-size change "
+                       "(default 10)")
     parser.add_argument("--no-leave-one-out", action="store_true",
                         help="skip the leave-one-run-out accuracy (one fit instead of n+1)")
     add_format_option(parser, ("table", "json"))
@@ -147,7 +150,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     cluster_out = _cluster_out(out) if result.cluster else None
     header = (f"# Efficiency profile calibrated by `parsearch calibrate` to {len(rows)} "
               f"measured run(s).\n# {result.why}.\n# Leave-one-run-out MAPE: shipped "
-              f"{result.mape_before:.1%}, calibrated {_pct(result.mape_after)}.\n"
+              f"{result.mape_before:.1%}, calibrated {_pct(result.mape_after)}; ranking: "
+              f"shipped {result.ranking_before.text()}, calibrated "
+              f"{result.ranking_after.text()}.\n"
               + (f"# Fitted together with the cluster's delivered bandwidth: use it with "
                  f"--cluster {cluster_out}.\n" if cluster_out else "")
               + "".join(f"# run: {r.source} {r.layout} on {r.num_gpus} GPUs\n"
@@ -155,11 +160,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     _write(out, "--out", profile_to_yaml(result.profile, header))
     if cluster_out is not None:
         _write(cluster_out, "--out", _cluster_text(result, out))
+    warnings = _warnings(result)
     if args.format == "json":
+        # "failed": the input could not be used (never, once a profile is written).
         print_json({**result.to_dict(), "out": str(out),
                     "cluster_out": str(cluster_out) if cluster_out else None,
-                    "left_out": problems, "failed": bool(result.on_bound)})
-        return _bound_status(result.on_bound)
+                    "left_out": problems, "warnings": warnings, "failed": False})
+        _print_warnings(warnings)
+        return 0
     print_table(("run", "layout", "gpus", "measured", "shipped", "err before", "loo pred",
                  "err after"),
                 [(r.source, r.layout, r.num_gpus, r.measured, r.shipped,
@@ -174,6 +182,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
             else ""
         print(f"  {name}: {result.shipped(name):.4g} -> {result.value(name):.4g} "
               f"(range {prior.low:.4g}..{prior.high:.4g}){mark}")
+    if result.speed is not None:
+        print(f"cluster-level factor: {result.speed.sentence()}")
     if result.on_bound:
         print("a factor on its bound means the runs differ from the model in something no "
               "factor represents; check the cluster file (NIC and NVLink bandwidth, "
@@ -186,30 +196,39 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"leave-one-run-out MAPE: shipped {result.mape_before:.1%} -> calibrated "
           f"{_pct(result.mape_after)} (in sample {result.mape_in_sample:.1%}); "
           f"{len(problems)} input(s) left out")
+    print(f"ranking (measured fastest predicted first; Spearman within jobs): shipped "
+          f"{result.ranking_before.text()} -> calibrated {result.ranking_after.text()}")
     if cluster_out is not None:
         print(f"wrote {out} and {cluster_out} (the cluster file with the fitted bandwidth; the "
               f"profile was fitted with it): use them together with --efficiency {out} "
               f"--cluster {cluster_out}")
     else:
         print(f"wrote {out}: use it with --efficiency {out}")
-    return _bound_status(result.on_bound)
+    _print_warnings(warnings)
+    return 0
 
 
-#: Exit status of a calibration whose fit put a factor on its cited bound.
-CALIBRATION_ON_BOUND = 3
+def _warnings(result: Any) -> list[str]:
+    """One line per factor on a bound (cluster factors included) and per speed factor fitted.
+
+    Calibration never turns a user away (issue 33): a fit the cited ranges cannot hold
+    takes the cluster-level speed factor and says so; the bounds stay as warnings.
+    """
+    out = []
+    if result.speed is not None:
+        out.append(f"{', '.join(result.speed.pushed)} ended on the bound of its cited range "
+                   f"with the physical factors alone; cluster_speed={result.speed.value:.3f} "
+                   "was fitted to take the rest (the profile is usable; check power caps, "
+                   "clocks and the software stack if that is not expected)")
+    if result.on_bound:
+        out.append(f"{', '.join(result.on_bound)} ended on the bound of its cited range: the runs "
+                   "differ from the model in something no factor represents")
+    return out
 
 
-def _bound_status(on_bound: tuple[str, ...]) -> int:
-    """0, or :data:`CALIBRATION_ON_BOUND` with a one-line reason on stderr when a fitted
-    factor ended on its cited range's bound: the runs differ from the model in something
-    no factor represents, so the fit is not to be trusted (the files stay written, to
-    inspect)."""
-    if not on_bound:
-        return 0
-    print(f"parsearch calibrate: failed: {', '.join(on_bound)} ended on the bound of "
-          "its cited range (the profile was written for inspection; do not use it until "
-          "the runs and the model agree)", file=sys.stderr)
-    return CALIBRATION_ON_BOUND
+def _print_warnings(warnings: list[str]) -> None:
+    for line in warnings:
+        print(f"parsearch calibrate: warning: {line}", file=sys.stderr)
 
 
 def _cluster_out(out: Path) -> Path:

@@ -20,27 +20,36 @@ for a handful of runs of one cluster:
   :data:`MIN_SENSITIVITY` (in log; the cluster's bandwidth
   :data:`~parsearch.validation.network_calibration.MIN_NETWORK_SENSITIVITY`),
   most sensitive first, at most one per
-  :data:`~parsearch.validation.calibration.ROWS_PER_FACTOR` runs, rounded up
-  (one factor from a single run).  The report says which were fitted, and why
-  the others were not.
+  :data:`~parsearch.validation.calibration.ROWS_PER_FACTOR` runs, rounded up,
+  and only those that at least :data:`MIN_RUNS_MOVED` runs each move by
+  :data:`MIN_UNIQUE_EFFECT` (never the only factor spent on one run; a single
+  run fits nothing).  The report says which were fitted, and why the others
+  were not.
+
+When the fit leaves a factor on a bound of its cited range (every bound,
+cluster factors included, :func:`~parsearch.validation.cluster_speed.on_bounds`),
+the runs are slower or faster than the ranges allow: the cluster-level speed
+factor (:mod:`parsearch.validation.cluster_speed`) is fitted with the others,
+and the report says so and keeps the bound as a warning.
 
 Accuracy is reported as leave-one-run-out: each run predicted by the shipped
 profile (which has never seen it) and by a profile calibrated on the other
-runs (factor choice included).
+runs (factor choice included), as MAPE and as ranking quality
+(:mod:`parsearch.validation.user_report`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, layout_columns
 from parsearch.cost.coverage import widened
-from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
+from parsearch.cost.efficiency import EfficiencyProfile, Prior
 from parsearch.errors import ParsearchError
 from parsearch.layout.rules import check_layout
 from parsearch.model.files import resolve_model
@@ -56,9 +65,15 @@ from parsearch.validation.calibration import (
     range_effect,
     separable_effects,
 )
-from parsearch.validation.crossval import BAND_QUANTILES
+from parsearch.validation.cluster_speed import (
+    CLUSTER_SPEED,
+    UserFit,
+    on_bounds,
+    refit_with_speed,
+    with_speed_prior,
+)
 from parsearch.validation.factor_ties import gemm_ties
-from parsearch.validation.joint_fit import FactorFit, fit_factors
+from parsearch.validation.joint_fit import fit_factors
 from parsearch.validation.measurements import Measurement, one_line
 from parsearch.validation.network_calibration import (
     CLUSTER_FACTORS,
@@ -68,6 +83,11 @@ from parsearch.validation.network_calibration import (
     rows_with_cluster_factors,
 )
 from parsearch.validation.published_runs import PublishedRun
+from parsearch.validation.user_report import (
+    RowReport,
+    UserCalibration,
+    error_bands,
+)
 
 #: A factor whose whole cited range moves the measured runs' log throughput by less than this
 #: (mean over the runs) cannot be informed by them and is not fitted.
@@ -77,8 +97,10 @@ MIN_SENSITIVITY = 0.01
 #: it apart: 2.5 times the 2 % run-to-run spread of a measured step time, the bar the
 #: cluster factors use (network_calibration.MIN_NETWORK_SENSITIVITY).
 MIN_UNIQUE_EFFECT = 0.05
-#: Runs needed before the leave-one-run-out errors replace the shipped error band.
-MIN_RUNS_FOR_BAND = 5
+#: A factor is fitted only when at least this many runs each move by MIN_UNIQUE_EFFECT across
+#: its cited range: the only factor spent on one run absorbs that run's error and nothing
+#: the others can check (issue 33: with two runs the one factor fitted often moved one).
+MIN_RUNS_MOVED = 2
 
 
 def prepare_measurements(measurements: Sequence[Measurement],
@@ -233,7 +255,10 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     effects = range_effects(rows, profile, cluster_priors=cluster_priors)
     sens = {n: float(np.mean(np.abs(g))) for n, g in effects.items()}
     rms = {n: float(np.sqrt(np.mean(g * g))) for n, g in effects.items()}
-    informative = sorted((n for n, s in sens.items() if s >= threshold(n)),
+    moved = {n: int(np.sum(np.abs(g) >= MIN_UNIQUE_EFFECT)) for n, g in effects.items()}
+    lonely = [n for n, s in sens.items() if s >= threshold(n) and moved[n] < MIN_RUNS_MOVED]
+    informative = sorted((n for n, s in sens.items()
+                          if s >= threshold(n) and moved[n] >= MIN_RUNS_MOVED),
                          key=lambda n: -rms[n])
     # Of factors whose effects the others can mimic, the runs fix only their sum: keep the
     # better determined one, the first listed (calibration.separable_effects; the shipped
@@ -247,6 +272,10 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
            f">= {MIN_NETWORK_SENSITIVITY} for the cluster's bandwidth)")
     if chosen:
         why += f": {', '.join(chosen)}"
+    if lonely:
+        why += (f"; not fitted, fewer than {MIN_RUNS_MOVED} runs move it by {MIN_UNIQUE_EFFECT} "
+                "over its cited range (fitted to one run it would only absorb that run's "
+                "error): " + ", ".join(f"{n} ({moved[n]} run(s))" for n in lonely))
     if mimicked:
         why += (f"; left at the shipped values, the runs cannot tell them apart from the "
                 f"others (what only it explains moves no run by {MIN_UNIQUE_EFFECT}): "
@@ -263,105 +292,15 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     return chosen, sens, why
 
 
-@dataclass(frozen=True)
-class RowReport:
-    """One measured run: shipped prediction, leave-one-out and in-sample calibrated."""
-
-    source: str
-    layout: str
-    num_gpus: int
-    measured: float
-    shipped: float
-    leave_one_out: float
-    calibrated: float
-
-    @property
-    def error_before(self) -> float:
-        return self.shipped / self.measured - 1.0
-
-    @property
-    def error_after(self) -> float:
-        return self.leave_one_out / self.measured - 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source, "layout": self.layout, "num_gpus": self.num_gpus,
-            "measured_tokens_per_s_per_gpu": self.measured,
-            "shipped_prediction": self.shipped,
-            "leave_one_out_prediction": _finite(self.leave_one_out),
-            "calibrated_prediction": self.calibrated,
-            "error_before": self.error_before, "error_after": _finite(self.error_after),
-        }
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-@dataclass(frozen=True)
-class UserCalibration:
-    """The fitted profile (and cluster factors) and how well they predict unseen runs."""
-
-    profile: EfficiencyProfile
-    base: EfficiencyProfile
-    fitted: tuple[str, ...]
-    on_bound: tuple[str, ...]
-    sensitivity: dict[str, float]
-    why: str
-    rows: tuple[RowReport, ...]
-    cluster: dict[str, float] = field(default_factory=dict)
-    cluster_priors: dict[str, Prior] = field(default_factory=dict)
-    cluster_file: str | None = None
-
-    @property
-    def mape_before(self) -> float:
-        return float(np.mean([abs(r.error_before) for r in self.rows]))
-
-    @property
-    def mape_after(self) -> float:
-        """Leave-one-run-out MAPE of the calibrated profile (NaN with a single run)."""
-        errors = [abs(r.error_after) for r in self.rows if math.isfinite(r.error_after)]
-        return float(np.mean(errors)) if errors else math.nan
-
-    @property
-    def mape_in_sample(self) -> float:
-        return float(np.mean([abs(r.calibrated / r.measured - 1.0) for r in self.rows]))
-
-    def value(self, name: str) -> float:
-        """A fitted factor's value (profile or cluster factor)."""
-        return self.cluster[name] if name in CLUSTER_FACTORS else self.profile.get(name)
-
-    def shipped(self, name: str) -> float:
-        return 1.0 if name in CLUSTER_FACTORS else self.base.get(name)
-
-    def prior(self, name: str) -> Prior:
-        return self.cluster_priors[name] if name in CLUSTER_FACTORS else self.base.priors[name]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "profile": self.profile.name,
-            "runs": len(self.rows),
-            "fitted": {n: {"value": self.value(n), "shipped": self.shipped(n),
-                           "low": self.prior(n).low, "high": self.prior(n).high}
-                       for n in self.fitted},
-            "cluster_factors": dict(self.cluster),
-            "cluster_file": self.cluster_file,
-            "on_bound": list(self.on_bound),
-            "why": self.why,
-            "sensitivity": self.sensitivity,
-            "mape_before": self.mape_before,
-            "mape_leave_one_out_after": _finite(self.mape_after),
-            "mape_in_sample_after": self.mape_in_sample,
-            "rows": [r.to_dict() for r in self.rows],
-        }
-
-
 def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
                      prior_weight: float = PRIOR_WEIGHT, rows_per_factor: int = ROWS_PER_FACTOR,
-                     network: bool = True) -> FactorFit:
+                     network: bool = True, speed: bool = True) -> UserFit:
     """Profile and cluster factors fitted to ``rows`` of one generation.
 
     ``network=False``: profile factors only (the cluster file taken at its word).
+    When the fit leaves a factor on a bound of its cited range (the runs are slower or
+    faster than the ranges allow), the cluster-level speed factor is fitted with the
+    others (:mod:`parsearch.validation.cluster_speed`; ``speed=False``: never).
     """
     if not rows:
         raise ParsearchError("no usable measurements to calibrate on")
@@ -377,7 +316,11 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
         why += f"; {left_out}"
     profile, cluster, on_bound = fit_factors(rows, start, names, cluster_priors,
                                              prior_weight=prior_weight)
-    return FactorFit(profile, cluster, dict(cluster_priors), tuple(names), on_bound, sens, why)
+    fit = UserFit(profile, cluster, dict(cluster_priors), tuple(names), on_bound, sens, why)
+    fit = replace(fit, on_bound=on_bounds(fit, start))
+    if speed and fit.on_bound and len(rows) >= MIN_RUNS_MOVED:
+        return refit_with_speed(rows, start, fit, prior_weight)
+    return fit
 
 
 def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
@@ -394,9 +337,9 @@ def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None =
             fold = fit_user_profile(others, base, network=network)
             loo[i] = fold.predict([rows[i]])[0]
     reports = tuple(RowReport(r.id, r.run.layout.key(), r.run.num_gpus, r.measured,
-                              float(a), float(b), float(c))
+                              float(a), float(b), float(c), _job(r))
                     for r, a, b, c in zip(rows, shipped, loo, calibrated, strict=True))
-    bands = _bands(rows, loo, base)
+    bands = error_bands(rows, loo, base)
     names = ", ".join(f"{n}={fit.profile.get(n):.4g}" for n in fit.fitted
                       if n not in CLUSTER_FACTORS) or "nothing"
     source = (base.source.split("; calibration")[0]
@@ -408,36 +351,19 @@ def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None =
     # The user's runs join what the profile was fitted to (parsearch.cost.coverage).
     coverage = widened(base.coverage, (r.run.model_spec for r in rows
                                        if r.run.model_spec is not None))
-    written = replace(fit.profile, priors=base.priors, uncertainty=bands, source=source,
+    if fit.speed is not None:
+        source += (f"; {CLUSTER_SPEED}={fit.speed.value:.4g} fitted because "
+                   f"{', '.join(fit.speed.pushed)} ended on a bound without it")
+    # The speed factor's cited range travels with the profile that uses it.
+    priors = with_speed_prior(base).priors if fit.speed is not None else base.priors
+    written = replace(fit.profile, priors=priors, uncertainty=bands, source=source,
                       coverage=coverage)
     return UserCalibration(written, base, fit.fitted, fit.on_bound, fit.sensitivity, fit.why,
                            reports, dict(fit.cluster), fit.cluster_priors,
-                           rows[0].run.cluster if fit.cluster else None)
+                           rows[0].run.cluster if fit.cluster else None, fit.speed)
 
 
-def _bands(rows: Sequence[PreparedRow], loo: np.ndarray,
-           base: EfficiencyProfile) -> dict[str, ErrorBand]:
-    """Error bands of the calibrated profile, per kind of prediction (dense / MoE).
-
-    With :data:`MIN_RUNS_FOR_BAND` leave-one-out predictions of a kind: their
-    10th-90th percentile log ratios.  With fewer: the shipped band's width, centred
-    on the mean leave-one-out log ratio (0 without any): the shipped band's offset is
-    the shipped profile's bias on the published runs, which the calibration removes.
-    """
-    bands = {}
-    logs: dict[str, list[float]] = {}
-    for r, pred in zip(rows, loo, strict=True):
-        if math.isfinite(pred):
-            logs.setdefault(r.kind, []).append(math.log(pred / r.measured))
-    for kind, band in base.uncertainty.items():
-        values = logs.get(kind, [])
-        if len(values) >= MIN_RUNS_FOR_BAND:
-            lo, hi = np.quantile(values, BAND_QUANTILES)
-            bands[kind] = ErrorBand(float(lo), float(hi), len(values),
-                                    "leave-one-run-out on the user's measurements")
-            continue
-        centre = float(np.mean(values)) if values else 0.0
-        half = (band.high - band.low) / 2.0
-        bands[kind] = ErrorBand(centre - half, centre + half, band.n,
-                                f"{band.method} width, centred on the calibration")
-    return bands
+def _job(row: PreparedRow) -> str:
+    """The job a run belongs to: layouts of one job compete for it (ranking quality)."""
+    run = row.run
+    return f"{run.model} on {run.num_gpus} GPUs, batch {run.global_batch}, seq {run.seq_len}"
