@@ -126,7 +126,7 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"id": row["id"], "model": row["model"], "gpu": row["gpu"],
                            "layout": f"tp{row['tp']}pp{row['pp']}", "isl": int(row["isl"]),
                            "osl": int(row["osl"]), "precision": row["precision"],
-                           "shapes": len(ranked)}
+                           "shapes": len(ranked), "moe": moe}
     if not matches:
         out.update(predicted=None, ape=None, rank=None, top5=False)
         return out
@@ -147,6 +147,10 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
                log_ratio=math.log(pick.tokens_per_s / measured),
                rank=matches[0] + 1, top5=matches[0] < 5, best=ranked[0].layout.label())
     return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def summarize(results: list[dict[str, Any]],
@@ -171,6 +175,10 @@ def summarize(results: list[dict[str, Any]],
         "top5_share_contested": (sum(r["top5"] for r in contested) / len(contested)
                                  if contested else None),
         "contested_rows": len(contested),
+        "mape_dense": _mean([r["ape"] for r in scored if not r["moe"]]),
+        "mape_moe": _mean([r["ape"] for r in scored if r["moe"]]),
+        "top5_share_dense": _mean([float(r["top5"]) for r in scored if not r["moe"]]),
+        "top5_share_moe": _mean([float(r["top5"]) for r in scored if r["moe"]]),
         "mape_by_gpu": {k: statistics.fmean(v) for k, v in sorted(by["gpu"].items())},
         "mape_by_model": {k: statistics.fmean(v) for k, v in sorted(by["model"].items())},
         "largest_errors": [{k: r[k] for k in ("id", "model", "gpu", "layout", "isl", "osl",
@@ -194,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
           f"unscored {summary['unscored']}")
     print(f"MAPE {summary['mape']:.3f}  median APE {summary['median_ape']:.3f}  "
           f"mean log(pred/meas) {summary['mean_log_ratio']:+.3f}")
+    print(f"dense: MAPE {summary['mape_dense']:.3f}, top 5 {summary['top5_share_dense']:.3f}; "
+          f"MoE: MAPE {summary['mape_moe']:.3f}, top 5 {summary['top5_share_moe']:.3f}")
     print(f"published layout in top 5: {summary['top5_share']:.3f} of rows; "
           f"{summary['top5_share_contested']} of the {summary['contested_rows']} rows with more "
           "than 5 candidate shapes")

@@ -28,8 +28,9 @@ from parsearch.serve.spec import (
     SlidingWindow,
 )
 
-_HEADERS = ("rank", "tp", "adp", "pp", "ep", "replicas", "gpus", "batch", "tok/s", "tok/s/gpu",
-            "tok/s/user", "ttft_ms", "tpot_ms", "kv_GiB/gpu", "mem_GiB/gpu", "bound")
+_HEADERS = ("rank", "tp", "adp", "pp", "ep", "replicas", "gpus", "batch", "running", "tok/s",
+            "tok/s/gpu", "tok/s/user", "ttft_ms", "queue_ms", "tpot_ms", "kv_GiB/gpu",
+            "mem_GiB/gpu", "bound")
 
 
 def _positive_number(text: str) -> float:
@@ -166,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
 def _row(rank: Any, d: dict[str, Any]) -> list[Any]:
     lay = d["layout"]
     row = [rank, lay["tp"], lay["attention_dp"], lay["pp"], lay["ep"], lay["replicas"],
-           d["gpus"], d["batch"], d["tokens_per_s"], d["tokens_per_s_per_gpu"],
-           d["tokens_per_s_per_user"], d["ttft_ms"], d["tpot_ms"],
+           d["gpus"], d["batch"], d["running_batch"], d["tokens_per_s"],
+           d["tokens_per_s_per_gpu"], d["tokens_per_s_per_user"], d["ttft_ms"], d["queue_ms"],
+           d["tpot_ms"],
            d["kv_cache_gib_per_gpu"], d["memory_gib_per_gpu"], d["bottleneck"]]
     pre = d.get("prefill_layout")
     if pre is not None:

@@ -92,10 +92,22 @@ def _context(model: ModelSpec, cluster: ClusterSpec, workload: ServingWorkload,
                           window=sliding_window_for(model, window))
 
 
+def _distinct(estimates: list[ServingEstimate]) -> list[ServingEstimate]:
+    """One estimate per scored layout: batches above the KV cap all score at the cap when the
+    space chooses the load, so they repeat the same layout."""
+    seen: set[ServingLayout] = set()
+    out = []
+    for est in estimates:
+        if est.layout not in seen:
+            seen.add(est.layout)
+            out.append(est)
+    return out
+
+
 def score_layouts(ctx: ServingContext, num_gpus: int,
                   layouts: list[ServingLayout]) -> list[ServingEstimate]:
     """Every layout scored in the workload's mode."""
-    aggregated = [evaluate_aggregated(ctx, layout, num_gpus) for layout in layouts]
+    aggregated = _distinct([evaluate_aggregated(ctx, layout, num_gpus) for layout in layouts])
     if ctx.workload.mode == "aggregated":
         return aggregated
     shapes: dict[tuple[int, int, int, int], ServingEstimate] = {}

@@ -109,6 +109,8 @@ class ServingEstimate:
     bottleneck: str
     prefill_layout: ServingLayout | None = None
     meets_targets: bool = True
+    running_batch: int | None = None  # requests running at once (None: layout.batch)
+    queue_ms: float = 0.0             # mean wait for a running slot, inside ttft_ms
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
@@ -140,6 +142,9 @@ class ServingEstimate:
             "memory_gib_per_gpu": _finite(self.memory_gib_per_gpu),
             "fits": self.fits,
             "max_batch_fit": self.max_batch_fit,
+            "running_batch": (self.layout.batch if self.running_batch is None
+                              else self.running_batch),
+            "queue_ms": _finite(self.queue_ms),
             "meets_targets": self.meets_targets,
             "bottleneck": self.bottleneck,
         }
@@ -216,27 +221,68 @@ def _replicas_for(ctx: ServingContext, layout: ServingLayout, requests_per_s: fl
     return max(1, math.ceil(rate / requests_per_s)) if requests_per_s > 0 else num_gpus + 1
 
 
+def running_batch(ctx: ServingContext, layout: ServingLayout, max_fit: int) -> int:
+    """Requests one instance runs at once: those in flight, capped by what its KV pool holds
+    (``max_fit``, each request at its final context, TensorRT-LLM's GUARANTEED_NO_EVICT
+    admission) and by the engine's batch limit per attention-DP rank (vLLM
+    ``--max-num-seqs``, SGLang ``--max-running-requests``, TensorRT-LLM
+    ``max_batch_size``); the rest wait in the engine's queue."""
+    limit = ctx.workload.max_batch * layout.attention_dp
+    return max(0, min(layout.batch, max_fit, limit))
+
+
+def queue_delay_s(in_flight: int, running: int, completions_per_s: float) -> float:
+    """Mean wait of a request for a running slot, first come first served.
+
+    With ``in_flight`` requests in the instance and ``running`` of them in the batch, the
+    queue holds ``in_flight - running`` requests on average; slots free at the completion
+    rate, so by Little's law (L = lambda W, Little 1961, applied to the queue alone) a
+    request waits ``(in_flight - running) / completions_per_s`` before its prefill starts.
+    """
+    waiting = max(0, in_flight - running)
+    if waiting == 0:
+        return 0.0
+    return waiting / completions_per_s if completions_per_s > 0 else math.inf
+
+
 def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
                         num_gpus: int) -> ServingEstimate:
-    """Score one aggregated (continuous batching) layout."""
+    """Score one aggregated (continuous batching) layout.
+
+    The running batch is capped by the KV pool and the engine's batch limit
+    (:func:`running_batch`).  With a fixed ``concurrency`` the excess requests queue:
+    throughput and TPOT are those of the running batch, TTFT adds the queueing delay
+    (:func:`queue_delay_s`).  Without one the space chooses the load, so a batch above the
+    cap is scored at the cap (the most the engine runs) with no queue.
+    """
     w = ctx.workload
-    kv_gib, used_gib, _kv_used, max_fit, fits = _memory(ctx, layout)
-    t = instance_times(ctx, layout)
+    kv_gib, used_gib, _kv_used, max_fit, _fits = _memory(ctx, layout)
+    running = running_batch(ctx, layout, max_fit)
+    fits = running >= max(layout.pp, layout.attention_dp)
+    if w.concurrency is None and fits and running < layout.batch:
+        layout = replace(layout, batch=running)
+    run_layout = replace(layout, batch=running) if fits else layout
+    if fits:
+        kv_gib, used_gib = _memory(ctx, run_layout)[:2]
+    t = instance_times(ctx, run_layout)
     osl = w.mean_osl
-    cycle = osl * t.tpot_decode_s + layout.batch * t.prefill_busy_s
+    cycle = osl * t.tpot_decode_s + run_layout.batch * t.prefill_busy_s
     tpot = cycle / osl
-    per_instance = layout.batch * osl / cycle
-    replicas = _replicas_for(ctx, layout, layout.batch / cycle, num_gpus)
-    placed = layout if replicas == layout.replicas else ServingLayout(
-        layout.tp, layout.pp, layout.ep, layout.attention_dp, layout.batch, replicas)
-    ttft_ms = (t.ttft_s + t.tpot_decode_s) * 1e3  # waits for the running step, then prefills
+    per_instance = run_layout.batch * osl / cycle
+    completions = run_layout.batch / cycle  # requests/s one instance finishes
+    queue_s = queue_delay_s(layout.batch, run_layout.batch, completions)
+    replicas = _replicas_for(ctx, layout, completions, num_gpus)
+    placed = layout if replicas == layout.replicas else replace(layout, replicas=replicas)
+    # waits for a slot, then for the running step, then prefills
+    ttft_ms = (queue_s + t.ttft_s + t.tpot_decode_s) * 1e3
     carries = placed.gpus <= num_gpus
     return ServingEstimate(
         layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas,
         tokens_per_s_per_user=1.0 / tpot, ttft_ms=ttft_ms, tpot_ms=tpot * 1e3,
         kv_cache_gib_per_gpu=kv_gib, memory_gib_per_gpu=used_gib, fits=fits and carries,
         max_batch_fit=max_fit, bottleneck=_bottleneck(t.decode),
-        meets_targets=_meets(ctx, ttft_ms, tpot * 1e3))
+        meets_targets=_meets(ctx, ttft_ms, tpot * 1e3),
+        running_batch=run_layout.batch, queue_ms=queue_s * 1e3)
 
 
 def kv_transfer_s(ctx: ServingContext, prefill: ServingLayout, decode: ServingLayout) -> float:
