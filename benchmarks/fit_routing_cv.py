@@ -1,11 +1,12 @@
-"""The one measured constant of trained-router pricing: per-expert load spread within a micro-batch.
+"""The one measured constant of trained-router pricing: per-expert load spread within a sequence.
 
 Megatron-Bridge ran Qwen3-30B-A3B on 16 H100 (EP16) with one recipe twice: forced-balance
 routing on mock data (i0049, 24.71 s per step) and its router on real data (i0059,
 30.29 s).  This script finds the fixed imbalance ``I`` at which the cost model prices
 i0059 1.226x slower than under forced balance, inverts :func:`trained_imbalance` for the
-per-expert coefficient of variation, and then predicts the held-out natural-routing run
-(i0061: the same model on 8 GB200, EP8, MXFP8) with that constant.
+per-sequence coefficient of variation, and then predicts the held-out natural-routing run
+(i0061: the same model on 8 GB200, EP8, MXFP8; i0048: DeepSeek-V3 on 2,048 H800, EP64)
+with that constant.
 
     python benchmarks/fit_routing_cv.py
 """
@@ -17,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from parsearch.cost.analytic import CostOptions, estimate
-from parsearch.cost.routing import TRAINED_EXPERT_LOAD_CV, expected_max_standard_normal
+from parsearch.cost.routing import TRAINED_SEQUENCE_LOAD_CV, expected_max_standard_normal
 from parsearch.validation.published_runs import PublishedRun, read_published_runs
 from parsearch.validation.runs import fabric_for, memory_saving_candidates, run_cost_model
 
@@ -62,14 +63,15 @@ def main() -> None:
     copies = layout.mbs * fit.seq_len / (layout.tp * layout.cp) * moe.top_k
     rank_cv = (imbalance - 1.0) / z
     skew = math.sqrt(max(rank_cv ** 2 - 1.0 / copies, 0.0))
-    cv = skew * math.sqrt(moe.num_experts / layout.ep)
+    sequences = max(layout.ep * layout.mbs / (layout.tp * layout.cp), 1.0)
+    cv = skew * math.sqrt(moe.num_experts / layout.ep) * math.sqrt(sequences)
     print(f"{FIT_RUN}/{FORCED_RUN} measured step ratio {measured:.3f}: priced at a fixed "
-          f"imbalance {imbalance:.3f} (EP{layout.ep}, z = {z:.3f}) -> per-expert cv {cv:.3f} "
-          f"(shipped {TRAINED_EXPERT_LOAD_CV})")
+          f"imbalance {imbalance:.3f} (EP{layout.ep}, z = {z:.3f}) -> per-sequence cv {cv:.3f} "
+          f"(shipped {TRAINED_SEQUENCE_LOAD_CV})")
     trained = predicted_step_s(fit, CostOptions())
     print(f"  {FIT_RUN} with the shipped constant: predicted {trained / base:.3f}x the "
           f"balanced step (measured {measured:.3f}x)")
-    for run in (held,):
+    for run in (held, runs["i0048"]):
         step = predicted_step_s(run, CostOptions())
         balanced = predicted_step_s(run, CostOptions(moe_imbalance=1.0))
         tokens = run.global_batch * run.seq_len / run.num_gpus

@@ -50,7 +50,8 @@ def test_expected_maximum_of_normals_matches_known_values() -> None:
 def test_trained_imbalance_grows_with_ep_and_is_one_without_ep(a: int, b: int,
                                                                copies: float) -> None:
     lo, hi = sorted((a, b))
-    i_lo, i_hi = trained_imbalance(QWEN, np.array([lo, hi]), np.array([copies, copies]))
+    i_lo, i_hi = trained_imbalance(QWEN, np.array([lo, hi]), np.array([copies, copies]),
+                                   np.array([lo, hi]))
     assert 1.0 <= i_lo <= i_hi
     if lo == 1:
         assert i_lo == 1.0
@@ -61,18 +62,19 @@ def test_capacity_factor_caps_or_pads(ep: int, copies: float, factor: float, pad
     """Dropping caps the busiest rank at the capacity factor; padding runs it exactly."""
     value = routing_imbalance(QWEN, routing="trained", fixed=None, capacity_factor=factor,
                               pad_to_capacity=pad, ep=np.array([ep]),
-                              copies_per_rank=np.array([copies]))[0]
-    free = trained_imbalance(QWEN, np.array([ep]), np.array([copies]))[0]
+                              copies_per_rank=np.array([copies]), sequences=np.array([ep]))[0]
+    free = trained_imbalance(QWEN, np.array([ep]), np.array([copies]), np.array([ep]))[0]
     assert value == pytest.approx(factor if pad else min(factor, free))
 
 
 def test_balanced_and_fixed_imbalance() -> None:
     ep, copies = np.array([1, 8, 64]), np.full(3, 4096.0)
     assert np.all(routing_imbalance(QWEN, routing="balanced", fixed=None, capacity_factor=None,
-                                    pad_to_capacity=False, ep=ep, copies_per_rank=copies) == 1)
+                                    pad_to_capacity=False, ep=ep, copies_per_rank=copies,
+                                    sequences=ep) == 1)
     assert np.all(routing_imbalance(QWEN, routing="trained", fixed=1.7, capacity_factor=None,
-                                    pad_to_capacity=False, ep=ep, copies_per_rank=copies)
-                  == 1.7)
+                                    pad_to_capacity=False, ep=ep, copies_per_rank=copies,
+                                    sequences=ep) == 1.7)
 
 
 @settings(max_examples=15, deadline=None)

@@ -19,13 +19,20 @@ Three regimes, as the launch runs them:
 * ``trained`` (the default): a trained router's choice, which the balancing loss or
   bias keeps near uniform over a global batch but not within one micro-batch.
 
-The trained regime is a statistical model with one measured constant.  Per EP rank the
-load is the sum over its ``g = E / ep`` experts; with per-expert loads of coefficient of
-variation ``cv_e`` (independent experts) the rank's load has ``cv_e / sqrt(g)``; the
-multinomial sampling of ``n`` routed copies per rank adds ``1 / sqrt(n)`` (Poisson).  The
-expected maximum over ``ep`` ranks of approximately normal loads is
+The trained regime is a statistical model with one measured constant.  A trained router
+balances over the global batch, not within a sequence: a sequence's tokens go to the
+experts of its domain (the sequence-level specialisation that micro-batch balancing
+losses suppress, Qiu et al. 2025, arXiv 2501.11873 §1-2).  So per-expert load within
+one dispatch averages over the ``n_seq`` independent sequences the EP group routes at
+once: ``cv_e = cv_seq / sqrt(n_seq)``, with ``n_seq = ep * mbs / (tp * cp)`` (each of the
+``ep`` ranks feeds ``mbs / (tp * cp)`` sequences' worth of tokens; at least one).  An EP
+rank's load is the sum over its ``g = E / ep`` experts: ``cv_e / sqrt(g)`` (independent
+experts); the multinomial sampling of ``n`` routed copies per rank adds ``1 / sqrt(n)``
+(Poisson).  The expected maximum over ``ep`` ranks of approximately normal loads is
 ``mean * (1 + cv_rank * z(ep))`` with ``z(n)`` the expected largest of ``n`` standard
-normals (integrated numerically from the order-statistic density; z(1) = 0).
+normals (integrated numerically from the order-statistic density; z(1) = 0).  The skew
+term is ``cv_seq * sqrt(tp * cp / (mbs * E))``: EP alone widens the imbalance only through
+``z(ep)``; more experts and larger micro-batches narrow it.
 """
 
 from __future__ import annotations
@@ -44,20 +51,17 @@ if TYPE_CHECKING:
 #: Routing the cost model prices: a trained router's, or forced uniform (benchmarks).
 ROUTING_MODES: tuple[str, ...] = ("trained", "balanced")
 
-#: Coefficient of variation of per-expert load within one micro-batch of a trained router.
-#: Measured, not assumed: Megatron-Bridge's Qwen3-30B-A3B (E = 128, top-8) on 16 H100 at
-#: EP16 ran the same recipe with forced balance (24.71 s per step, the "HybridEP
-#: production-shape benchmark" of ``skills/nemo-mbridge-perf-expert-parallel-overlap``)
-#: and with its router on real data (30.29 s, ``examples/model_verification_cards/
-#: qwen3-30b-a3b/card.yaml``; both @067f987df0; rows i0049 and i0059 of
-#: data/independent_runs.csv).  The cost model prices that 1.226x step ratio at a busiest
-#: rank 1.54x the mean, i.e. ``cv_e`` = 0.87 under this module's model
-#: (benchmarks/fit_routing_cv.py).  A micro-batch is far less balanced than the global
-#: batch a balancing loss or bias controls (Wang et al. 2024, arXiv 2408.15664, §4.3
-#: "MaxVio_batch" above "MaxVio_global"; Qwen's global-batch balancing, Qiu et al. 2025,
-#: arXiv 2501.11873, lets micro-batches drift further).  Held out: the same model's GB200
-#: EP8 card (i0061), measured/predicted 0.736 -> 0.775.
-TRAINED_EXPERT_LOAD_CV = 0.87
+#: Coefficient of variation of per-expert load over the tokens of one sequence, under a
+#: trained router.  Measured, not assumed: Megatron-Bridge's Qwen3-30B-A3B (E = 128, top-8)
+#: on 16 H100 at EP16, mbs 1, ran the same recipe with forced balance (24.71 s per step,
+#: the "HybridEP production-shape benchmark" of
+#: ``skills/nemo-mbridge-perf-expert-parallel-overlap``) and with its router on real data
+#: (30.29 s, ``examples/model_verification_cards/qwen3-30b-a3b/card.yaml``; both
+#: @067f987df0; rows i0049 and i0059 of data/independent_runs.csv).  The cost model prices
+#: that 1.226x step ratio at a busiest rank 1.54x the mean, i.e. ``cv_seq`` = 3.49 under
+#: this module's model (benchmarks/fit_routing_cv.py).  Held out: the same model's GB200
+#: EP8 mbs-4 card (i0061) and DeepSeek-V3's EP64 run on 2,048 H800 (i0048).
+TRAINED_SEQUENCE_LOAD_CV = 3.49
 
 
 @lru_cache(maxsize=1)
@@ -87,16 +91,19 @@ def expected_max_standard_normal(n: np.ndarray) -> np.ndarray:
 
 
 def trained_imbalance(model: ModelSpec, ep: np.ndarray, copies_per_rank: np.ndarray,
-                      cv_expert: float = TRAINED_EXPERT_LOAD_CV) -> np.ndarray:
+                      sequences: np.ndarray,
+                      cv_sequence: float = TRAINED_SEQUENCE_LOAD_CV) -> np.ndarray:
     """max / mean routed tokens per EP rank under a trained router (module docstring).
 
     ``ep``: expert-parallel degree per layout; ``copies_per_rank``: routed token copies
-    one EP rank processes on average per micro-batch (tokens x top-k).
+    one EP rank processes on average per micro-batch (tokens x top-k); ``sequences``:
+    independent sequences one dispatch over the EP group routes (``n_seq``).
     """
     ep = np.asarray(ep, dtype=np.float64)
     if model.moe is None:
         return np.ones_like(ep)
     experts_per_rank = np.maximum(model.moe.num_experts / np.maximum(ep, 1.0), 1.0)
+    cv_expert = cv_sequence / np.sqrt(np.maximum(np.asarray(sequences, dtype=np.float64), 1.0))
     skew = cv_expert / np.sqrt(experts_per_rank)
     sampling = 1.0 / np.sqrt(np.maximum(np.asarray(copies_per_rank, dtype=np.float64), 1.0))
     return 1.0 + np.sqrt(skew * skew + sampling * sampling) * expected_max_standard_normal(ep)
@@ -104,7 +111,8 @@ def trained_imbalance(model: ModelSpec, ep: np.ndarray, copies_per_rank: np.ndar
 
 def routing_imbalance(model: ModelSpec, *, routing: str, fixed: float | None,
                       capacity_factor: float | None, pad_to_capacity: bool,
-                      ep: np.ndarray, copies_per_rank: np.ndarray) -> np.ndarray:
+                      ep: np.ndarray, copies_per_rank: np.ndarray,
+                      sequences: np.ndarray) -> np.ndarray:
     """The imbalance each layout is priced with (an array over ``ep``'s layouts).
 
     ``fixed``: a user's ``--moe-imbalance`` (wins over everything); ``balanced``: 1;
@@ -119,7 +127,7 @@ def routing_imbalance(model: ModelSpec, *, routing: str, fixed: float | None,
     if routing == "balanced" or model.moe is None:
         base = np.ones_like(ep)
     else:
-        base = trained_imbalance(model, ep, copies_per_rank)
+        base = trained_imbalance(model, ep, copies_per_rank, sequences)
     if capacity_factor is not None:
         base = np.minimum(base, float(capacity_factor))
     return base
@@ -136,17 +144,19 @@ def priced_imbalance(model: ModelSpec, training: TrainingSpec, options: CostOpti
     ep = cols["ep"].astype(np.float64)
     if model.moe is None:
         return np.ones_like(ep)
-    tokens = (cols["mbs"].astype(np.float64) * training.seq_len
-              / (cols["tp"].astype(np.float64) * cols["cp"].astype(np.float64)))
+    sequences_per_rank = (cols["mbs"].astype(np.float64)
+                          / (cols["tp"].astype(np.float64) * cols["cp"].astype(np.float64)))
     return routing_imbalance(model, routing=options.routing, fixed=options.moe_imbalance,
                              capacity_factor=options.moe_capacity_factor,
                              pad_to_capacity=options.moe_pad_to_capacity, ep=ep,
-                             copies_per_rank=tokens * model.moe.top_k)
+                             copies_per_rank=sequences_per_rank * training.seq_len
+                             * model.moe.top_k,
+                             sequences=ep * sequences_per_rank)
 
 
 __all__ = [
     "ROUTING_MODES",
-    "TRAINED_EXPERT_LOAD_CV",
+    "TRAINED_SEQUENCE_LOAD_CV",
     "expected_max_standard_normal",
     "priced_imbalance",
     "routing_imbalance",
