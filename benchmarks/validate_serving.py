@@ -21,21 +21,31 @@ import math
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from parsearch.model.params import parameter_counts
 from parsearch.model.presets import get_preset
+from parsearch.model.specs import ModelSpec
 from parsearch.serve.api import _context
 from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated, instance_times
+from parsearch.serve.kv_cache import kv_bytes_per_token
 from parsearch.serve.space import enumerate_serving_layouts
 from parsearch.serve.spec import ServingLayout, ServingWorkload
-from parsearch.topology.cluster import load_cluster
+from parsearch.topology.cluster import ClusterSpec, load_cluster
+from parsearch.topology.hardware import load_gpu_profile
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "serving_runs.csv"
 #: TensorRT-LLM defaults: max_batch_size 2048, max_num_tokens 8192 (TensorRT-LLM docs
 #: "Tuning Max Batch Size and Max Num Tokens").
 TRTLLM_MAX_BATCH = 2048
 TRTLLM_MAX_TOKENS = 8192
+#: trtllm-bench's estimate of the KV cache when it picks max_batch_size / max_num_tokens
+#: (tensorrt_llm/bench/build/tuning.py ``calc_engine_setting``, kv_cache_gpu_mem_fraction).
+TRTLLM_BENCH_KV_FRACTION = 0.95
+#: Bytes per weight element in that estimate (tuning.py ``BYTES_PER_ELEM``).
+TRTLLM_BENCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 #: The engine of each row's ``framework`` column: its memory rules size the KV pool.
 ENGINE_OF = {"tensorrt-llm": "trtllm", "sglang": "sglang", "vllm": "vllm"}
 
@@ -58,6 +68,34 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
                            ep_overlap=row["ep_overlap"] == "yes",
                            engine=ENGINE_OF[row["framework"]],
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None)
+
+
+def trtllm_bench_settings(model: ModelSpec, gpu_bytes: float, workload: ServingWorkload,
+                          tp: int, pp: int) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) that ``trtllm-bench throughput`` picks when the
+    command gives neither (the TensorRT-LLM perf-overview runs): KV requests estimated from
+    the memory the weights leave, then rounded up "slightly optimistic" (tuning.py
+    ``calc_engine_setting`` and ``finetune_setting``, quoted step for step)."""
+    n_gpus = tp * pp
+    per_token = kv_bytes_per_token(model, workload.kv_precision, tp) * tp  # all TP ranks
+    engine = parameter_counts(model).total * TRTLLM_BENCH_BYTES[workload.precision]
+    cache = (gpu_bytes * n_gpus - engine) * TRTLLM_BENCH_KV_FRACTION
+    requests = max(cache / (per_token * (workload.isl + workload.osl)), 1.0)
+    raw_bs = min(requests, 4096) / pp
+    raw_token = min(raw_bs * (1 + workload.isl / workload.osl), 32768)
+    if raw_bs < 256:
+        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        max_bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        max_bs = 256 * math.ceil(raw_bs / 256)
+    if raw_token < 4096:
+        max_token = max(2048, 256 * math.ceil(raw_token / 256))
+    elif raw_token < 8192:
+        max_token = 512 * math.ceil(raw_token / 512)
+    else:
+        max_token = 1024 * math.ceil(raw_token / 1024)
+    return max_bs, max_token
 
 
 def _shape(e: ServingEstimate) -> tuple[int, int, int, int]:
@@ -107,15 +145,35 @@ def evaluate_phase_row(row: dict[str, str]) -> dict[str, Any]:
             "log_ratio": math.log(predicted / measured)}
 
 
+def _estimates(row: dict[str, str], model: ModelSpec, cluster: ClusterSpec,
+               workload: ServingWorkload, n: int) -> list[ServingEstimate]:
+    """Every layout on ``n`` GPUs, scored.  TensorRT-LLM rows that state no engine limits
+    get trtllm-bench's own per mapping (:func:`trtllm_bench_settings`)."""
+    layouts = enumerate_serving_layouts(model, workload, n, cluster.job_domain_size,
+                                        cluster.gpus_per_node)
+    auto = row["framework"] == "tensorrt-llm" and not row["max_batch"] and not row[
+        "max_num_tokens"]
+    gpu_bytes = load_gpu_profile(cluster.gpu).hbm_bytes
+    contexts: dict[tuple[int, int], Any] = {}
+    out = []
+    for layout in layouts:
+        key = (layout.stage_width, layout.pp) if auto else (0, 0)
+        if key not in contexts:
+            work = workload
+            if auto:
+                bs, tokens = trtllm_bench_settings(model, gpu_bytes, workload, *key)
+                work = replace(workload, max_batch=bs, max_num_batched_tokens=tokens)
+            contexts[key] = _context(model, cluster, work, None, None)
+        out.append(evaluate_aggregated(contexts[key], layout, n))
+    return out
+
+
 def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     model = get_preset(row["model"])
     cluster = load_cluster(row["cluster"])
     workload = workload_for(row)
     n = int(row["num_gpus"])
-    ctx = _context(model, cluster, workload, None, None)
-    layouts = enumerate_serving_layouts(model, workload, n, cluster.job_domain_size,
-                                        cluster.gpus_per_node)
-    estimates = [evaluate_aggregated(ctx, layout, n) for layout in layouts]
+    estimates = _estimates(row, model, cluster, workload, n)
     best: dict[tuple[int, int, int, int], ServingEstimate] = {}
     for e in estimates:
         if e.fits and (_shape(e) not in best or e.tokens_per_s > best[_shape(e)].tokens_per_s):
