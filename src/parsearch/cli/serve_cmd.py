@@ -18,6 +18,7 @@ from parsearch.cli.common import (
 )
 from parsearch.errors import SpecError
 from parsearch.serve.api import ServeResult, serve_layouts
+from parsearch.serve.explain import ServingExplanation, explain_serving, parse_serving_layout
 from parsearch.serve.spec import (
     KV_PRECISIONS,
     SERVING_ENGINES,
@@ -121,6 +122,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="sliding-window size in tokens (with --windowed-layers)")
     parser.add_argument("--windowed-layers", type=positive_int, default=None, metavar="L",
                         help="number of layers that use the sliding window")
+    parser.add_argument("--layout", default=None, metavar="L",
+                        help='price one instance layout instead of searching, with where its '
+                        'time and memory go, e.g. "tp=4,pp=1" (keys tp, pp, ep, adp, replicas, '
+                        'batch; replicas default: fill --gpus)')
+    parser.add_argument("--batch", type=positive_int, default=None, metavar="B",
+                        help="with --layout: requests in flight per instance (default: "
+                        "--concurrency over the replicas, else the most the KV cache holds)")
     parser.add_argument("--top", type=positive_int, default=10, metavar="K",
                         help="layouts to list (default 10)")
     add_format_option(parser, ("table", "json"))
@@ -154,6 +162,10 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
 
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
+    if args.layout is not None:
+        return _run_layout(args, model)
+    if args.batch is not None:
+        raise SpecError("--batch goes with --layout (the search chooses the batch itself)")
     result = serve_layouts(model=model, cluster=args.cluster, num_gpus=args.gpus,
                            workload=workload_from_args(args), window=_window(args),
                            top=args.top)
@@ -162,6 +174,38 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(result)
     return 0
+
+
+def _run_layout(args: argparse.Namespace, model: Any) -> int:
+    fields = parse_serving_layout(args.layout)
+    if args.batch is not None:
+        if "batch" in fields:
+            raise SpecError("give the batch once: in --layout or as --batch")
+        fields["batch"] = args.batch
+    workload = workload_from_args(args)
+    if workload.mode != "aggregated":
+        raise SpecError("--layout prices aggregated serving; drop --mode disaggregated")
+    result = explain_serving(model=model, cluster=args.cluster, num_gpus=args.gpus,
+                             workload=workload, layout=fields, window=_window(args))
+    if args.format == "json":
+        print_json(result.to_dict())
+    else:
+        _print_explanation(result)
+    return 0
+
+
+def _print_explanation(result: ServingExplanation) -> None:
+    out = sys.stdout
+    e = result.estimate
+    out.write(f"{e.layout.label()} ({e.gpus} GPUs): {e.tokens_per_s:,.1f} tok/s, "
+              f"{e.tokens_per_s_per_gpu:,.1f} tok/s/GPU, {e.tokens_per_s_per_user:,.2f} "
+              f"tok/s/user, TTFT {e.ttft_ms:,.1f} ms, TPOT {e.tpot_ms:,.2f} ms\n")
+    for title, part, unit in (("memory per GPU", result.memory, "GiB"),
+                              ("decode step", result.decode, "ms"),
+                              ("prefill and first token", result.prefill, "ms"),
+                              ("batch and queue", result.queue, "")):
+        out.write(f"\n{title}{f' ({unit})' if unit else ''}:\n")
+        print_table(("part", "value"), [[k.replace("_", " "), v] for k, v in part.items()])
 
 
 def _row(rank: Any, d: dict[str, Any]) -> list[Any]:
