@@ -21,6 +21,7 @@ from parsearch.cli.common import (
     print_table,
     training_from_args,
 )
+from parsearch.cli.left_out import nothing_usable, print_left_out
 from parsearch.errors import SpecError
 from parsearch.model.specs import PRECISIONS
 
@@ -131,8 +132,9 @@ def _load_rows(args: argparse.Namespace, profile: Any) -> tuple[list[Any], list[
     rows, bad = prepare_measurements(kept, profile)
     for line in loaded.notes:
         print(f"parsearch {args.command}: note: {line}", file=sys.stderr)
-    for line in [*problems, *bad]:
-        print(f"parsearch {args.command}: left out: {line}", file=sys.stderr)
+    if not rows:  # the error first, then why each input was left out
+        raise nothing_usable(args.measurements, [*problems, *bad])
+    print_left_out(args.command, [*problems, *bad], len(rows))
     return rows, problems + bad
 
 
@@ -142,9 +144,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
     rows, problems = _load_rows(args, profile)
-    if not rows:
-        raise SpecError(f"no usable measurement in {', '.join(args.measurements)} "
-                        f"({len(problems)} left out, reasons above)")
     result = calibrate_user(rows, profile, leave_one_out=not args.no_leave_one_out)
     out = Path(args.out)
     cluster_out = _cluster_out(out) if result.cluster else None
@@ -216,9 +215,8 @@ def _warnings(result: Any) -> list[str]:
     """
     out = []
     if result.speed is not None:
-        out.append(f"{', '.join(result.speed.pushed)} ended on the bound of its cited range "
-                   f"with the physical factors alone; cluster_speed={result.speed.value:.3f} "
-                   "was fitted to take the rest (the profile is usable; check power caps, "
+        out.append(f"{result.speed.reason}: cluster_speed={result.speed.value:.3f} was "
+                   "fitted to take the rest (the profile is usable; check power caps, "
                    "clocks and the software stack if that is not expected)")
     if result.on_bound:
         out.append(f"{', '.join(result.on_bound)} ended on the bound of its cited range: the runs "

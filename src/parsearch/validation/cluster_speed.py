@@ -8,7 +8,11 @@ pushes one of them onto its bound.  Then, and only then,
 :func:`parsearch.validation.user_calibration.fit_user_profile` fits one more
 factor, :data:`CLUSTER_SPEED`: the cluster's delivered speed over what the
 profile's factors model, applied to the whole step (every step time is divided
-by it; :attr:`parsearch.cost.efficiency.EfficiencyProfile.cluster_speed`).  It
+by it; :attr:`parsearch.cost.efficiency.EfficiencyProfile.cluster_speed`).  It is
+also fitted when the physical factors stay inside their ranges but leave the runs
+off by more than :data:`SPEED_GAIN` that it removes (a uniformly slow cluster
+measured on a few layouts that all cross nodes is otherwise read as a slow
+network, which then mispredicts every layout that does not).  It
 starts at (and is pulled toward) 1.0, is bounded by :data:`SPEED_LOW` ..
 :data:`SPEED_HIGH`, and the report says that it was fitted, why, and how much of
 the runs' error it absorbed; the factors that were pushed onto a bound stay
@@ -40,6 +44,10 @@ SPEED_LOW = 0.55
 #: 989 TF peak (ml-engineering MAMF, cost_models/references/microbenchmarks.yaml), where
 #: the shipped Hopper profile has 0.65: 0.80 / 0.65 = 1.23, rounded up to 1.25.
 SPEED_HIGH = 1.25
+#: In-sample MAPE the factor must remove, when no factor is on a bound, to be fitted: 2.5
+#: times the 2 % run-to-run spread of a measured step time, the bar a factor's own effect
+#: must clear (user_calibration.MIN_UNIQUE_EFFECT).  A fit already within it is kept.
+SPEED_GAIN = 0.05
 SPEED_SOURCE = ("cluster's delivered speed over the profile's factors, whole step: "
                 f"{SPEED_LOW} (a 500 W-capped H100 on a 2021-era stack: 1/1.5 x 1/1.2) to "
                 f"{SPEED_HIGH} (every GEMM at the best measured 0.80 of peak over the shipped "
@@ -72,15 +80,22 @@ class SpeedFit:
     mape_without: float
     mape_with: float
 
+    @property
+    def reason(self) -> str:
+        """Why it was fitted."""
+        if self.pushed:
+            return f"{', '.join(self.pushed)} ended on the bound of its cited range without it"
+        return (f"the physical factors alone, inside their cited ranges, left the runs "
+                f"{self.mape_without:.1%} off (more than {SPEED_GAIN:.0%})")
+
     def sentence(self) -> str:
         """One plain sentence for the report."""
         ratio = self.shipped / self.value
         way = "slower" if ratio > 1.0 else "faster"
         return (f"fitted {CLUSTER_SPEED} = {self.value:.3f} (shipped {self.shipped:.3g}): the "
                 f"runs are {max(ratio, 1 / ratio):.2f}x {way} than the profile's factors "
-                f"allow inside their cited ranges ({', '.join(self.pushed)} ended on a "
-                "bound without it); it scales every step of this cluster (power cap or "
-                "clocks, software overhead) and took the in-sample error from "
+                f"explain ({self.reason}); it scales every step of this cluster (power cap "
+                "or clocks, software overhead) and took the in-sample error from "
                 f"{self.mape_without:.1%} to {self.mape_with:.1%}")
 
     def to_dict(self) -> dict[str, object]:
@@ -156,3 +171,14 @@ def refit_with_speed(rows: Sequence[PreparedRow], start: EfficiencyProfile, fit:
     speed = SpeedFit(profile.cluster_speed, start.cluster_speed, fit.on_bound,
                      mape(fit.predict(rows), measured), mape(second.predict(rows), measured))
     return replace(second, why=f"{fit.why}; {speed.sentence()}", speed=speed)
+
+
+def better_with_speed(rows: Sequence[PreparedRow], start: EfficiencyProfile, fit: UserFit,
+                      prior_weight: float) -> UserFit:
+    """``fit``, or ``fit`` with :data:`CLUSTER_SPEED` when that removes more than
+    :data:`SPEED_GAIN` of in-sample MAPE (``fit`` has no factor on a bound)."""
+    if mape(fit.predict(rows), [r.measured for r in rows]) <= SPEED_GAIN:
+        return fit
+    second = refit_with_speed(rows, start, fit, prior_weight)
+    assert second.speed is not None
+    return second if second.speed.mape_without - second.speed.mape_with > SPEED_GAIN else fit

@@ -68,6 +68,7 @@ from parsearch.validation.calibration import (
 from parsearch.validation.cluster_speed import (
     CLUSTER_SPEED,
     UserFit,
+    better_with_speed,
     on_bounds,
     refit_with_speed,
     with_speed_prior,
@@ -299,8 +300,10 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
 
     ``network=False``: profile factors only (the cluster file taken at its word).
     When the fit leaves a factor on a bound of its cited range (the runs are slower or
-    faster than the ranges allow), the cluster-level speed factor is fitted with the
-    others (:mod:`parsearch.validation.cluster_speed`; ``speed=False``: never).
+    faster than the ranges allow), or leaves the runs off by more than the speed factor
+    removes (:data:`~parsearch.validation.cluster_speed.SPEED_GAIN`), the cluster-level
+    speed factor is fitted with the others (:mod:`parsearch.validation.cluster_speed`;
+    ``speed=False``: never).
     """
     if not rows:
         raise ParsearchError("no usable measurements to calibrate on")
@@ -318,9 +321,11 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
                                              prior_weight=prior_weight)
     fit = UserFit(profile, cluster, dict(cluster_priors), tuple(names), on_bound, sens, why)
     fit = replace(fit, on_bound=on_bounds(fit, start))
-    if speed and fit.on_bound and len(rows) >= MIN_RUNS_MOVED:
+    if not speed or len(rows) < MIN_RUNS_MOVED:
+        return fit
+    if fit.on_bound:
         return refit_with_speed(rows, start, fit, prior_weight)
-    return fit
+    return better_with_speed(rows, start, fit, prior_weight)
 
 
 def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
@@ -352,8 +357,7 @@ def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None =
     coverage = widened(base.coverage, (r.run.model_spec for r in rows
                                        if r.run.model_spec is not None))
     if fit.speed is not None:
-        source += (f"; {CLUSTER_SPEED}={fit.speed.value:.4g} fitted because "
-                   f"{', '.join(fit.speed.pushed)} ended on a bound without it")
+        source += f"; {CLUSTER_SPEED}={fit.speed.value:.4g} fitted: {fit.speed.reason}"
     # The speed factor's cited range travels with the profile that uses it.
     priors = with_speed_prior(base).priors if fit.speed is not None else base.priors
     written = replace(fit.profile, priors=priors, uncertainty=bands, source=source,
