@@ -14,7 +14,7 @@ from parsearch.model.files import resolve_model
 from parsearch.model.params import parameter_counts
 from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context
-from parsearch.serve.cost import decode_step, decode_tpot_s, hbm_read_floor_s
+from parsearch.serve.cost import decode_bytes, decode_step, decode_tpot_s, hbm_read_floor_s
 from parsearch.serve.kv_cache import (
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -290,3 +290,21 @@ def test_ep_overlap_hides_all_to_alls_but_never_below_them(batch) -> None:
     hidden = b.overlapped_comm_s
     assert hidden > 0 and a.comm_s == pytest.approx(b.comm_s + hidden)
     assert b.total_s >= max(hidden, a.total_s - hidden) * (1 - 1e-12)
+
+
+def test_decode_kernels_each_on_their_own_roofline() -> None:
+    # Llama 3 70B FP8 on one H200 at batch 190: the GEMMs are compute bound, attention is
+    # bound by its KV reads; run one after the other, their times add.
+    model = get_preset("llama3-70b")
+    w = ServingWorkload(isl=128, osl=2048, precision="fp8", kv_precision="fp8")
+    ctx = _context(model, load_cluster("dgx-h200"), w, None, None)
+    lay = ServingLayout(1, 1, 1, 1, 190)
+    step = decode_step(model, w, lay, ctx.counts, ctx.rates, ctx.links(lay), None)
+    weights, kv = decode_bytes(model, w, lay, ctx.counts, None)
+    hbm = ctx.rates.hbm_Bps
+    assert step.kernels_s is not None
+    assert step.kernels_s >= max(step.memory_s, step.compute_s)
+    assert step.kernels_s <= step.memory_s + step.compute_s
+    # memory-bound attention adds to compute-bound GEMMs: more than the whole-pass roofline
+    assert step.kernels_s > max(step.memory_s, step.compute_s) + 0.5 * kv / hbm
+    assert step.memory_s == pytest.approx((weights + kv) / hbm)

@@ -14,16 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_time, p2p_time
-from parsearch.cost.compute import matmul_scale
-from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.cost.softmax import attention_scale
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
+from parsearch.serve.moe import expected_touched_share, expert_gemm_time
+from parsearch.serve.rates import Rates, gemm_eff, rates_for
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.hardware import GpuProfile
+
+__all__ = ["Rates", "expert_gemm_time", "rates_for"]  # re-exported (moved to rates/moe)
 
 _ACT = ELEMENT_BYTES["bf16"]  # activations and all-reduce payloads are BF16
 #: Kernels per transformer layer in a decode step (norms, QKV, rope/cache write, attention,
@@ -37,53 +38,6 @@ STEP_OVERHEAD_S = 3e-4
 #: Bytes per element of MoE dispatch (FP8) and combine (BF16) traffic (DeepEP README:
 #: "FP8 dispatching and BF16 combining").
 DISPATCH_BYTES, COMBINE_BYTES = 1.0, 2.0
-
-
-@dataclass(frozen=True)
-class Rates:
-    """Achievable rates of one GPU for one weight precision."""
-
-    peak_flops: float        # tensor-core peak of the GEMM precision
-    gemm: float              # large-GEMM fraction of it
-    gemm_half_flops: float   # GEMM size reaching half of ``gemm``
-    grouped_gemm: float      # an expert grouped GEMM relative to one GEMM of its shape
-    bf16_flops: float        # attention runs in BF16
-    attention: float
-    attention_half_block: float
-    hbm_Bps: float           # achievable HBM bytes/s
-    kernel_s: float
-    memory_bound: float      # counted non-GEMM bytes times this (fusion the count misses)
-    collective_latency_s: float
-    alltoall: float
-
-
-def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
-              model: ModelSpec) -> Rates:
-    """Rates from the datasheet and the efficiency profile.  A GPU without tensor cores for
-    ``precision`` (FP4 on Hopper) runs weight-only quantization: weights are dequantized and
-    the GEMM runs in BF16 (vLLM/Marlin weight-only kernels)."""
-    compute = precision if precision in gpu.peak_flops else "bf16"
-    return Rates(
-        # GEMMs at this GPU's measured large-matmul ceiling relative to its generation's
-        peak_flops=gpu.peak_flops[compute] * matmul_scale(gpu, profile, compute),
-        gemm=profile.gemm_efficiency.get(compute, profile.gemm_efficiency["bf16"]),
-        # Known gap: training prices every precision with BF16's fixed time per call
-        # (cost.compute.gemm_half_flops); serving keeps the profile's F_half for all, since
-        # its expert GEMMs carry that time per expert, a proxy for MoE costs it does not
-        # model yet (one fused call per projection instead measures 31% MAPE, not 21%).
-        gemm_half_flops=profile.gemm_half_flops,
-        grouped_gemm=profile.grouped_gemm_efficiency,
-        bf16_flops=gpu.peak_flops["bf16"],
-        # prefill attention at this GPU's softmax exponential rate (cost/softmax.py)
-        attention=profile.attention_forward_efficiency
-        * attention_scale(gpu, profile, model, backward=False),
-        attention_half_block=profile.attention_half_block,
-        hbm_Bps=gpu.hbm_bandwidth_Bps * profile.hbm_efficiency,
-        kernel_s=profile.kernel_overhead_s,
-        memory_bound=profile.memory_bound_factor,
-        collective_latency_s=profile.collective_latency_s,
-        alltoall=profile.alltoall_efficiency,
-    )
 
 
 @dataclass(frozen=True)
@@ -146,11 +100,6 @@ def _alltoall(link: LinkArrays, size_bytes: float, rates: Rates) -> float:
     return float(all_to_all_time(link, size_bytes)) / efficiency + rates.collective_latency_s
 
 
-def _gemm_eff(rates: Rates, flops_per_gemm: float) -> float:
-    """``eta(F) = eta_max * F / (F + F_half)`` (parsearch efficiency profiles, MAMF sweeps)."""
-    return rates.gemm * flops_per_gemm / (flops_per_gemm + rates.gemm_half_flops)
-
-
 def attention_context_tokens(model: ModelSpec, context: float,
                              window: SlidingWindow | None) -> float:
     """Mean over layers of the tokens one query attends to (windowed layers cap at the window)."""
@@ -186,10 +135,19 @@ class StepTime:
     hop_s: float  # pipeline hand-off to the next stage
     busy_s: float | None = None  # instance time per request when not total_s (prefill)
     overlapped_comm_s: float = 0.0  # EP all-to-alls run beside the other micro-batch's work
+    kernels_s: float | None = None  # sum of per-kernel-group rooflines (None: one roofline)
+
+    @property
+    def roofline_s(self) -> float:
+        """Time of the GEMM and attention kernels: their own rooflines summed when known
+        (kernels run one after another), else the roofline of the whole pass."""
+        if self.kernels_s is not None:
+            return self.kernels_s
+        return max(self.memory_s, self.compute_s)
 
     @property
     def total_s(self) -> float:
-        work = max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
+        work = self.roofline_s + self.comm_s + self.overhead_s
         return max(work, self.overlapped_comm_s)
 
 
@@ -250,25 +208,6 @@ def _split_overlap(workload: ServingWorkload, comm: float, a2a: float) -> tuple[
     return comm - a2a, a2a
 
 
-def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
-                     rates: Rates, tokens_stage: float, rows_tokens: float) -> float:
-    """Routed-expert GEMM time on one GPU for ``tokens_stage`` tokens of the stage.
-
-    Each token runs top_k experts (``2 * top_k * expert params`` FLOPs, spread over the
-    stage width); an expert's grouped-GEMM slice has ``rows_tokens * top_k / E`` rows, whose
-    size sets the GEMM efficiency (``eta(F)`` of the profile times its grouped-GEMM factor).
-    """
-    if model.moe is None:
-        return 0.0
-    per_expert, _shared, k = _expert_shapes(model, counts)
-    n_moe = _stage_mix(model, layout.pp)[1]
-    flops = 2.0 * tokens_stage * k * per_expert * n_moe / layout.stage_width
-    rows = max(1.0, rows_tokens * k / model.moe.num_experts)
-    per_gemm = 2.0 * rows * per_expert / layout.expert_tp / 3.0  # gate, up, down GEMMs
-    eff = _gemm_eff(rates, per_gemm) * rates.grouped_gemm
-    return flops / (rates.peak_flops * max(eff, 1e-6))
-
-
 def activation_bytes(model: ModelSpec, layout: ServingLayout, tokens_rank: float,
                      tokens_stage: float) -> float:
     """HBM bytes the non-GEMM kernels of one pass move on one GPU (norms, RoPE, residual
@@ -316,7 +255,8 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     w = stage_weights(model, layout, counts)
     prec = ELEMENT_BYTES[workload.precision]
     moe = model.moe
-    touched = 1.0 - (1.0 - moe.top_k / moe.num_experts) ** b_m if moe is not None else 0.0
+    touched = (expected_touched_share(moe.top_k, moe.num_experts, b_m)
+               if moe is not None else 0.0)
     weights = w.linear * prec + w.routed * touched * prec + w.output * _ACT
     kv = t_rank * kv_bytes_per_sequence(model, workload.kv_precision,
                                         workload.mean_decode_context, tp=layout.tp,
@@ -351,16 +291,23 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     gemm_flops = 2.0 * t_rank * (attn_params + mlp_params + w.output)
     attended = attention_context_tokens(model, ctx, window)
     core = t_rank * layers * attention_flops_per_token_layer(model, attended) / layout.tp
-    gemm_eff = _gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
-    compute = (gemm_flops / (rates.peak_flops * max(gemm_eff, 1e-6))
-               + core / (rates.bf16_flops * rates.attention)
-               + expert_gemm_time(model, layout, counts, rates, b_m, b_m))
+    dense_eff = gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
+    gemm_s = (gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
+              + expert_gemm_time(model, layout, counts, rates, b_m, b_m))
+    attention_s = core / (rates.bf16_flops * rates.attention)
+    compute = gemm_s + attention_s
+    # The GEMMs (bound by weight reads or FLOPs) and the attention kernels (bound by KV
+    # reads or FLOPs) run one after the other, each on its own roofline (Williams et al.
+    # 2009 apply it per kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv
+    # 2402.16363 §3): a compute-bound GEMM does not hide a memory-bound attention.
+    kernels = (max(weights / rates.hbm_Bps, gemm_s) + max(kv / rates.hbm_Bps, attention_s))
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
     overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
         model, layout, rates, t_rank, b_m)
     hop = float(p2p_time(links.pp, t_rank * model.hidden_size * _ACT)) if layout.pp > 1 else 0.0
-    return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden)
+    return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden,
+                    kernels_s=kernels)
 
 
 def decode_tpot_s(step: StepTime, pp: int) -> float:
@@ -399,7 +346,7 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
     attended = attention_context_tokens(model, s / 2.0, window)  # mean causal span
     core = layers * 4.0 * tokens_rank * attended * heads * dim
     block = s / (s + rates.attention_half_block)
-    gemm_rate = rates.peak_flops * max(_gemm_eff(rates, 2.0 * tokens_rank * h * h / layout.tp),
+    gemm_rate = rates.peak_flops * max(gemm_eff(rates, 2.0 * tokens_rank * h * h / layout.tp),
                                        1e-6)
     compute = (gemm_flops / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
                + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage))

@@ -147,6 +147,7 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
     cycle_tpot = est.tpot_ms
     decode = {"weights_read_gb": weights_read / 1e9, "kv_read_gb": kv_read / 1e9,
               "memory": d.memory_s * 1e3, "compute": d.compute_s * 1e3,
+              "gemm_and_attention_rooflines": d.roofline_s * 1e3,
               "communication": d.comm_s * 1e3, "overlapped_communication":
               d.overlapped_comm_s * 1e3, "kernels_and_non_gemm": d.overhead_s * 1e3,
               "stage_pass": d.total_s * 1e3, "pipeline_hop": d.hop_s * 1e3,

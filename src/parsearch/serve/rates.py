@@ -1,0 +1,67 @@
+"""Achievable rates of one serving GPU: GEMM, attention, HBM, kernels, collectives.
+
+Datasheet peaks times the efficiency profile's factors (:mod:`parsearch.cost.efficiency`);
+GEMM efficiency grows with the GEMM's size, ``eta(F) = eta_max * F / (F + F_half)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsearch.cost.compute import matmul_scale
+from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.softmax import attention_scale
+from parsearch.model.specs import ModelSpec
+from parsearch.topology.hardware import GpuProfile
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achievable rates of one GPU for one weight precision."""
+
+    peak_flops: float        # tensor-core peak of the GEMM precision
+    gemm: float              # large-GEMM fraction of it
+    gemm_half_flops: float   # GEMM size reaching half of ``gemm``
+    grouped_gemm: float      # an expert grouped GEMM relative to one GEMM of its shape
+    bf16_flops: float        # attention runs in BF16
+    attention: float
+    attention_half_block: float
+    hbm_Bps: float           # achievable HBM bytes/s
+    kernel_s: float
+    memory_bound: float      # counted non-GEMM bytes times this (fusion the count misses)
+    collective_latency_s: float
+    alltoall: float
+
+
+def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
+              model: ModelSpec) -> Rates:
+    """Rates from the datasheet and the efficiency profile.  A GPU without tensor cores for
+    ``precision`` (FP4 on Hopper) runs weight-only quantization: weights are dequantized and
+    the GEMM runs in BF16 (vLLM/Marlin weight-only kernels)."""
+    compute = precision if precision in gpu.peak_flops else "bf16"
+    return Rates(
+        # GEMMs at this GPU's measured large-matmul ceiling relative to its generation's
+        peak_flops=gpu.peak_flops[compute] * matmul_scale(gpu, profile, compute),
+        gemm=profile.gemm_efficiency.get(compute, profile.gemm_efficiency["bf16"]),
+        # Known gap: training prices every precision with BF16's fixed time per call
+        # (cost.compute.gemm_half_flops); serving keeps the profile's F_half for all, since
+        # its expert GEMMs carry that time per expert, a proxy for MoE costs it does not
+        # model yet (one fused call per projection instead measures 31% MAPE, not 21%).
+        gemm_half_flops=profile.gemm_half_flops,
+        grouped_gemm=profile.grouped_gemm_efficiency,
+        bf16_flops=gpu.peak_flops["bf16"],
+        # prefill attention at this GPU's softmax exponential rate (cost/softmax.py)
+        attention=profile.attention_forward_efficiency
+        * attention_scale(gpu, profile, model, backward=False),
+        attention_half_block=profile.attention_half_block,
+        hbm_Bps=gpu.hbm_bandwidth_Bps * profile.hbm_efficiency,
+        kernel_s=profile.kernel_overhead_s,
+        memory_bound=profile.memory_bound_factor,
+        collective_latency_s=profile.collective_latency_s,
+        alltoall=profile.alltoall_efficiency,
+    )
+
+
+def gemm_eff(rates: Rates, flops_per_gemm: float) -> float:
+    """``eta(F) = eta_max * F / (F + F_half)`` (parsearch efficiency profiles, MAMF sweeps)."""
+    return rates.gemm * flops_per_gemm / (flops_per_gemm + rates.gemm_half_flops)
