@@ -9,6 +9,10 @@ measured one of the group): among shapes (the diverse list) and exactly.  Target
 calibration row holds (``independent_runs.csv``, tag ``MBRIDGE-HELDOUT``: Qwen3-235B-A22B,
 gpt-oss-120b, Llama 3.1 405B), never fitted: a check of the search's decisions out of
 sample.  Same target.
+
+``--search-features`` lets the search choose the MoE dispatcher and overlaps per layout (as
+``parsearch search`` does by default) instead of pricing every layout with the recipe's;
+MoE and dense groups are reported apart.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import sys
 import warnings
 
+from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
 from parsearch.validation.ranking import rank_published_layouts
 
@@ -27,13 +32,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heldout", action="store_true",
                         help="rank the held-out Megatron-Bridge rows instead of the calibration's")
+    parser.add_argument("--search-features", action="store_true",
+                        help="choose the MoE features per layout (parsearch search's default)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    report = rank_published_layouts(load_heldout_runs() if args.heldout else load_published_runs())
+    options = CostOptions(search_features=SEARCHABLE_FEATURES) if args.search_features else None
+    report = rank_published_layouts(load_heldout_runs() if args.heldout else load_published_runs(),
+                                    options=options)
     for g in report.groups:
         print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
               f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "
               f"exact {_r(g.exact_rank):>6}/{g.feasible:<7} gap {_pct(g.gap):>6} best {g.best}")
+    for kind, moe in (("MoE", True), ("dense", False)):
+        ranks = [g.shape_rank for g in report.groups if g.is_moe == moe]
+        if ranks:
+            top10 = sum(1 for r in ranks if r is not None and r <= 10)
+            print(f"{kind}: published shape in top 10 in {top10} of {len(ranks)} groups")
     summary = report.to_dict()["summary"]
     share = summary["shape_top10"]
     status = "PASS" if share >= TARGET else "FAIL"

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
 from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
-from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
+from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, SEARCHABLE_FEATURES
 from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
@@ -190,11 +190,11 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--grad-reduce-bytes", type=non_negative_float, default=4.0,
                        metavar="B", help="bytes per gradient element in the DP reduction "
                        "(default 4: fp32; 2: bf16)")
-    group.add_argument("--moe-dispatcher", choices=MOE_DISPATCHER_CHOICES, default="alltoall",
+    group.add_argument("--moe-dispatcher", choices=MOE_DISPATCHER_CHOICES, default=None,
                        help="MoE token dispatcher priced (Megatron --moe-token-dispatcher-type): "
-                       "alltoall (default, one copy per routed expert), allgather "
-                       "(Megatron-Core's own default), flex (DeepEP/HybridEP: one network "
-                       "copy per remote NVLink domain)")
+                       "alltoall (one copy per routed expert), allgather (Megatron-Core's own "
+                       "default), flex (DeepEP/HybridEP: one network copy per remote NVLink "
+                       "domain; Hopper and newer); default: chosen per layout")
     group.add_argument("--moe-flex-backend", choices=FLEX_BACKEND_CHOICES, default="auto",
                        help="flex dispatcher kernels (Megatron --moe-flex-dispatcher-backend): "
                        "deepep (20 SMs) or hybridep (32 SMs, Bridge recipes); default auto: "
@@ -203,12 +203,18 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        help="Transformer Engine TP communication overlap (needs SP and TP "
                        "inside an NVLink domain; default on)")
     group.add_argument("--moe-a2a-overlap", action=argparse.BooleanOptionalAction,
-                       default=False, help="overlap the MoE all-to-all of one micro-batch with "
-                       "another's compute (--overlap-moe-expert-parallel-comm; default off)")
+                       default=None, help="overlap the MoE all-to-all of one micro-batch with "
+                       "another's compute (--overlap-moe-expert-parallel-comm; needs EP > 1, "
+                       "no full recompute, PP 1 or interleaved; holds one more micro-batch); "
+                       "default: chosen per layout")
     group.add_argument("--moe-shared-expert-overlap", action=argparse.BooleanOptionalAction,
-                       default=False, help="run the shared experts beside the same "
+                       default=None, help="run the shared experts beside the same "
                        "micro-batch's dispatch and combine (--moe-shared-expert-overlap; "
-                       "models with shared experts, alltoall or flex dispatcher; default off)")
+                       "models with shared experts, alltoall or flex dispatcher); default: "
+                       "chosen per layout")
+    group.add_argument("--no-feature-search", action="store_true",
+                       help="price every MoE feature left unset at its fixed default (alltoall, "
+                       "no overlaps) instead of choosing it per layout")
     group.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction,
                        default=True, help="overlap the DP gradient reduce-scatter with "
                        "backward (default on)")
@@ -286,6 +292,14 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
     )
 
 
+def searched_features(args: argparse.Namespace) -> tuple[str, ...]:
+    """The MoE features the user left unset: chosen per layout by the search (none with
+    ``--no-feature-search``)."""
+    if getattr(args, "no_feature_search", False):
+        return ()
+    return tuple(name for name in SEARCHABLE_FEATURES if getattr(args, name, None) is None)
+
+
 def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: TrainingSpec,
                          num_gpus: int):  # type: ignore[no-untyped-def]
     """The :class:`~parsearch.cost.analytic.CostModel` for ``--cluster`` on ``num_gpus`` GPUs."""
@@ -309,13 +323,14 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         raise SpecError("--moe-pad-to-capacity needs --moe-capacity-factor C (Megatron pads "
                         "expert inputs to the capacity factor)")
     options = CostOptions(
+        search_features=searched_features(args),
         routing=args.routing,
         moe_imbalance=args.moe_imbalance,
         moe_capacity_factor=args.moe_capacity_factor,
         moe_pad_to_capacity=args.moe_pad_to_capacity,
         tp_comm_overlap=args.tp_comm_overlap,
-        moe_a2a_overlap=args.moe_a2a_overlap,
-        moe_shared_expert_overlap=args.moe_shared_expert_overlap,
+        moe_a2a_overlap=bool(args.moe_a2a_overlap),
+        moe_shared_expert_overlap=bool(args.moe_shared_expert_overlap),
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
         cuda_graphs=args.cuda_graphs,
@@ -325,7 +340,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         fp8_output_proj=args.fp8_output_proj,
         fused_expert_mlp=args.fused_expert_mlp,
         grad_reduce_bytes=args.grad_reduce_bytes,
-        moe_dispatcher=args.moe_dispatcher,
+        moe_dispatcher=args.moe_dispatcher or "alltoall",
         moe_flex_backend=args.moe_flex_backend,
         memory_margin=args.memory_margin,
         param_gather_bytes=1.0 if args.fp8_param_gather else 2.0,

@@ -98,14 +98,15 @@ def run_explain(args: argparse.Namespace) -> int:
     document["peak_memory_stage"] = result.peak_memory_stage
     document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
     # what the number assumes, from the same plan the launch settings are written from
-    plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=cm.options,
+    priced = result.options or cm.options  # with searched features: the ones chosen
+    plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=priced,
                               gpu=cm.fabric.gpu).plan
     features = list(priced_features(plan))
     if model.moe is not None:
         from parsearch.cost.analytic import layout_columns
         from parsearch.cost.routing import priced_imbalance
 
-        imbalance = float(priced_imbalance(model, training, cm.options,
+        imbalance = float(priced_imbalance(model, training, priced,
                                            layout_columns([layout]))[0])
         document["moe_imbalance"] = imbalance
         features = [f"{f} (busiest EP rank {imbalance:.2f}x the mean)"

@@ -179,9 +179,19 @@ def _summary(considered: int, valid: int, feasible: int, seconds: float,
     return text + f" ({seconds:.1f} s)"
 
 
+def moe_feature_label(plan: Any) -> str:
+    """The MoE features a launch plan runs, in a few characters (``flex+a2a``)."""
+    if plan.moe_dispatcher is None:
+        return "-"
+    return (plan.moe_dispatcher + ("+a2a" if plan.moe_a2a_overlap else "")
+            + ("+shexp" if plan.moe_shared_expert_overlap else ""))
+
+
 def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "bf16") -> None:
+    moe = any(e.estimate.is_moe for e in result.entries)
     headers = ("#", "tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute",
-               "tokens/s", "step_s", "mfu%", "mem_GiB", "free_GiB", "bottleneck", "nodes")
+               "tokens/s", "step_s", "mfu%", "mem_GiB", "free_GiB", "bottleneck", "nodes",
+               *(("moe features",) if moe else ()))
     rows = []
     for e in result.entries:
         est, lay = e.estimate, e.layout
@@ -189,8 +199,13 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
         rows.append((rank, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp, lay.vpp, lay.dp, lay.mbs,
                      lay.sp, lay.recompute, est.tokens_per_s, est.step_time_s,
                      100 * est.mfu, est.memory_bytes["total"] / 2**30, e.headroom_bytes / 2**30,
-                     est.bottleneck, e.launch.nodes))
+                     est.bottleneck, e.launch.nodes,
+                     *((moe_feature_label(e.launch.plan),) if moe else ())))
     print_table(headers, rows)
+    if moe:
+        print("moe features: the token dispatcher (flex: DeepEP/HybridEP), +a2a: EP "
+              "all-to-all overlap, +shexp: shared-expert overlap; chosen per layout unless "
+              "given (--moe-dispatcher, --[no-]moe-a2a-overlap, ...)")
     if precision != "bf16":
         print(f"mfu%: model FLOPs over the GPU's dense BF16 peak; {precision} GEMMs run at a "
               "higher peak, so it can pass what a BF16 run could reach.")

@@ -62,7 +62,8 @@ def with_launch_choices(result: SearchResult, model: Any, training: Any, cluster
 
     gpu = load_gpu_profile(cluster.gpu)
     entries = tuple(dataclasses.replace(e, launch=launch_for_cluster(
-        model, training, e.layout, cluster, options=options, fp8_recipe=args.fp8_recipe,
+        model, training, e.layout, cluster, options=e.estimate.options or options,
+        fp8_recipe=args.fp8_recipe,
         recipe=args.recipe, gpu=gpu)) for e in result.entries)
     return dataclasses.replace(result, entries=entries)
 

@@ -251,7 +251,8 @@ def num_microbatches(global_batch: int, mbs: Num, dp: Num) -> Num:
     return np.maximum(global_batch // denom, 1)
 
 
-def chunk_in_flight(rank: Num, pp: Num, vpp: Num, chunk: Num, num_microbatches: Num) -> Num:
+def chunk_in_flight(rank: Num, pp: Num, vpp: Num, chunk: Num, num_microbatches: Num,
+                    extra: int = 0) -> Num:
     """Micro-batches whose activations model chunk ``chunk`` of ``rank`` holds at its peak.
 
     Elementwise in every argument.  1F1B (``vpp = 1``): ``min(m, p − r)``
@@ -262,14 +263,18 @@ def chunk_in_flight(rank: Num, pp: Num, vpp: Num, chunk: Num, num_microbatches: 
     ``#{k < W : (k // p) % v = c}`` micro-batches.  With equal chunks the sum
     over chunks divided by ``v`` is KOR22 §4.2.3's ``p·(1 + (p − 1)/(p·v))``
     for ``r = 0`` (formulas.md §5.4).  Whole micro-batch counts; integer-valued floats.
+    ``extra``: warm-up micro-batches a schedule adds (1 for the merged forward-backward
+    schedule of ``--overlap-moe-expert-parallel-comm``: Megatron-Core ``schedules.py``
+    ``get_pp_rank_microbatches`` adds one warm-up micro-batch under it, and without a
+    pipeline the forward of one micro-batch runs beside another's backward).
     """
     m = np.asarray(num_microbatches, dtype=np.float64)
-    one_f1b = np.minimum(m, np.subtract(pp, rank))
+    one_f1b = np.minimum(m, np.subtract(pp, rank) + extra)
     if np.all(np.equal(vpp, 1)):
         return one_f1b
     # Integer arithmetic (micro-batch counts are whole): exact, and faster than float //, %.
     r, p, v, c = (np.asarray(x, dtype=np.int64) for x in (rank, pp, vpp, chunk))
-    window = np.minimum(m.astype(np.int64) * v, 2 * (p - r - 1) + (v - 1) * p + 1)
+    window = np.minimum(m.astype(np.int64) * v, 2 * (p - r - 1) + (v - 1) * p + 1 + extra)
     full_cycles, rest = np.divmod(window, p * v)
     held = full_cycles * p + np.minimum(np.maximum(rest - c * p, 0), p)
     return np.where(v == 1, one_f1b, held)

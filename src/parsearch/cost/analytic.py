@@ -23,7 +23,7 @@ the overlap assumptions §6.3.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,12 @@ from parsearch.cost.collectives import LinkArrays, all_gather_time, p2p_time
 from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit, unit_compute
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
+from parsearch.cost.feature_search import (
+    cheapest_unit_prices,
+    feature_variants,
+    score_fitting_variants,
+    with_schedule_memory,
+)
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.offload import offload_exposed
@@ -91,6 +97,8 @@ class CostModel:
     fabric: Fabric
     profile: EfficiencyProfile
     options: CostOptions
+    #: feature sets each layout is also priced with (:mod:`parsearch.cost.feature_search`)
+    variants: tuple[CostOptions, ...] = ()
 
 
 def build_cost_model(
@@ -105,7 +113,9 @@ def build_cost_model(
     profile = profile or efficiency_for_gpu(fabric.gpu.name)
     options = check_precision_options(training, fabric.gpu, fabric.cluster.name, profile,
                                       (options or CostOptions()).resolved(profile))
-    return CostModel(model, training, fabric, profile, options)
+    options = with_schedule_memory(options)
+    variants = feature_variants(model, options, fabric.gpu.compute_capability)
+    return CostModel(model, training, fabric, profile, options, variants)
 
 
 def usable_memory_bytes(gpu: GpuProfile, options: CostOptions | None) -> float:
@@ -325,6 +335,15 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     ``capacity_bytes``, ``slowest_stage``, ``peak_memory_stage``.
     ``with_memory=False`` skips the memory model (time only).
     """
+    if cm.variants and with_memory:
+        return score_fitting_variants(cm, cols, _score_fastest_features)
+    return _score_fastest_features(cm, cols, with_memory=with_memory)
+
+
+def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
+                            with_memory: bool = True) -> dict[str, np.ndarray]:
+    """:func:`score_columns`, each layout's MoE units priced with its fastest feature set
+    (``cm.variants``; memory under ``cm.options``)."""
     model, training, fabric = cm.model, cm.training, cm.fabric
     n = len(cols["tp"])
     cols = wide_columns(cols)
@@ -339,7 +358,15 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     groups = process_groups(fabric, pcols)
     shares = recompute_shares(model, training, pcols["recompute"], pp=pcols["pp"],
                               vpp=pcols["vpp"], tp=pcols["tp"], sp=pcols["sp"])
-    prices = {unit: _unit_prices(cm, pcols, groups, unit, shares) for unit in UNITS}
+    prices: dict[str, dict[str, np.ndarray]] = {}
+    choice = None
+    for unit in UNITS:
+        if cm.variants and is_moe_unit(model, unit):
+            prices[unit], choice = cheapest_unit_prices(
+                cm, pcols, unit,
+                lambda c, u=unit, g=groups: _unit_prices(c, pcols, g, u, shares), choice)
+        else:
+            prices[unit] = _unit_prices(cm, pcols, groups, unit, shares)
     params = _unit_params(cm, pcols)
     # PP p2p (formulas.md §7.4): one activation forward and one gradient backward per
     # micro-batch and model chunk, b*(s/c)*h (/tp with SP) elements.
@@ -410,6 +437,9 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
         slowest_stage=slowest_stage,
         peak_memory_stage=peak_stage,
     )
+    if cm.variants:
+        out["feature_variant"] = (np.zeros(n, dtype=np.int64) if choice is None
+                                  else choice if price_of is None else choice[price_of[1]])
     return out
 
 
@@ -436,6 +466,8 @@ class Estimate:
     tokens_per_s_per_gpu_range: tuple[float, float] | None = None
     #: How the range was made: the band's method, or why it is an extrapolation.
     range_basis: str = ""
+    #: the features this number was priced with (a searched feature: the one chosen)
+    options: CostOptions | None = field(default=None, compare=False, repr=False)
 
     @property
     def bottleneck(self) -> str:
@@ -496,6 +528,8 @@ def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
         peak_memory_stage=int(scores["peak_memory_stage"][i]),
         tokens_per_s_per_gpu_range=band.interval(predicted) if band else None,
         range_basis=band.method if band else "",
+        options=(cm.variants[int(scores["feature_variant"][i])] if "feature_variant" in scores
+                 else cm.options),
     )
 
 

@@ -45,6 +45,9 @@ class MemoryOptions:
     * ``moe_imbalance``: max/mean tokens per expert rank (§5.3 MoE, §7.5).
     * ``fp32_logits``: an unfused cross-entropy keeps fp32 logits
       (``s·b·V·4/(t·c)`` bytes, §5.4) for the micro-batch in backward.
+    * ``extra_in_flight``: micro-batches the schedule holds beyond 1F1B's (1 under the
+      merged forward-backward schedule of MoE all-to-all overlap:
+      :func:`~parsearch.cost.activations.chunk_in_flight`).
     """
 
     activation_model: ActivationModel = "flash"
@@ -52,6 +55,7 @@ class MemoryOptions:
     fp8_param_gather: bool = False
     moe_imbalance: float = 1.0
     fp32_logits: bool = True
+    extra_in_flight: int = 0
 
     def __post_init__(self) -> None:
         if self.activation_model not in ("flash", "korthikanti"):
@@ -66,6 +70,9 @@ class MemoryOptions:
             )
         if self.moe_imbalance < 1.0:
             raise SpecError(f"memory: moe_imbalance must be >= 1, got {self.moe_imbalance!r}")
+        if self.extra_in_flight not in (0, 1):
+            raise SpecError(f"memory: extra_in_flight must be 0 or 1, got "
+                            f"{self.extra_in_flight!r}")
 
 
 def gemm_input_bytes(precision: str) -> float:

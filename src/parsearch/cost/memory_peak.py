@@ -112,12 +112,13 @@ class _Candidates:
 
 
 @lru_cache(maxsize=64)
-def _held_copies(cands: _Candidates,
-                 m_values: tuple[float, ...]) -> tuple[np.ndarray | None, ...]:
+def _held_copies(cands: _Candidates, m_values: tuple[float, ...],
+                 extra: int = 0) -> tuple[np.ndarray | None, ...]:
     """Per held term: copies each candidate holds with each micro-batch count, flattened
-    ``m * C + c`` (``None`` where no candidate holds the term; memoised)."""
+    ``m * C + c`` (``None`` where no candidate holds the term; memoised); ``extra``: the
+    schedule's additional warm-up micro-batches (:func:`chunk_in_flight`)."""
     in_flight = chunk_in_flight(cands.entry_rank, cands.entry_pp, cands.entry_vpp,
-                                cands.entry_chunk, np.asarray(m_values)[:, None])
+                                cands.entry_chunk, np.asarray(m_values)[:, None], extra)
     return tuple(
         np.add.reduceat(in_flight * cands.entry_held[:, j], cands.entry_start,
                         axis=1).reshape(-1) if cands.held_present[j].any() else None
@@ -297,7 +298,8 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
 
     tables = Tables(
         held=[Term(copies, per_rep(per_copy), cands.held_present[j])
-              for j, (copies, per_copy) in enumerate(zip(_held_copies(cands, tuple(m_values)),
+              for j, (copies, per_copy) in enumerate(zip(_held_copies(cands, tuple(m_values),
+                                                                      options.extra_in_flight),
                                                          arrays.held, strict=True))
               if copies is not None and per_copy is not None],
         offload=[Term(cands.offloaded[:, k], per_rep(arrays.held[k]), cands.offloaded[:, k] > 0)

@@ -31,6 +31,10 @@ MOE_DISPATCHERS: tuple[str, ...] = ("alltoall", "allgather", "flex")
 #: ``--moe-flex-dispatcher-backend`` of the flex dispatcher (``auto``: HybridEP where the
 #: NVLink domain spans several nodes, DeepEP otherwise, as the launch settings choose).
 FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
+#: Features the search may choose per layout (``CostOptions.search_features``;
+#: :mod:`parsearch.cost.feature_search`).
+SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
+                                        "moe_shared_expert_overlap")
 #: Default share of HBM a layout must leave free (allocator fragmentation, NCCL and
 #: cuBLAS workspaces the memory model does not count; PyTorch's caching allocator
 #: typically leaves several percent of HBM unusable).
@@ -99,6 +103,9 @@ class CostOptions:
       dgrad GEMM applies the SwiGLU backward (``ForwardGroupedMLP_CuTeGEMMSwiGLU`` /
       ``BackwardGroupedMLP_CuTeGEMMDSwiGLU``, SM100+, block-scaled FP8/FP4 only).
     * ``memory_margin``: the share of HBM a layout must leave free to count as fitting.
+    * ``search_features``: features (of :data:`SEARCHABLE_FEATURES`) the search chooses per
+      layout instead of taking the value here (:mod:`parsearch.cost.feature_search`); empty:
+      every feature as given.
     """
 
     causal: bool = True
@@ -127,8 +134,13 @@ class CostOptions:
     fused_expert_mlp: bool = False
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     memory: MemoryOptions = field(default_factory=MemoryOptions)
+    search_features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown_features = [f for f in self.search_features if f not in SEARCHABLE_FEATURES]
+        if unknown_features:
+            raise SpecError(f"search_features: {unknown_features[0]!r} is not a searchable "
+                            f"feature; choose from {', '.join(SEARCHABLE_FEATURES)}")
         if not (isinstance(self.memory_margin, (int, float)) and math.isfinite(self.memory_margin)
                 and 0.0 <= self.memory_margin < 1.0):
             raise SpecError(

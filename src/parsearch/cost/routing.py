@@ -73,6 +73,7 @@ def _normal_grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x, pdf, cdf
 
 
+@lru_cache(maxsize=4096)
 def _expected_max(n: float) -> float:
     """E[max of n iid N(0, 1)] = integral of x * n * pdf(x) * cdf(x)^(n-1) (order statistics,
     e.g. David & Nagaraja, *Order Statistics*, eq. 2.1.5); 0 for n <= 1."""

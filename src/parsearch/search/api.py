@@ -129,7 +129,8 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_for_cluster(model, training, e.layout, cluster,
-                                              options=cm.options, gpu=cm.fabric.gpu),
+                                              options=e.options or cm.options,
+                                              gpu=cm.fabric.gpu),
                     flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)),
                     tied=ties > 1 and in_band[i])
         for i, e in enumerate(estimates))
@@ -336,8 +337,8 @@ def _points(model: ModelSpec, training: TrainingSpec,
         points.append(ParetoPoint(
             num_gpus=n, estimate=e, on_front=bool(front), speedup=speedup,
             scaling_efficiency=speedup * base_n / n if n else math.nan,
-            launch=launch_for_cluster(model, training, e.layout, c, options=priced[c.name],
-                                      gpu=gpus[c.name]),
+            launch=launch_for_cluster(model, training, e.layout, c,
+                                      options=e.options or priced[c.name], gpu=gpus[c.name]),
             cluster=c.name if label else None))
     return tuple(points), hv, ref
 

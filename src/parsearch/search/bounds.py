@@ -40,6 +40,7 @@ whose floor exceeds the GPU's memory cannot fit and is never scored.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -118,8 +119,14 @@ def _shape_code(columns: Mapping[str, np.ndarray], rows: np.ndarray | None) -> n
 def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Per unit, a floor on its per-micro-batch time on one GPU with any recompute.
 
-    ``cols`` are layouts (any ``vpp`` and ``recompute``: both are ignored).
+    ``cols`` are layouts (any ``vpp`` and ``recompute``: both are ignored).  With feature
+    sets to choose from (``cm.variants``), the smallest floor over them: whichever a layout
+    keeps, its time is above it.
     """
+    if cm.variants:
+        floors = [unit_time_floor(replace(cm, options=v, variants=()), cols)
+                  for v in cm.variants]
+        return {unit: np.minimum.reduce([f[unit] for f in floors]) for unit in floors[0]}
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
     none = np.full(n, RECOMPUTE_CODES["none"], dtype=np.int64)

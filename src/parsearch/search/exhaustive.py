@@ -205,6 +205,26 @@ def _peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.asarray(mem.total, dtype=np.float64).reshape(-1)
 
 
+def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray],
+                       tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Peak bytes per GPU and tokens/s of layouts whose time-only tokens/s is ``tokens``.
+
+    Without feature sets to choose from, the memory model alone (the time is already
+    known).  With them the time-only pass took each layout's fastest feature set, which
+    may not fit (the all-to-all overlap holds an extra micro-batch): the full score picks
+    the fastest that fits, never faster than the time-only number.
+    """
+    if not cm.variants:
+        return _peak_memory(cm, cols), tokens
+    if not len(cols["tp"]):
+        return np.zeros(0), np.zeros(0)
+    scores = score_columns(cm, cols)
+    total = np.asarray(scores["mem_total"], dtype=np.float64)
+    fits = np.asarray(scores["fits"], dtype=bool)
+    # a layout no feature set fits is reported at its smallest-memory reading
+    return np.where(fits, total, np.inf), np.asarray(scores["tokens_per_s"], dtype=np.float64)
+
+
 def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bool = False,
                  tie_band: float | None = None,
                  considered: int | None = None, first_rows: int = 1 << 12,
@@ -282,12 +302,14 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
             batch *= 2
             if not len(part):
                 break  # sorted: the rest are slower still
-            total = _peak_memory(cm, {name: v[part] for name, v in chunk.items()})
-            fits = part[total <= hbm]
+            total, priced = _memory_and_tokens(cm, {name: v[part] for name, v in chunk.items()},
+                                               tokens[part])
+            ok = (total <= hbm) & (priced >= threshold)
+            fits = part[ok]
             if len(fits):
                 rows_out.append(rows[fits])
-                tokens_out.append(tokens[fits])
-                memory_out.append(total[total <= hbm])
+                tokens_out.append(priced[ok])
+                memory_out.append(total[ok])
                 shapes_out.append(shape_of_row[rows[fits]])
                 threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
         if on_rows is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from parsearch.cost.analytic import GIB, Estimate
 from parsearch.launch import LaunchSettings
+from parsearch.launch.plan import priced_features
 from parsearch.layout import Layout
 
 
@@ -41,7 +42,8 @@ class SearchEntry:
         out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
                    headroom_gib_per_gpu=self.headroom_bytes / GIB, nodes=self.launch.nodes,
                    launch=self.launch.to_dict(), flags=list(self.flags),
-                   tied_with_best=self.tied)
+                   tied_with_best=self.tied,
+                   priced_features=list(priced_features(self.launch.plan)))
         return out
 
 

@@ -58,6 +58,7 @@ class GroupRank:
     feasible: int
     best: str
     gap: float | None  # 1 - predicted(published shape's best) / predicted(best); None if absent
+    is_moe: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -133,6 +134,7 @@ def rank_group(run: PublishedRun, options: CostOptions) -> GroupRank:
         model=run.model, gpu=run.gpu, num_gpus=run.num_gpus, global_batch=run.global_batch,
         run_id=run.id, published=run.layout.key(), shape_rank=shape, exact_rank=exact,
         shapes=len(np.unique(codes)), feasible=scan.feasible, best=best, gap=gap,
+        is_moe=run.is_moe,
     )
 
 
