@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, estimate
 from parsearch.cost.efficiency import (
+    Prior,
     efficiency_for_gpu,
     load_efficiency_profile,
     parse_efficiency_profile,
@@ -211,8 +213,6 @@ def test_a_slow_cluster_measured_on_layouts_that_cross_nodes_is_not_read_as_a_sl
     slowdown everywhere (here inside its range, 0.35-0.53, leaving 7-10 % in-sample error).
     The speed factor removes that error, so it is fitted and the network stays at the
     cluster file's word; layouts inside one node are then predicted right too."""
-    from dataclasses import replace
-
     from parsearch.validation.user_calibration import (
         calibrate_user,
         fit_user_profile,
@@ -239,3 +239,36 @@ def test_a_slow_cluster_measured_on_layouts_that_cross_nodes_is_not_read_as_a_sl
     fit = FactorFit(result.profile, result.cluster, result.cluster_priors, result.fitted, (),
                     {}, "")
     assert fit.predict([row])[0] == pytest.approx(row.measured, rel=0.01)
+
+
+def test_every_factor_a_fit_moves_onto_a_bound_is_flagged_cluster_factors_included() -> None:
+    """The fit's own test (would the runs push it further?) cannot see a cluster factor at
+    the line rate: the corrected cluster caps there.  Issue 33: the network factor, pushed
+    to its line-rate bound, did not trigger the warning.  A factor the runs moved onto a
+    bound is flagged; one that starts on a bound and stays there is not."""
+    from parsearch.validation.cluster_speed import on_bounds
+    from parsearch.validation.joint_fit import FactorFit
+    from parsearch.validation.network_calibration import NETWORK_FACTOR, network_priors
+    from parsearch.validation.user_calibration import anchored
+
+    start = anchored(efficiency_for_gpu("h100-sxm"))
+    priors = network_priors(load_cluster(CLUSTER))
+    high = priors[NETWORK_FACTOR].high
+
+    def fit(network: float, gemm: float) -> FactorFit:
+        profile = start.with_values({"gemm_efficiency.bf16": gemm})
+        return FactorFit(profile, {NETWORK_FACTOR: network}, priors,
+                         ("gemm_efficiency.bf16", NETWORK_FACTOR), (), {}, "")
+
+    gemm = start.get("gemm_efficiency.bf16")
+    low = start.priors["gemm_efficiency.bf16"].low
+    assert on_bounds(fit(high, gemm), start) == (NETWORK_FACTOR,)
+    assert on_bounds(fit(0.9, low), start) == ("gemm_efficiency.bf16",)
+    assert on_bounds(fit(0.9, gemm), start) == ()
+    # A factor whose starting value is on the bound, kept there: not a finding.
+    at_bound = start.with_values({"gemm_efficiency.bf16": low})
+    prior = at_bound.priors["gemm_efficiency.bf16"]
+    at_bound = replace(at_bound, priors={**at_bound.priors, "gemm_efficiency.bf16":
+                                          Prior(low, prior.low, prior.high, prior.source)})
+    assert on_bounds(FactorFit(at_bound, {}, priors, ("gemm_efficiency.bf16",), (), {}, ""),
+                     at_bound) == ()
