@@ -32,6 +32,16 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     Each token runs top_k experts (``2 * top_k * expert params`` FLOPs, spread over the
     stage width); an expert's grouped-GEMM slice has ``rows_tokens * top_k / E`` rows, whose
     size sets the GEMM efficiency (``eta(F)`` of the profile times its grouped-GEMM factor).
+
+    Known gap (issue 34 item 3): engines run all experts of a layer in one fused grouped
+    kernel per projection (vLLM/SGLang ``fused_moe``, TensorRT-LLM CUTLASS MoE), so charging
+    ``F_half`` per expert over-prices small batches (Qwen3-235B TP8 on H100 at batch 8: TPOT
+    93 ms here, 10.5 ms with one fused call whose rows are padded to the kernel's 16/64-row
+    tiles).  That fused model was measured on benchmarks/validate_serving.py: MoE MAPE
+    41% -> 82%, overall 19.4% -> 32.3%, every large-batch MoE row (TensorRT-LLM attention-DP
+    + EP, Qwen3-30B on one GPU) predicted up to 2x too fast.  The per-expert charge stands
+    in for a large-batch MoE cost the model does not have yet (candidates: EP load
+    imbalance, the KV dtype of those checkpoints), so it stays until that cost is found.
     """
     if model.moe is None:
         return 0.0

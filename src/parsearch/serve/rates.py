@@ -46,7 +46,7 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
         # Known gap: training prices every precision with BF16's fixed time per call
         # (cost.compute.gemm_half_flops); serving keeps the profile's F_half for all, since
         # its expert GEMMs carry that time per expert, a proxy for MoE costs it does not
-        # model yet (one fused call per projection instead measures 31% MAPE, not 21%).
+        # model yet (see serve.moe.expert_gemm_time for what a fused call measures).
         gemm_half_flops=profile.gemm_half_flops,
         grouped_gemm=profile.grouped_gemm_efficiency,
         bf16_flops=gpu.peak_flops["bf16"],
