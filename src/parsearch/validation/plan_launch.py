@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from parsearch.cost.analytic import CostModel
+from parsearch.cost.analytic import CostModel, estimate
 from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
 from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
@@ -31,8 +31,10 @@ def short_run_launch(cm: CostModel, layout: Layout) -> LaunchSettings:
     ``logger.log_throughput``: ``megatron/training/config/training_config.py``), so every
     iteration is logged with its throughput.
     """
+    # with features searched per layout, the ones this layout was priced with
+    priced = estimate(cm, layout).options if cm.variants else cm.options
     settings = launch_for_cluster(cm.model, cm.training, layout, cm.fabric.cluster,
-                                  options=cm.options)
+                                  options=priced or cm.options)
     iterations = WARMUP_ITERATIONS + MEASURED_ITERATIONS
     return replace(
         settings,
