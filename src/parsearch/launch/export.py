@@ -16,6 +16,7 @@ work starts (:func:`check_export_dir`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -26,26 +27,37 @@ from typing import Any
 import yaml
 
 from parsearch.errors import SpecError
-from parsearch.files import write_atomically
+from parsearch.files import is_dir, path_exists, write_atomically
 from parsearch.launch.bridge import bridge_fields, nested
 from parsearch.launch.names import bridge_groups, provenance
 from parsearch.launch.settings import LaunchSettings
+from parsearch.model.specs import short_repr
 from parsearch.strict_json import strict_json
 
 
 def check_export_dir(path: str | Path) -> Path:
     """The export folder, created if missing; a clear error if it cannot be written."""
     folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise SpecError(f"--export {str(folder)!r} is a file; give a folder for the launch files")
+    shown = short_repr(str(folder))
+    if path_exists(folder) and not is_dir(folder):
+        raise SpecError(f"--export {shown} is a file; give a folder for the launch files")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise SpecError(f"--export {str(folder)!r}: cannot create the folder "
-                        f"({error.strerror or error})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SpecError(f"--export {str(folder)!r}: the folder is not writable")
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except (OSError, ValueError) as error:  # ENAMETOOLONG, an embedded NUL ...
+        raise SpecError(f"--export {shown}: cannot create the folder ({_why(error)}); "
+                        "give a shorter or plainer folder name") from None
+    if not writable:
+        raise SpecError(f"--export {shown}: the folder is not writable")
     return folder
+
+
+def _why(error: Exception) -> str:
+    if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG:
+        return "a name in the path is longer than the file system allows"
+    if isinstance(error, OSError):
+        return str(error.strerror or error)
+    return str(error)
 
 
 def _write(path: Path, text: str, *, executable: bool = False) -> None:
@@ -89,7 +101,12 @@ def export_shortlist(folder: Path, items: Iterable[tuple[str, str, LaunchSetting
     """Write ``(subfolder, title, launch, estimate)`` items; returns the folders written."""
     out = []
     for name, title, launch, estimate in items:
-        write_layout(folder / name, title, launch, estimate)
+        try:
+            write_layout(folder / name, title, launch, estimate)
+        except OSError as error:  # e.g. folder + layout name beyond the path limit
+            raise SpecError(f"--export {short_repr(str(folder))}: cannot write "
+                            f"{short_repr(name)} ({_why(error)}); give a shorter folder "
+                            "name") from None
         out.append(folder / name)
     return out
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from parsearch.errors import SpecError
-from parsearch.files import write_atomically
+from parsearch.files import is_dir, write_atomically
 from parsearch.sweep.grid import Cell
 from parsearch.sweep.queue import CellQueue, Progress
 
@@ -105,10 +105,10 @@ def check_plot_path(path: str) -> Path:
     if target.suffix.lower() not in PLOT_SUFFIXES:
         raise SpecError(f"--plot {path!r}: the file name must end in "
                         f"{', '.join(PLOT_SUFFIXES)}")
-    if target.is_dir():
+    if is_dir(target):
         raise SpecError(f"--plot {path!r} is a folder; give a file name")
     parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
+    if not is_dir(parent):
         raise SpecError(f"--plot {path!r}: folder {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK):
         raise SpecError(f"--plot {path!r}: folder {str(parent)!r} is not writable")
