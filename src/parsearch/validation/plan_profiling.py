@@ -62,14 +62,7 @@ from parsearch.launch import LaunchSettings
 from parsearch.layout import Layout
 from parsearch.layout.space import require_layouts
 from parsearch.search.exhaustive import rank_feasible, scan_table
-from parsearch.validation.calibration import (
-    FIT_ORDER,
-    LOSS_SCALE,
-    PRIOR_WEIGHT,
-    PreparedRow,
-    factor_prior,
-    separable_effects,
-)
+from parsearch.validation.calibration import FIT_ORDER, PreparedRow, factor_prior
 from parsearch.validation.factor_ties import gemm_ties, with_ties
 from parsearch.validation.megatron_logs import WARMUP_ITERATIONS
 from parsearch.validation.network_calibration import (
@@ -77,21 +70,19 @@ from parsearch.validation.network_calibration import (
     network_priors,
     with_cluster_factors,
 )
-from parsearch.validation.plan_launch import MEASURED_ITERATIONS, short_run_launch
-from parsearch.validation.user_calibration import (
-    MIN_SENSITIVITY,
-    MIN_UNIQUE_EFFECT,
-    factor_limit,
-    range_effects,
-    threshold,
+from parsearch.validation.plan_errors import (  # re-exported: the plan's error model
+    FACTOR_SD,
+    NOISE_SD,
+    STRUCTURE_SD,
+    expected_misordered,
+    fit_error,
+    fit_error_cov,
+    fit_error_parts,
+    misordered_pairs,
 )
+from parsearch.validation.plan_launch import MEASURED_ITERATIONS, short_run_launch
+from parsearch.validation.user_calibration import factor_limit, range_effects, threshold
 
-#: Prior spread of a factor's true value: uniform over its cited range, in range units.
-FACTOR_SD = 1.0 / math.sqrt(12.0)
-#: Per-layout error no factor explains (log throughput); an assumption of the plan.
-STRUCTURE_SD = 0.05
-#: Run-to-run spread of a measured steady-state step time (log); an assumption of the plan.
-NOISE_SD = 0.02
 #: Pairs among this many best-predicted candidates count toward the ranking uncertainty.
 TOP_PAIRS = 10
 #: Candidates considered: the best layout of each of this many best shapes.
@@ -103,6 +94,10 @@ TARGET_SHAPES = 90
 FIT_WEIGHT = 1.0
 #: Passes of the exchange step over the chosen set (it stops early once nothing improves).
 EXCHANGE_PASSES = 5
+#: Evaluations of the plan's objective, all steps together (about 0.6 ms each with 1,000
+#: candidates on one core): a plan whose greedy choice alone needs more is refused before
+#: it starts, and the exchange step stops when the rest is spent (``exchange_complete``).
+MAX_EVALUATIONS = 40_000
 
 
 @dataclass(frozen=True)
@@ -148,6 +143,7 @@ class ProfilingPlan:
     factor_sd_after: dict[str, float]
     misordered_before: float
     misordered_after: float
+    exchange_complete: bool = True  # False: stopped at MAX_EVALUATIONS
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +151,7 @@ class ProfilingPlan:
             "expected_misordered_pairs_before": self.misordered_before,
             "expected_misordered_pairs_after": self.misordered_after,
             "top_pairs_of": TOP_PAIRS,
+            "exchange_complete": self.exchange_complete,
             "factor_sd_before": self.factor_sd_before,
             "factor_sd_after": self.factor_sd_after,
             "picks": [p.to_dict() for p in self.picks],
@@ -207,56 +204,6 @@ def _row_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     return np.column_stack([effects.get(n, none) for n in names])
 
 
-def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
-                  n_factors: int, thresholds: np.ndarray | None = None) -> np.ndarray:
-    """Covariance of the targets' log prediction errors after the calibration, linearised.
-
-    ``g_*``: factor gradients (:func:`gradients`) of the measured layouts and of the
-    targets; ``own``: the target each measured layout is (None: not a target);
-    ``thresholds``: the least sensitivity at which the fit takes each factor (``inf``:
-    never; default :data:`MIN_SENSITIVITY`).  The fit takes the ``n_factors`` factors
-    above their thresholds (mean |g|) with the largest root-mean-square gradient that the
-    measured layouts tell apart (as
-    :func:`~parsearch.validation.user_calibration.choose_factors` does), and solves
-    ``min |J d - y|^2 + lam^2 |d|^2`` (``lam = PRIOR_WEIGHT * LOSS_SCALE``), so a
-    target's error is ``b . y - g_F . d_F - g_U . d_U - e_t`` with
-    ``b = g_F (J'J + lam^2)^-1 J'`` and ``y = J_F d_F + J_U d_U + e_m``: every offset
-    ``d`` has standard deviation :data:`FACTOR_SD` in range units, a layout's own
-    error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
-    """
-    if thresholds is None:
-        thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
-    sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
-    rms = np.sqrt((g_measured**2).mean(axis=0)) if len(g_measured) else sens
-    informed = [int(j) for j in np.argsort(-rms, kind="stable") if sens[j] >= thresholds[j]]
-    # Of factors the measured layouts move together only one is fitted, as in
-    # choose_factors (calibration.separable_effects).
-    ordered = separable_effects({j: g_measured[:, j] for j in informed},
-                                MIN_UNIQUE_EFFECT)[:n_factors] if len(g_measured) else []
-    rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
-    jf = g_measured[:, ordered]
-    lam = PRIOR_WEIGHT * LOSS_SCALE
-    b = g_target[:, ordered] @ np.linalg.solve(jf.T @ jf + lam**2 * np.eye(len(ordered)), jf.T)
-    shared = np.hstack([b @ jf - g_target[:, ordered], b @ g_measured[:, rest] - g_target[:, rest]])
-    # Own errors: b e_m - e_t, where a measured target's e_t is inside its e_m.
-    own_part = -np.eye(len(b))
-    for m, t in enumerate(own):
-        if t is not None:
-            own_part[:, t] += b[:, m]
-    free = np.array([t is None for t in own], dtype=bool)
-    return (FACTOR_SD**2 * shared @ shared.T + STRUCTURE_SD**2 * own_part @ own_part.T
-            + NOISE_SD**2 * b @ b.T + STRUCTURE_SD**2 * b[:, free] @ b[:, free].T)
-
-
-def fit_error(g_measured: np.ndarray, g_target: np.ndarray, n_factors: int,
-              own: Sequence[int | None] | None = None,
-              thresholds: np.ndarray | None = None) -> float:
-    """Mean squared log error the calibration leaves on the targets (:func:`fit_error_cov`)."""
-    own = own if own is not None else [None] * len(g_measured)
-    return float(np.mean(np.diag(fit_error_cov(g_measured, own, g_target, n_factors,
-                                                thresholds))))
-
-
 @dataclass
 class _Belief:
     """Joint Gaussian of the factor offsets and the candidates' prediction errors."""
@@ -281,19 +228,6 @@ class _Belief:
         f_cross = self.factor_cov @ g_new
         self.factor_cov = self.factor_cov - np.outer(f_cross, f_cross) / var
         return cov - np.outer(cross, cross) / var
-
-
-def expected_misordered(mu: np.ndarray, cov: np.ndarray, top: int) -> float:
-    """``sum Phi(-|mu_i - mu_j| / sd_ij)`` over pairs among the ``top`` highest ``mu``."""
-    order = np.argsort(-mu)[:top]
-    total = 0.0
-    for a in range(len(order)):
-        for b in range(a + 1, len(order)):
-            i, j = order[a], order[b]
-            var = cov[i, i] + cov[j, j] - 2.0 * cov[i, j]
-            sd = math.sqrt(max(var, 1e-12))
-            total += float(norm.cdf(-abs(mu[i] - mu[j]) / sd))
-    return total
 
 
 def _candidate_rows(scan: Any, count: int) -> np.ndarray:
@@ -329,6 +263,11 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     scores = score_columns(cm, cols, with_memory=False)
     tokens = np.asarray(scores["tokens_per_s_per_gpu"])
     mu = np.log(tokens)
+    needed = _fixed_evaluations(k, len(mu))
+    if needed > MAX_EVALUATIONS:
+        raise SpecError(f"--k {k} of {len(mu):,} candidate shapes needs {needed:,} evaluations "
+                        f"of the plan to choose and order them; the limit is "
+                        f"{MAX_EVALUATIONS:,} (about a minute): lower --k or --candidates")
     cluster_priors = network_priors(cm.fabric.cluster)
     tied = gemm_ties(cm.profile)  # FP8 moves with BF16 (user calibration)
     names = (*(n for n in FIT_ORDER if n in cm.profile.priors and n not in tied),
@@ -355,14 +294,21 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     rank = np.empty(len(mu), dtype=int)
     rank[np.argsort(-mu)] = np.arange(1, len(mu) + 1)
 
-    def objective(picked: Sequence[int]) -> float:
-        errors = fit_error_cov(np.vstack([g_done, g[list(picked)]]),
-                               [*[None] * len(g_done), *picked], g_target, n_factors,
-                               thresholds)
-        return (expected_misordered(mu, errors[:len(mu), :len(mu)], TOP_PAIRS)
-                + fit_weight * float(np.mean(np.diag(errors))) / STRUCTURE_SD**2)
+    top = np.argsort(-mu)[:TOP_PAIRS]
 
-    final = _exchange(objective, _greedy(objective, range(len(mu)), k), len(mu))
+    spent = [0]
+
+    def objective(picked: Sequence[int]) -> float:
+        spent[0] += 1
+        diag, block = fit_error_parts(np.vstack([g_done, g[list(picked)]]),
+                                      [*[None] * len(g_done), *picked], g_target, n_factors,
+                                      thresholds, top)
+        return (misordered_pairs(mu[top], block)
+                + fit_weight * float(np.mean(diag)) / STRUCTURE_SD**2)
+
+    greedy = _greedy(objective, range(len(mu)), k)
+    final, complete = _exchange(objective, greedy, len(mu),
+                                MAX_EVALUATIONS - spent[0] - _ordering_evaluations(len(greedy)))
     picks: list[PlannedRun] = []
     chosen: list[int] = []
     current = before
@@ -385,7 +331,18 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
             step_time_s=float(scores["step_time_s"][best_i]), reasons=tuple(reasons),
             launch=short_run_launch(cm, layout)))
     sd_after = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
-    return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current)
+    return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current,
+                         complete)
+
+
+def _ordering_evaluations(k: int) -> int:
+    return k * (k + 1) // 2
+
+
+def _fixed_evaluations(k: int, n: int) -> int:
+    """Objective evaluations of the greedy choice of ``k`` of ``n`` and of their ordering."""
+    picked = min(k, n)
+    return sum(n - i for i in range(picked)) + _ordering_evaluations(picked)
 
 
 def _greedy(objective: Callable[[Sequence[int]], float], pool: Iterable[int],
@@ -400,28 +357,35 @@ def _greedy(objective: Callable[[Sequence[int]], float], pool: Iterable[int],
 
 
 def _exchange(objective: Callable[[Sequence[int]], float], chosen: list[int],
-              n: int) -> list[int]:
+              n: int, budget: int) -> tuple[list[int], bool]:
     """Swap members of ``chosen`` for other candidates while that lowers ``objective``.
 
     The exchange step of Fedorov's algorithm (Fedorov, "Theory of Optimal
     Experiments", 1972, ch. 3; Cook and Nachtsheim, Technometrics 22(3), 1980):
     greedy choice alone stops where one more layout cannot help although a
     different set would (which factors the fit takes depends on the whole set).
+    Makes at most ``budget`` evaluations; the flag says whether it ran to its end.
     """
+    if budget < 1:
+        return chosen, False
     best = objective(chosen)
+    budget -= 1
     for _ in range(EXCHANGE_PASSES):
         improved = False
         for position in range(len(chosen)):
             for j in range(n):
                 if j in chosen:
                     continue
+                if budget < 1:
+                    return chosen, False
+                budget -= 1
                 trial = [*chosen[:position], j, *chosen[position + 1:]]
                 value = objective(trial)
                 if value < best - 1e-12:
                     chosen, best, improved = trial, value, True
         if not improved:
             break
-    return chosen
+    return chosen, True
 
 
 def _reasons(i: int, mu: np.ndarray, cov: np.ndarray, rank: np.ndarray, names: Sequence[str],
@@ -436,7 +400,7 @@ def _reasons(i: int, mu: np.ndarray, cov: np.ndarray, rank: np.ndarray, names: S
                 continue
             sd = math.sqrt(max(cov[i, i] + cov[j, j] - 2.0 * cov[i, j], 1e-12))
             partners.append((float(norm.cdf(-abs(mu[i] - mu[j]) / sd)), int(rank[j])))
-        p, r = max(partners)
+        p, r = max(partners) if partners else (0.0, 0)  # the only candidate: no partner
         if p > 0.1:
             out.append(f"predicted #{rank[i]}: the profile cannot tell it from #{r} "
                        f"(P(misordered) {p:.0%})")
@@ -454,3 +418,8 @@ def _reasons(i: int, mu: np.ndarray, cov: np.ndarray, rank: np.ndarray, names: S
     out.append(f"expected misordered pairs in the top {TOP_PAIRS}: {u_before:.2f} -> "
                f"{u_after:.2f}")
     return out
+
+
+__all__ = ["CANDIDATES", "FACTOR_SD", "MAX_EVALUATIONS", "NOISE_SD", "STRUCTURE_SD",
+           "TARGET_SHAPES", "TOP_PAIRS", "PlannedRun", "ProfilingPlan", "expected_misordered",
+           "factor_priors", "fit_error", "fit_error_cov", "gradients", "plan_profiling"]
