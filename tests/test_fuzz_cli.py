@@ -311,8 +311,9 @@ def test_calibrate_measurement_tables(tmp_path: Path, cells: list[tuple[int, str
     if result.code in (0, 3):
         assert json.loads(result.out)["failed"] == (result.code == 3)
     assert "Traceback" not in result.err
-    if result.code == 2:  # one line per skipped input, then the error, last
-        assert ": error:" in result.err.strip().splitlines()[-1]
+    if result.code == 2:  # the error first; the reason of each input left out after it
+        first, *detail = result.err.strip().splitlines()
+        assert ": error:" in first and all(line.startswith("  ") for line in detail)
     if result.out.strip():
         json.loads(result.out, parse_constant=_reject)
 

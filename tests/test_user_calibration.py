@@ -323,8 +323,10 @@ def test_cli_calibrate_with_nothing_usable_says_why_per_input(tmp_path) -> None:
     assert result.code == 2 and result.out == ""
     lines = result.err.strip().splitlines()
     assert "Traceback" not in result.err
-    assert all(line.startswith("parsearch calibrate:") for line in lines)
-    assert any("warm-up" in line for line in lines) and "no usable measurement" in lines[-1]
+    # the error first, then the reason of each input left out, indented (issue 35)
+    assert lines[0].startswith("parsearch calibrate: error: no usable measurement")
+    assert all(line.startswith("  ") for line in lines[1:]) and "all 2 input(s)" in lines[0]
+    assert any("warm-up" in line for line in lines[1:])
     assert not (tmp_path / "p.yaml").exists()
 
 

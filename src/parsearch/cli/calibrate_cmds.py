@@ -130,10 +130,10 @@ def _load_rows(args: argparse.Namespace, profile: Any) -> tuple[list[Any], list[
             continue
         kept.append(m)
     rows, bad = prepare_measurements(kept, profile)
+    if not rows:  # the error first, then why each input was left out
+        raise nothing_usable(args.measurements, [*problems, *bad], loaded.notes)
     for line in loaded.notes:
         print(f"parsearch {args.command}: note: {line}", file=sys.stderr)
-    if not rows:  # the error first, then why each input was left out
-        raise nothing_usable(args.measurements, [*problems, *bad])
     print_left_out(args.command, [*problems, *bad], len(rows))
     return rows, problems + bad
 

@@ -52,6 +52,10 @@ MEASURE_COLUMNS: tuple[str, ...] = ("tokens_per_s_per_gpu", "step_time_s")
 #: The range of step times a measurement may imply: a kernel launch at least, a week at
 #: most (beyond either the number is in the wrong unit, and its logarithm overflows the fit).
 MIN_STEP_S, MAX_STEP_S = 1e-6, 7 * 24 * 3600.0
+#: Most measurements one command reads: every fit prices each run, and leave-one-run-out
+#: refits once per run, so calibrate's time grows with the square of the count (50 runs:
+#: minutes).  More is refused before any work (repeats of one layout belong in one row).
+MAX_MEASUREMENTS = 50
 #: Optional columns that set :class:`~parsearch.cost.options.CostOptions` fields.
 OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_comm_overlap",
                                    "moe_a2a_overlap", "moe_shared_expert_overlap",
@@ -217,10 +221,10 @@ def measurement_from_row(row: Mapping[str, Any], where: str, defaults: Defaults)
                         f"(got {', '.join(given) or 'neither'})")
     if given[0] == "tokens_per_s_per_gpu":
         tokens = _positive(where, "tokens_per_s_per_gpu", row["tokens_per_s_per_gpu"], float)
-    else:
-        step = _positive(where, "step_time_s", row["step_time_s"], float)
-        tokens = global_batch * seq_len / (step * num_gpus)
-    step_s = global_batch * seq_len / (tokens * num_gpus)
+        step_s = global_batch * seq_len / (tokens * num_gpus)
+    else:  # the step is checked as given: a huge one would make the tokens underflow to 0
+        step_s = _positive(where, "step_time_s", row["step_time_s"], float)
+        tokens = global_batch * seq_len / (step_s * num_gpus)
     if not (math.isfinite(step_s) and MIN_STEP_S <= step_s <= MAX_STEP_S):
         implied = f"{step_s:.3g} s" if math.isfinite(step_s) else "more seconds than a float holds"
         raise SpecError(
@@ -488,6 +492,11 @@ def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = N
                 found.append(measurement_from_row(row, where, defaults))
             except ParsearchError as error:
                 problems.append(str(error))
+    if len(found) > MAX_MEASUREMENTS:
+        raise SpecError(f"{len(found):,} measurements read; at most {MAX_MEASUREMENTS} are "
+                        "used (calibrate's time grows with the square of the count): average "
+                        "the repeated runs of each layout into one row (tokens_per_s_per_gpu "
+                        "or step_time_s), or pass fewer files")
     return Loaded(tuple(found), tuple(one_line(p) for p in problems),
                   tuple(one_line(n) for n in notes))
 
