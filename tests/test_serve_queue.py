@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context, serve_layouts
-from parsearch.serve.evaluate import evaluate_aggregated, queue_delay_s
+from parsearch.serve.evaluate import evaluate_aggregated, queue_delay_s, step_residual_s
 from parsearch.serve.spec import ServingLayout, ServingWorkload
 from parsearch.topology.cluster import load_cluster
 
@@ -88,3 +88,11 @@ def test_more_concurrency_never_lowers_ttft(name, tp, isl, osl, low, extra, engi
         assert b.fits
         assert b.ttft_ms >= a.ttft_ms * (1 - 1e-9)
         assert b.running_batch >= a.running_batch
+
+
+def test_an_arriving_request_waits_half_the_running_step() -> None:
+    assert step_residual_s(1, 0.04) == 0.0       # alone: the engine is idle
+    assert step_residual_s(2, 0.04) == pytest.approx(0.02)
+    alone, pair = _at(1, tp=4, cluster="dgx-h100"), _at(2, tp=4, cluster="dgx-h100")
+    # batch 1: TTFT is the prefill alone; batch 2 adds half of its decode step (TPOT here)
+    assert pair.ttft_ms - alone.ttft_ms == pytest.approx(pair.tpot_ms / 2, rel=0.05)

@@ -245,6 +245,18 @@ def queue_delay_s(in_flight: int, running: int, completions_per_s: float) -> flo
     return waiting / completions_per_s if completions_per_s > 0 else math.inf
 
 
+def step_residual_s(running: int, step_s: float) -> float:
+    """Mean wait of an arriving request for the decode step under way to end.
+
+    Steps of fixed length ``T`` follow one another while other requests run; a request
+    arriving at a random time lands in one and waits its residual life, on average
+    ``E[T^2] / (2 E[T]) = T / 2`` (residual life of a renewal process, Kleinrock, Queueing
+    Systems Vol. 1, §5.2).  Alone (``running`` 1) it finds the engine idle and waits nothing
+    (``trtllm-bench latency`` sends one request at a time).
+    """
+    return 0.0 if running <= 1 else step_s / 2.0
+
+
 def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
                         num_gpus: int) -> ServingEstimate:
     """Score one aggregated (continuous batching) layout.
@@ -273,8 +285,8 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     queue_s = queue_delay_s(layout.batch, run_layout.batch, completions)
     replicas = _replicas_for(ctx, layout, completions, num_gpus)
     placed = layout if replicas == layout.replicas else replace(layout, replicas=replicas)
-    # waits for a slot, then for the running step, then prefills
-    ttft_ms = (queue_s + t.ttft_s + t.tpot_decode_s) * 1e3
+    # waits for a slot, then for the step running when it arrives, then prefills
+    ttft_ms = (queue_s + t.ttft_s + step_residual_s(run_layout.batch, t.tpot_decode_s)) * 1e3
     carries = placed.gpus <= num_gpus
     return ServingEstimate(
         layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas,

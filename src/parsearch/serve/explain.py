@@ -21,7 +21,12 @@ from parsearch.model.specs import ModelSpec
 from parsearch.serve.api import _context, require_context_fits
 from parsearch.serve.context import context_window
 from parsearch.serve.cost import STEP_OVERHEAD_S, decode_bytes
-from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated, instance_times
+from parsearch.serve.evaluate import (
+    ServingEstimate,
+    evaluate_aggregated,
+    instance_times,
+    step_residual_s,
+)
 from parsearch.serve.memory import GIB, gpu_memory, stage_weights
 from parsearch.serve.space import serving_violations
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
@@ -159,7 +164,8 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
                "communication": p.comm_s * 1e3, "kernels_and_non_gemm": p.overhead_s * 1e3,
                "stage_pass": p.total_s * 1e3, "ttft_alone": times.ttft_s * 1e3,
                "busy_per_request_under_load": times.prefill_busy_s * 1e3,
-               "wait_for_running_step": times.tpot_decode_s * 1e3,
+               "wait_for_running_step": step_residual_s(running.batch,
+                                                        times.tpot_decode_s) * 1e3,
                "queue": est.queue_ms, "ttft": est.ttft_ms}
     queue = {"in_flight_per_instance": float(lay.batch),
              "running_per_instance": float(running.batch),
