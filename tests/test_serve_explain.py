@@ -106,3 +106,9 @@ def test_table_output_names_the_parts() -> None:
     for title in ("memory per GPU (GiB)", "decode step (ms)", "prefill and first token (ms)",
                   "batch and queue", "kv pool", "tpot decode only"):
         assert title in result.out
+
+
+def test_a_given_batch_above_the_cap_queues() -> None:
+    d = _explain("--layout", "tp=1", "--batch", "400")
+    assert d["batch"] == 400 and d["running_batch"] == d["max_batch_fit"] < 400
+    assert d["queue_ms"] > 0

@@ -124,6 +124,11 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
     max_fit = evaluate_aggregated(ctx, probe, num_gpus).max_batch_fit
     lay = _layout_for(fields, workload, num_gpus, max_fit)
     _check(model, workload, lay, num_gpus, spec)
+    if "batch" in fields and workload.concurrency is None:
+        # a given batch is the requests in flight: above the cap they queue, as a
+        # concurrency does (without one the search would run the cap instead)
+        ctx = _context(model, spec, replace(workload, concurrency=lay.batch * lay.replicas),
+                       window, None)
     est = evaluate_aggregated(ctx, lay, num_gpus)
     if not est.fits:
         raise NoValidLayoutError(
