@@ -348,8 +348,9 @@ def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
                   tie_floor: float | None = None) -> np.ndarray:
     """Positions (into the scan's feasible arrays) of the best ``top`` layouts, best first.
 
-    ``diverse``: at most one layout per (tp, pp, cp, ep, etp) shape -- the best
-    of each -- so the list is not ten variants of one layout.  ``tie_floor``:
+    ``diverse``: at most one layout per (tp, pp, cp, ep, etp) shape -- the first of each in
+    the ranking -- so the list is not ten variants of one layout, and its first entry is
+    the first of the full ranking.  ``tie_floor``:
     tokens/s from which a layout ties with the best (closer than the prediction can
     tell); those come first, least memory (most headroom) first, the rest by
     throughput.  The order of the whole ranking is fixed before the first ``top`` are
@@ -364,14 +365,16 @@ def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
     tokens = scan.tokens_per_s
     if diverse:
         codes = shape_codes(scan.table.columns, scan.feasible_rows)
-        unique, inverse = np.unique(codes, return_inverse=True)
-        best = np.full(len(unique), -np.inf)
-        np.maximum.at(best, inverse, tokens)
-        candidates = np.nonzero(tokens >= best[inverse])[0]
-        ordered = _order(scan, candidates)
+        if tie_floor is None:
+            unique, inverse = np.unique(codes, return_inverse=True)
+            best = np.full(len(unique), -np.inf)
+            np.maximum.at(best, inverse, tokens)
+            candidates = np.nonzero(tokens >= best[inverse])[0]
+        else:  # a shape's first layout in the tie order may be any of its ties
+            candidates = np.nonzero((tokens >= tie_floor) | _shape_best(codes, tokens))[0]
+        ordered = _ties_first(scan, _order(scan, candidates), tie_floor)
         _, first = np.unique(codes[ordered], return_index=True)
-        ordered = ordered[np.sort(first)]
-        return _ties_first(scan, ordered, tie_floor)[:top]
+        return ordered[np.sort(first)][:top]
     if n > top:
         threshold = np.partition(tokens, n - top)[n - top]
         if tie_floor is not None:
@@ -380,6 +383,14 @@ def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
     else:
         candidates = np.arange(n)
     return _ties_first(scan, _order(scan, candidates), tie_floor)[:top]
+
+
+def _shape_best(codes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Whether each layout is the fastest of its shape."""
+    unique, inverse = np.unique(codes, return_inverse=True)
+    best = np.full(len(unique), -np.inf)
+    np.maximum.at(best, inverse, tokens)
+    return tokens >= best[inverse]
 
 
 def _ties_first(scan: ScanResult, ordered: np.ndarray, tie_floor: float | None) -> np.ndarray:

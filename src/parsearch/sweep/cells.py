@@ -61,12 +61,16 @@ class CellSolver:
 
     def solve(self, cell: Cell) -> dict[str, Any]:
         """The answer to ``cell`` (never raises for a question the model refuses)."""
+        from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+        from parsearch.launch.plan import priced_features
         from parsearch.search.api import search_layouts
 
         try:
+            # as `parsearch search` by default: MoE features chosen with each layout
             result = search_layouts(model=self.model(cell.model), training=self.training(cell),
                                     cluster=self.cluster(cell.cluster), num_gpus=cell.gpus,
-                                    top=self.grid.top)
+                                    top=self.grid.top,
+                                    options=CostOptions(search_features=SEARCHABLE_FEATURES))
         except ParsearchError as error:
             return {"status": "invalid", "reason": str(error).splitlines()[0]}
         base: dict[str, Any] = {"valid": result.valid, "feasible": result.feasible,
@@ -88,6 +92,7 @@ class CellSolver:
             "mfu": _finite(est.mfu),
             "memory_gib": _finite(est.memory_bytes["total"] / GIB),
             "bottleneck": str(est.bottleneck),
+            "features": list(priced_features(best.launch.plan)),
             "top": [e.layout.key() for e in result.entries],
         }
 
