@@ -96,3 +96,14 @@ def test_an_arriving_request_waits_half_the_running_step() -> None:
     alone, pair = _at(1, tp=4, cluster="dgx-h100"), _at(2, tp=4, cluster="dgx-h100")
     # batch 1: TTFT is the prefill alone; batch 2 adds half of its decode step (TPOT here)
     assert pair.ttft_ms - alone.ttft_ms == pytest.approx(pair.tpot_ms / 2, rel=0.05)
+
+
+def test_disaggregated_decode_above_the_kv_cache_queues() -> None:
+    w = ServingWorkload(isl=2000, osl=500, precision="fp8", kv_precision="fp8",
+                        concurrency=20000, mode="disaggregated")
+    result = serve_layouts(model=get_preset("llama3-70b"), cluster="dgx-h100", num_gpus=16,
+                           workload=w, top=1)
+    best = result.best.estimate
+    assert best.prefill_layout is not None
+    assert best.running_batch < best.layout.batch and best.queue_ms > 0
+    assert best.ttft_ms > best.queue_ms

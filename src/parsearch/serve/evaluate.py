@@ -317,12 +317,19 @@ def evaluate_disaggregated(ctx: ServingContext, prefill: ServingLayout, decode: 
                            num_gpus: int) -> ServingEstimate | None:
     """Best split of the budget between ``prefill`` and ``decode`` instances (None: no split)."""
     w = ctx.workload
-    kv_gib, used_gib, _kv, max_fit, fits = _memory(ctx, decode)
-    pre_fit = _memory(ctx, prefill)[4]
-    td = instance_times(ctx, decode)
+    kv_gib, used_gib, _kv, max_fit, _fits = _memory(ctx, decode)
+    running = running_batch(ctx, decode, max_fit)  # the rest of the decode batch queues
+    fits = running >= max(decode.pp, decode.attention_dp)
+    run_decode = replace(decode, batch=running) if fits else decode
+    if fits:
+        kv_gib, used_gib = _memory(ctx, run_decode)[:2]
+    # a prefill instance holds the KV of the prompts it is prefilling, not the batch
+    pre_fit = _memory(ctx, prefill)[3] >= max(prefill.pp, prefill.attention_dp)
+    td = instance_times(ctx, run_decode)
     tp_ = instance_times(ctx, prefill)
     prefill_rate = 1.0 / tp_.prefill_busy_s      # requests/s of one prefill instance
-    decode_rate = decode.batch / (w.mean_osl * td.tpot_decode_s)
+    decode_rate = run_decode.batch / (w.mean_osl * td.tpot_decode_s)
+    queue_s = queue_delay_s(decode.batch, run_decode.batch, decode_rate)
     gp, gd = prefill.gpus_per_replica, decode.gpus_per_replica
     best: tuple[float, int, int] | None = None
     if w.request_rate is not None:
@@ -341,11 +348,12 @@ def evaluate_disaggregated(ctx: ServingContext, prefill: ServingLayout, decode: 
     carried, x, y = best
     pre = ServingLayout(prefill.tp, prefill.pp, prefill.ep, prefill.attention_dp, prefill.batch, x)
     dec = ServingLayout(decode.tp, decode.pp, decode.ep, decode.attention_dp, decode.batch, y)
-    ttft_ms = (tp_.ttft_s + kv_transfer_s(ctx, prefill, decode)) * 1e3
+    ttft_ms = (queue_s + tp_.ttft_s + kv_transfer_s(ctx, prefill, decode)) * 1e3
     tpot_ms = td.tpot_decode_s * 1e3
     return ServingEstimate(
         layout=dec, gpus=x * gp + y * gd, tokens_per_s=carried * w.mean_osl,
         tokens_per_s_per_user=1.0 / td.tpot_decode_s, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
         kv_cache_gib_per_gpu=kv_gib, memory_gib_per_gpu=used_gib, fits=fits and pre_fit,
         max_batch_fit=max_fit, bottleneck=_bottleneck(td.decode), prefill_layout=pre,
-        meets_targets=_meets(ctx, ttft_ms, tpot_ms))
+        meets_targets=_meets(ctx, ttft_ms, tpot_ms), running_batch=run_decode.batch,
+        queue_ms=queue_s * 1e3)
