@@ -4,7 +4,10 @@ For every row of ``src/parsearch/data/serving_runs.csv`` (provenance in SERVING_
 
 * predicted throughput of the published layout: the best batch that fits (max-throughput
   rows have no concurrency; the engine fills its batch up to the KV capacity and its
-  ``max_batch_size``), compared with the measured output tokens/s of the whole group;
+  ``max_batch_size``), compared with the measured output tokens/s of the whole group.
+  Each row's engine (``framework``) sizes the KV pool with its own rule; TensorRT-LLM rows
+  whose command gave no limits get the ``max_batch_size``/``max_num_tokens`` trtllm-bench
+  picks for each mapping (:func:`trtllm_bench_settings`);
 * rank of the published layout among all instance shapes on the same GPU budget (each
   shape at its best batch, ranked by whole-group throughput): is it in the top 5?
 
