@@ -50,42 +50,72 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class LocalServer:
+    """A throwaway server under ``root``: its admin URL, and stop/start for outage tests."""
+
+    def __init__(self, root: Path) -> None:
+        pg_bin = _pg_bin()
+        if pg_bin is None:
+            unavailable("no initdb/pg_ctl found")
+        assert pg_bin is not None
+        self.pg_bin = pg_bin
+        self.prefix: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            if shutil.which("runuser") is None or subprocess.run(
+                    ["id", "postgres"], capture_output=True).returncode != 0:
+                unavailable("running as root without a postgres user to start the server")
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self.root = root
+        self.data = root / "data"
+        self.port = _free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def create(self) -> None:
+        root = self.root
+        root.mkdir(parents=True, exist_ok=True)
+        if self.prefix:
+            shutil.chown(root, user="postgres")
+            root.chmod(0o700)
+            for parent in root.parents:  # the postgres user must reach the folder
+                if parent.stat().st_mode & 0o001 == 0:
+                    unavailable(f"{parent} is not reachable by the postgres user")
+        init = subprocess.run([*self.prefix, f"{self.pg_bin}/initdb", "-D", str(self.data),
+                               "-A", "trust", "-U", "postgres"], capture_output=True, text=True)
+        if init.returncode != 0:
+            unavailable(f"initdb failed: {init.stderr.strip()[:300]}")
+        started = self.start()
+        if started.returncode != 0:
+            unavailable(f"pg_ctl start failed: {started.stderr.strip()[:300]}")
+
+    def start(self) -> subprocess.CompletedProcess[str]:
+        """Start the server (again) on the same port; waits until it accepts connections."""
+        return subprocess.run([*self.prefix, f"{self.pg_bin}/pg_ctl", "-D", str(self.data),
+                               "-l", str(self.root / "server.log"), "-w", "-o",
+                               f"-h 127.0.0.1 -p {self.port} -k {self.root} {FAST}", "start"],
+                              capture_output=True, text=True)
+
+    def stop(self, mode: str = "fast") -> subprocess.CompletedProcess[str]:
+        """Stop the server (``fast``: every connection dropped, as a restart or failover)."""
+        return subprocess.run([*self.prefix, f"{self.pg_bin}/pg_ctl", "-D", str(self.data),
+                               "-m", mode, "-w", "stop"], capture_output=True, text=True)
+
+
 @contextmanager
 def local_server(root: Path) -> Iterator[str]:
     """Start a throwaway server under ``root``; yields its admin URL; stops it afterwards."""
-    pg_bin = _pg_bin()
-    if pg_bin is None:
-        unavailable("no initdb/pg_ctl found")
-    assert pg_bin is not None
-    prefix: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        if shutil.which("runuser") is None or subprocess.run(
-                ["id", "postgres"], capture_output=True).returncode != 0:
-            unavailable("running as root without a postgres user to start the server")
-        prefix = ["runuser", "-u", "postgres", "--"]
-    root.mkdir(parents=True, exist_ok=True)
-    if prefix:
-        shutil.chown(root, user="postgres")
-        root.chmod(0o700)
-        for parent in root.parents:  # the postgres user must reach the folder
-            if parent.stat().st_mode & 0o001 == 0:
-                unavailable(f"{parent} is not reachable by the postgres user")
-    data, port = root / "data", _free_port()
-    init = subprocess.run([*prefix, f"{pg_bin}/initdb", "-D", str(data), "-A", "trust",
-                           "-U", "postgres"], capture_output=True, text=True)
-    if init.returncode != 0:
-        unavailable(f"initdb failed: {init.stderr.strip()[:300]}")
-    start = subprocess.run([*prefix, f"{pg_bin}/pg_ctl", "-D", str(data), "-l",
-                            str(root / "server.log"), "-w", "-o",
-                            f"-h 127.0.0.1 -p {port} -k {root} {FAST}", "start"],
-                           capture_output=True, text=True)
-    if start.returncode != 0:
-        unavailable(f"pg_ctl start failed: {start.stderr.strip()[:300]}")
+    with controlled_server(root) as server:
+        yield server.url
+
+
+@contextmanager
+def controlled_server(root: Path) -> Iterator[LocalServer]:
+    """A throwaway server the test may stop and start (never the shared CI server)."""
+    server = LocalServer(root)
+    server.create()
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield server
     finally:
-        subprocess.run([*prefix, f"{pg_bin}/pg_ctl", "-D", str(data), "-m", "immediate",
-                        "stop"], capture_output=True)
+        server.stop("immediate")
 
 
 @contextmanager

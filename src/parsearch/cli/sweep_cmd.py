@@ -7,7 +7,14 @@ import sys
 import time
 from typing import Any
 
-from parsearch.cli.common import choice_list, int_list, positive_int, print_json, print_table
+from parsearch.cli.common import (
+    choice_list,
+    int_list,
+    non_negative_int,
+    positive_int,
+    print_json,
+    print_table,
+)
 from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.errors import SpecError
 from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODES
@@ -72,6 +79,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     job.add_argument("--heartbeat", type=positive_int, default=None, metavar="S",
                      help="seconds between a worker's heartbeats (default 10); a cell whose "
                      "worker misses 6 of them is queued again")
+    job.add_argument("--db-retry-seconds", type=non_negative_int, default=None, metavar="S",
+                     help="how long a worker waits for its database when it cannot be "
+                     "reached (a restart, a failover) before it gives up (default 300; 0: "
+                     "give up at once); it says so on stderr, and resumes when it is back")
     job.add_argument("--hold", type=float, default=0.0, help=argparse.SUPPRESS)
     job.add_argument("--max-cells", type=positive_int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
@@ -99,8 +110,19 @@ def _grid(args: argparse.Namespace) -> Any:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
+    from parsearch.sweep.outage import DatabaseOutageError
+
+    try:
+        return _run_sweep(args)
+    except DatabaseOutageError as error:  # not bad input: the database stayed away
+        print(f"parsearch sweep: error: {error}", file=sys.stderr)
+        return 3
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
     from parsearch.search.storage import DEFAULT_HEARTBEAT_S, redact
     from parsearch.sweep.cells import CellSolver
+    from parsearch.sweep.outage import DEFAULT_RETRY_S, MAX_RETRY_S, Retrier
     from parsearch.sweep.queue import DEFAULT_STORAGE, CellQueue
     from parsearch.sweep.report import build_report, check_plot_path, summary_line
     from parsearch.sweep.worker import run_worker, worker_name
@@ -109,6 +131,10 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise SpecError(f"--hold {args.hold} must be between 0 and {MAX_WAIT_S} seconds")
     if args.heartbeat is not None and args.heartbeat > MAX_WAIT_S:
         raise SpecError(f"--heartbeat {args.heartbeat} must be at most {MAX_WAIT_S} seconds")
+    retry_s = DEFAULT_RETRY_S if args.db_retry_seconds is None else args.db_retry_seconds
+    if retry_s > MAX_RETRY_S:
+        raise SpecError(f"--db-retry-seconds {retry_s} must be at most {MAX_RETRY_S} seconds "
+                        "(a week)")
     if args.plot is not None:
         if args.worker:
             raise SpecError("--plot draws the report; a --worker prints none (drop one)")
@@ -120,11 +146,12 @@ def run_sweep(args: argparse.Namespace) -> int:
     start = time.monotonic()
     queue = CellQueue.open(url, grid=grid, name=args.name,
                            heartbeat_s=args.heartbeat or DEFAULT_HEARTBEAT_S)
+    db = Retrier(url, retry_s)
     answered: list[int] = []
     if not args.report_only:
         solver = CellSolver(queue.grid)
         solver.check()
-        name = worker_name(queue.worker_number())
+        name = worker_name(db.call("number this worker", queue.worker_number))
         show = sys.stderr.isatty() if args.progress is None else bool(args.progress)
 
         def progress(p: Any) -> None:
@@ -135,7 +162,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         try:
             with sigterm_as_interrupt():
                 stats = run_worker(queue, solver, name=name, hold_s=args.hold,
-                                   max_cells=args.max_cells, on_progress=progress)
+                                   max_cells=args.max_cells, on_progress=progress, db=db)
         except KeyboardInterrupt:
             print(f"\nparsearch sweep: interrupted; the cell in hand went back to the queue in "
                   f"{redact(url)}; rerun to continue", file=sys.stderr)
@@ -143,7 +170,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         if show:
             print(file=sys.stderr)
         answered = stats.cells
-    report = build_report(queue)
+    report = db.call("read the report", lambda: build_report(queue))
     line = summary_line(report, time.monotonic() - start, answered)
     if args.worker:
         print(line, file=sys.stderr)

@@ -37,6 +37,7 @@ from optuna.trial import TrialState
 from parsearch.errors import SpecError
 from parsearch.search import storage as storage_mod
 from parsearch.sweep.grid import Cell, SweepGrid, grid_from
+from parsearch.sweep.outage import is_outage
 
 SWEEP_PREFIX = "parsearch-sweep-"
 CELL_PARAM = "cell"
@@ -270,7 +271,11 @@ def holding(queue: CellQueue, claim: Claim) -> Iterator[None]:
         with storage_mod.Heartbeat(queue.storage, [claim.trial_id]):
             yield
     except BaseException:
-        queue.release(claim)
+        try:
+            queue.release(claim)
+        except Exception as error:  # the database is away: its heartbeat goes stale instead
+            if not is_outage(error):
+                raise
         raise
 
 

@@ -7,17 +7,21 @@ another worker holds a cell it keeps looking, so that if that worker dies
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from parsearch.search.storage import heartbeat_interval
+from parsearch.search.storage import GRACE_HEARTBEATS, heartbeat_interval
 from parsearch.sweep.cells import CellSolver
+from parsearch.sweep.outage import Retrier
 from parsearch.sweep.queue import CellQueue, Progress, holding
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -42,26 +46,39 @@ def _safe_solve(solver: CellSolver, queue: CellQueue, index: int) -> dict[str, A
         return {"status": "error", "reason": f"{type(error).__name__}: {error}"[:500]}
 
 
+def _direct(what: str, step: Callable[[], T]) -> T:
+    return step()
+
+
 def run_worker(queue: CellQueue, solver: CellSolver, *, name: str,
                poll_s: float | None = None, hold_s: float = 0.0,
                max_cells: int | None = None, stop: threading.Event | None = None,
-               on_progress: Callable[[Progress], None] | None = None) -> WorkerStats:
+               on_progress: Callable[[Progress], None] | None = None,
+               db: Retrier | None = None) -> WorkerStats:
     """Answer cells until the sweep is finished (or ``max_cells``, or ``stop`` is set).
 
     ``hold_s`` keeps each claimed cell that long before answering it (a
     controlled slowdown, so tests can stop a worker in the middle of a cell).
+    ``db`` waits out a database outage (:mod:`parsearch.sweep.outage`); without
+    it the first connection error ends the worker.
     """
     start = time.monotonic()
     stats = WorkerStats(name)
-    wait = poll_s if poll_s is not None else float(heartbeat_interval(queue.storage) or 1)
+    beat = heartbeat_interval(queue.storage)
+    wait = poll_s if poll_s is not None else float(beat or 1)
+    grace = float(beat or 0) * GRACE_HEARTBEATS
+    call = db.call if db is not None else _direct
     stop = stop or threading.Event()
     while not stop.is_set():
         if max_cells is not None and stats.answered + stats.lost >= max_cells:
             break
-        queue.reap()
-        claim = queue.claim(name)
+        # Right after an outage no worker could write a heartbeat: judge none stale until
+        # they have had a grace period to catch up.
+        if db is None or not db.settling(grace):
+            call("look for cells of dead workers", queue.reap)
+        claim = call("claim a cell", lambda: queue.claim(name))
         if claim is None:
-            progress = queue.progress()
+            progress = call("read the sweep's progress", queue.progress)
             if on_progress is not None:
                 on_progress(progress)
             if progress.finished:
@@ -72,13 +89,14 @@ def run_worker(queue: CellQueue, solver: CellSolver, *, name: str,
             if hold_s > 0:
                 stop.wait(hold_s)
             result = _safe_solve(solver, queue, claim.cell)
-        if queue.finish(claim, result):
+        finish = functools.partial(queue.finish, claim, result)
+        if call(f"write the answer of cell {claim.cell}", finish):
             stats.answered += 1
             stats.cells.append(claim.cell)
         else:
             stats.lost += 1
         if on_progress is not None:
-            on_progress(queue.progress())
+            on_progress(call("read the sweep's progress", queue.progress))
     stats.elapsed_s = time.monotonic() - start
     return stats
 
