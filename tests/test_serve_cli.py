@@ -274,3 +274,26 @@ def test_reported_numbers_keep_sign_and_four_significant_digits(value) -> None:
     # 4 decimals from 1 up (plus float64's own spacing), 4 significant digits below
     tolerance = 5e-5 + 4e-16 * abs(value) if abs(value) >= 1 else 5e-4 * abs(value)
     assert abs(shown - value) <= tolerance + 1e-300
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(("llama3-8b", "qwen3-30b-a3b", "deepseek-v3")),
+       gpus=st.sampled_from((1, 2, 8)), isl=st.integers(1, 4_000_000),
+       osl=st.integers(1, 100_000), concurrency=st.one_of(st.none(), st.integers(1, 10**6)),
+       engine=st.sampled_from(("vllm", "sglang", "trtllm")))
+def test_every_answer_serves_or_says_nothing_fits(name, gpus, isl, osl, concurrency,
+                                                  engine) -> None:
+    w = ServingWorkload(isl=isl, osl=osl, precision="fp8", kv_precision="fp8",
+                        concurrency=concurrency, engine=engine)
+    try:
+        result = serve_layouts(model=get_preset(name), cluster="dgx-h100", num_gpus=gpus,
+                               workload=w, top=3)
+    except NoValidLayoutError as error:
+        assert "\n" not in str(error)
+        return
+    for entry in result.entries:
+        d = entry.to_dict()
+        for key in ("tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
+                    "ttft_ms", "tpot_ms"):
+            assert d[key] is not None and d[key] > 0, (key, d)
+        assert d["running_batch"] <= d["batch"]
