@@ -39,9 +39,12 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     93 ms here, 10.5 ms with one fused call whose rows are padded to the kernel's 16/64-row
     tiles).  That fused model was measured on benchmarks/validate_serving.py: MoE MAPE
     41% -> 82%, overall 19.4% -> 32.3%, every large-batch MoE row (TensorRT-LLM attention-DP
-    + EP, Qwen3-30B on one GPU) predicted up to 2x too fast.  The per-expert charge stands
-    in for a large-batch MoE cost the model does not have yet (candidates: EP load
-    imbalance, the KV dtype of those checkpoints), so it stays until that cost is found.
+    + EP, Qwen3-30B on one GPU) predicted up to 2x too fast.  A grouped kernel whose rate
+    follows the rows per expert, ``r / (r + 100)`` (DeepGEMM README's masked-layout table on
+    H800: 0.72-0.95 of the large-M rate at 256-1,024 rows), measured MoE MAPE 77%.  So the
+    per-expert charge stands in for a large-batch MoE cost the model does not have yet
+    (candidates: EP load imbalance, the KV dtype of those checkpoints; with BF16 KV for the
+    Qwen3 rows the fused model measures 35%), and it stays until that cost is found.
     """
     if model.moe is None:
         return 0.0
