@@ -195,8 +195,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"leave-one-run-out MAPE: shipped {result.mape_before:.1%} -> calibrated "
           f"{_pct(result.mape_after)} (in sample {result.mape_in_sample:.1%}); "
           f"{len(problems)} input(s) left out")
+    after = result.ranking_after.text() if result.ranking_after.jobs else \
+        "n/a (no leave-one-run-out predictions)"
     print(f"ranking (measured fastest predicted first; Spearman within jobs): shipped "
-          f"{result.ranking_before.text()} -> calibrated {result.ranking_after.text()}")
+          f"{result.ranking_before.text()} -> calibrated {after}")
     if cluster_out is not None:
         print(f"wrote {out} and {cluster_out} (the cluster file with the fitted bandwidth; the "
               f"profile was fitted with it): use them together with --efficiency {out} "

@@ -180,5 +180,6 @@ def better_with_speed(rows: Sequence[PreparedRow], start: EfficiencyProfile, fit
     if mape(fit.predict(rows), [r.measured for r in rows]) <= SPEED_GAIN:
         return fit
     second = refit_with_speed(rows, start, fit, prior_weight)
-    assert second.speed is not None
-    return second if second.speed.mape_without - second.speed.mape_with > SPEED_GAIN else fit
+    gained = second.speed is not None and \
+        second.speed.mape_without - second.speed.mape_with > SPEED_GAIN
+    return second if gained else fit
