@@ -44,7 +44,8 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     H800: 0.72-0.95 of the large-M rate at 256-1,024 rows), measured MoE MAPE 77%.  So the
     per-expert charge stands in for a large-batch MoE cost the model does not have yet
     (candidates: EP load imbalance, the KV dtype of those checkpoints; with BF16 KV for the
-    Qwen3 rows the fused model measures 35%), and it stays until that cost is found.
+    Qwen3 rows the fused model measures 32%, overall 16.6%), and it stays until that cost
+    is found.
     """
     if model.moe is None:
         return 0.0
