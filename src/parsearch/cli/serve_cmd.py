@@ -48,6 +48,10 @@ def _fraction(text: str) -> float:
     return value
 
 
+#: Largest share of one length class in --mix (shares are relative; their sum must be finite).
+MAX_SHARE = 1e6
+
+
 def _mix(text: str) -> tuple[LengthClass, ...]:
     """argparse type: ``I:O[:W],...`` -> length classes (weight 1 when omitted)."""
     classes = []
@@ -60,10 +64,13 @@ def _mix(text: str) -> tuple[LengthClass, ...]:
                 raise ValueError
             isl, osl = int(fields[0]), int(fields[1])
             weight = float(fields[2]) if len(fields) == 3 else 1.0
+            if not weight <= MAX_SHARE:  # NaN too; a sum of shares must stay finite
+                raise ValueError
             classes.append(LengthClass(isl, osl, weight))
         except (ValueError, SpecError):
             raise argparse.ArgumentTypeError(
-                f"{part!r} is not input:output[:share] with positive integers and share > 0"
+                f"{part!r} is not input:output[:share] with positive integers and share > 0 "
+                f"(at most {MAX_SHARE:g})"
             ) from None
     if not classes:
         raise argparse.ArgumentTypeError("give at least one class, e.g. 1000:200")
@@ -100,7 +107,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="aggregated continuous batching (default) or disaggregated "
                         "prefill/decode instances")
     parser.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
-                        help="requests in flight over the whole group (default: choose)")
+                        help="requests in flight over the whole group; those the KV cache "
+                        "or --max-batch cannot run at once queue, and TTFT includes the wait "
+                        "(default: choose)")
     parser.add_argument("--request-rate", type=_positive_number, default=None, metavar="R",
                         help="requests/s to carry: rank by the fewest GPUs that carry it")
     parser.add_argument("--ep-overlap", action="store_true",
