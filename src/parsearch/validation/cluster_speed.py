@@ -153,15 +153,17 @@ def on_bounds(fit: FactorFit, start: EfficiencyProfile) -> tuple[str, ...]:
 
 
 def refit_with_speed(rows: Sequence[PreparedRow], start: EfficiencyProfile, fit: FactorFit,
-                     prior_weight: float) -> UserFit:
-    """``fit``'s factors and :data:`CLUSTER_SPEED` fitted together to ``rows``.
+                     prior_weight: float, keep: int | None = None) -> UserFit:
+    """``fit``'s factors (the first ``keep`` of them; all with ``None``) and
+    :data:`CLUSTER_SPEED` fitted together to ``rows``.
 
-    Called when ``fit`` left factors on a bound: the runs sit outside what the cited
-    ranges allow.  The speed factor starts at 1.0 (the profile's value) and is pulled
-    there like every other factor, so it takes only what the physical factors cannot.
+    Called when ``fit`` left factors on a bound (the runs sit outside what the cited
+    ranges allow) or far off (:func:`better_with_speed`).  The speed factor starts at the
+    profile's value (1.0 unless calibrated before) and is pulled there like every other
+    factor, so it takes only what the physical factors cannot.
     """
     with_speed = with_speed_prior(start)
-    names = [*fit.fitted, CLUSTER_SPEED]
+    names = [*fit.fitted[:keep], CLUSTER_SPEED]
     profile, cluster, pushed = fit_factors(rows, with_speed, names, fit.cluster_priors,
                                            prior_weight=prior_weight)
     second = UserFit(profile, cluster, dict(fit.cluster_priors), tuple(names), pushed,
@@ -174,12 +176,12 @@ def refit_with_speed(rows: Sequence[PreparedRow], start: EfficiencyProfile, fit:
 
 
 def better_with_speed(rows: Sequence[PreparedRow], start: EfficiencyProfile, fit: UserFit,
-                      prior_weight: float) -> UserFit:
+                      prior_weight: float, keep: int | None = None) -> UserFit:
     """``fit``, or ``fit`` with :data:`CLUSTER_SPEED` when that removes more than
     :data:`SPEED_GAIN` of in-sample MAPE (``fit`` has no factor on a bound)."""
     if mape(fit.predict(rows), [r.measured for r in rows]) <= SPEED_GAIN:
         return fit
-    second = refit_with_speed(rows, start, fit, prior_weight)
+    second = refit_with_speed(rows, start, fit, prior_weight, keep)
     gained = second.speed is not None and \
         second.speed.mape_without - second.speed.mape_with > SPEED_GAIN
     return second if gained else fit
