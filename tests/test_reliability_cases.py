@@ -199,3 +199,23 @@ def test_many_bad_rows_give_the_error_first_and_a_bounded_detail(tmp_path: Path)
     assert "all 45 input(s) left out" in first
     assert len(detail) == SHOWN + 1 and all(line.startswith("  ") for line in detail)
     assert "precision='bf17'" in detail[0] and "25 more" in detail[-1]
+
+
+# --- found by the widened campaign (benchmarks/fuzz_extremes.py) ----------------------------
+
+
+def test_a_measurements_path_too_long_is_a_left_out_input(tmp_path: Path) -> None:
+    long = str(tmp_path / ("p" * 300)) + ".csv"  # exists() raised ENAMETOOLONG
+    result = run_cli("calibrate", "--measurements", long, "--out", str(tmp_path / "p.yaml"))
+    assert result.code == 2 and "Traceback" not in result.err
+    first, *detail = result.err.strip().splitlines()
+    assert "no usable measurement" in first and len(first) < 300
+    assert len(detail) == 1 and "no such file" in detail[0] and len(detail[0]) < 200
+
+
+@pytest.mark.parametrize("share", ["1e308", "nan", "inf", "1e7"])
+def test_serve_mix_share_beyond_the_bound_is_one_line(share: str) -> None:
+    # 1e308: the weighted mean prompt length overflowed (OverflowError in ServeSpec.from_mix)
+    result = run_cli("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
+                     "--mix", f"128:128:{share}", "--format", "json")
+    assert_one_line_error(result, "--mix", "at most 1e+06")

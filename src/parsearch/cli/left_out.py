@@ -33,11 +33,16 @@ def print_left_out(command: str, lines: Sequence[str], used: int) -> None:
           f"{detail(lines)}", file=sys.stderr)
 
 
+def _short(text: str) -> str:
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def nothing_usable(sources: Sequence[str], lines: Sequence[str],
                    notes: Sequence[str] = ()) -> SpecError:
     """The error of a command none of whose inputs could be used: the count first, then why
     (and the notes about the inputs, after the reasons)."""
-    named = ", ".join(sources[:3]) + (f" and {len(sources) - 3} more" if len(sources) > 3 else "")
+    named = ", ".join(_short(s) for s in sources[:3]) + (
+        f" and {len(sources) - 3} more" if len(sources) > 3 else "")
     after = "".join(f"\n  note: {note}" for note in notes[:SHOWN])
     if not lines:
         return SpecError(f"no usable measurement in {named}{after}")

@@ -33,7 +33,7 @@ from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import FLEX_BACKENDS, MOE_DISPATCHERS
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
-from parsearch.files import is_file
+from parsearch.files import is_dir, is_file
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODULES
 from parsearch.validation.megatron_logs import (
@@ -462,6 +462,13 @@ def one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
+def short_path(path: Path) -> str:
+    """``path`` as text, shortened to 120 characters (an over-long name is not worth printing
+    whole)."""
+    text = str(path)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = None) -> Loaded:
     """Every measurement in ``paths``: ``.csv``/``.yaml`` tables, anything else a log."""
     defaults = defaults or Defaults()
@@ -471,8 +478,8 @@ def load_measurements(paths: Iterable[str | Path], defaults: Defaults | None = N
     for raw in paths:
         path = Path(raw)
         if not is_file(path):
-            problems.append(f"{path}: " + ("a folder, not a file" if path.is_dir()
-                                           else "no such file"))
+            problems.append(f"{short_path(path)}: " + ("a folder, not a file" if is_dir(path)
+                                                       else "no such file"))
             continue
         if path.suffix.lower() not in TABLE_SUFFIXES:
             loaded = measurements_from_log(path, defaults)
