@@ -12,12 +12,20 @@ is classified:
 * ``memory``: ``MemoryError`` or killed by a signal we did not send;
 * ``nan``: ``NaN``/``Infinity`` (or ``nan``/``inf``) printed as a value;
 * ``bad_exit``: an exit code other than 0, 2 (and 1 for ``check``);
-* ``multiline_error``: exit 2 without exactly one ``error:`` line, last on stderr
-  (one-line notes before it, such as ``calibrate``'s skipped inputs, are allowed).
+* ``multiline_error``: exit 2 without exactly one ``error:`` line on stderr (one-line
+  notes may come before it; only indented detail lines, such as the reason of each input
+  ``calibrate`` left out, may follow it);
+* ``zero``: exit 0 with a throughput of 0 in the JSON answer, not marked as a cell that
+  could not be answered (a silent wrong answer: "nothing fits" must be said).
 
-The target (issue 12) is 0 of each over at least 3,000 cases::
+Besides the malformed values of :mod:`fuzz_inputs`, the kinds of :mod:`fuzz_extremes`
+probe the edges an independent campaign found (issue 35): path lengths, size extremes
+(65,536 GPUs, K = 30 of 1,000 candidates, 10,000 measurement rows), empty groups and
+NaN fields.
 
-    nice -n 10 python benchmarks/fuzz_campaign.py --cases 3000 --jobs 2
+The target (issues 12 and 35) is 0 of each over at least 3,000 cases::
+
+    nice -n 10 python benchmarks/fuzz_campaign.py --cases 3000 --jobs 2 --timeout 120
 
 By default children are forked from this process after parsearch and its
 dependencies are imported (``--mode fork``: fast, the same ``main`` as the
@@ -50,7 +58,21 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fuzz_inputs import KINDS, Case, make_cases
+from fuzz_extremes import KINDS as EXTREME_KINDS
+from fuzz_inputs import KINDS as VALUE_KINDS
+from fuzz_inputs import Case
+
+KINDS = {**VALUE_KINDS, **EXTREME_KINDS}
+
+
+def make_cases(count: int, seed: int, only: str | None = None) -> list[Case]:
+    """``count`` cases drawn from every kind by weight (or from ``only``)."""
+    import random
+
+    rng = random.Random(seed)
+    names = [only] if only else list(KINDS)
+    weights = [KINDS[n][1] for n in names]
+    return [KINDS[rng.choices(names, weights)[0]][0](rng) for _ in range(count)]
 
 # --------------------------------------------------------------------------- running
 
@@ -88,14 +110,50 @@ class Outcome:
             found.append("nan")
         if self.code == 2 and not found and not _one_error_line(self.err):
             found.append("multiline_error")
+        if self.code == 0 and _silent_zero(self.out):
+            found.append("zero")
         return found
 
 
 def _one_error_line(err: str) -> bool:
-    """One ``error:`` line, last; lines before it may be one-line notes (skipped inputs)."""
+    """One ``error:`` line; notes may precede it, only indented detail may follow it."""
     lines = err.strip().splitlines()
-    errors = [line for line in lines if ": error:" in line]
-    return len(errors) == 1 and lines[-1] == errors[0]
+    errors = [i for i, line in enumerate(lines) if ": error:" in line]
+    return len(errors) == 1 and all(line.startswith((" ", "\t"))
+                                    for line in lines[errors[0] + 1:])
+
+
+_NOT_ANSWERED = {"infeasible", "invalid", "error", "nothing_fits", "no_fit", "failed"}
+
+
+def _silent_zero(out: str) -> bool:
+    """A JSON answer holding a throughput (``tokens_per_s...``) of 0 in an object not marked
+    as unanswered (``status``/``feasible``)."""
+    stripped = out.strip()
+    if not stripped or stripped[0] not in "{[":
+        return False
+    try:
+        documents = [json.loads(stripped)]
+    except ValueError:
+        try:
+            documents = [json.loads(line) for line in stripped.splitlines() if line.strip()]
+        except ValueError:
+            return False
+    stack: list[Any] = documents
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            marked = str(item.get("status", "")).lower() in _NOT_ANSWERED or \
+                item.get("feasible") is False or item.get("fits") is False
+            for key, value in item.items():
+                if isinstance(value, dict | list):
+                    stack.append(value)
+                elif key.startswith("tokens_per_s") and isinstance(value, int | float) \
+                        and not isinstance(value, bool) and value == 0 and not marked:
+                    return True
+    return False
 
 
 def _reject_constant(name: str) -> Any:
@@ -262,6 +320,7 @@ def summarize(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
         "nan_or_inf_outputs": counts["nan"],
         "bad_exit_codes": counts["bad_exit"],
         "multiline_errors": counts["multiline_error"],
+        "silent_zero_results": counts["zero"],
         "exit_codes": dict(sorted(exits.items())),
         "by_kind": {k: dict(v) for k, v in sorted(by_kind.items())},
         "slowest_s": round(max((o.seconds for o in outcomes), default=0.0), 1),
@@ -304,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['tracebacks']} tracebacks, {summary['hangs']} hangs, "
           f"{summary['memory_kills']} memory kills, {summary['nan_or_inf_outputs']} with "
           f"NaN/Inf, {summary['bad_exit_codes']} bad exit codes, "
-          f"{summary['multiline_errors']} multi-line errors; exit codes "
+          f"{summary['multiline_errors']} multi-line errors, "
+          f"{summary['silent_zero_results']} silent zero results; exit codes "
           f"{summary['exit_codes']}; slowest {summary['slowest_s']} s")
     for failure in summary["failures"][:40]:
         print(f"  {','.join(failure['problems'])} [{failure['kind']}] "
@@ -312,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
               f"     -> {' | '.join(failure['stderr_tail'])[:300]}")
     print(f"summary written to {args.summary}")
     bad = sum(summary[k] for k in ("tracebacks", "hangs", "memory_kills", "nan_or_inf_outputs",
-                                   "bad_exit_codes", "multiline_errors"))
+                                   "bad_exit_codes", "multiline_errors", "silent_zero_results"))
     return 1 if bad else 0
 
 

@@ -159,7 +159,7 @@ NUMERIC_OPTIONS: dict[str, tuple[str, ...]] = {
     "serve": ("--gpus", "--isl", "--osl", "--ttft-ms", "--tpot-ms", "--concurrency",
               "--request-rate", "--max-batch", "--sliding-window", "--windowed-layers", "--top"),
     "sweep": ("--gpus", "--global-batch", "--seq-len", "--micro-batch-sizes", "--top",
-              "--heartbeat"),
+              "--heartbeat", "--db-retry-seconds"),
 }
 
 
