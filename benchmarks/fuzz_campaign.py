@@ -149,7 +149,8 @@ def _silent_zero(out: str) -> bool:
                 item.get("feasible") is False or item.get("fits") is False
             for key, value in item.items():
                 if isinstance(value, dict | list):
-                    stack.append(value)
+                    if "reference" not in key:  # e.g. a hypervolume's reference point
+                        stack.append(value)
                 elif key.startswith("tokens_per_s") and isinstance(value, int | float) \
                         and not isinstance(value, bool) and value == 0 and not marked:
                     return True
