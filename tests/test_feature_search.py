@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -64,8 +65,10 @@ def test_each_layout_gets_its_fastest_runnable_fitting_features(case) -> None:  
     for row in range(len(table)):
         k = int(index[row])
         assert ok[k][row]
-        assert chosen["step_time_s"][row] == singles[k]["step_time_s"][row]
-        assert chosen["mem_total"][row] == singles[k]["mem_total"][row]
+        assert chosen["step_time_s"][row] == pytest.approx(singles[k]["step_time_s"][row],
+                                                           rel=1e-12)
+        assert chosen["mem_total"][row] == pytest.approx(singles[k]["mem_total"][row],
+                                                         rel=1e-12)
         fitting = [i for i in range(len(singles)) if ok[i][row] and singles[i]["fits"][row]]
         if fitting:
             assert chosen["fits"][row]
@@ -112,8 +115,9 @@ def test_all_to_all_overlap_is_refused_where_megatron_refuses_it() -> None:
     assert got.tolist() == [False, True, False, True, False]
 
 
-def test_the_overlap_holds_one_more_micro_batch() -> None:
-    """Same layout and time model, the overlap's merged schedule: more activation memory."""
+def test_the_overlap_holds_one_more_warm_up_chunk_when_interleaved() -> None:
+    """Same layouts, the overlap's merged schedule: more activation memory exactly where the
+    pipeline is interleaved (one more warm-up chunk), the same elsewhere."""
     model = get_preset("qwen3-30b-a3b")
     training = TrainingSpec(seq_len=4096, global_batch=256, micro_batch_sizes=(1,))
     table = enumerate_layouts(model, training, 16)
@@ -122,7 +126,10 @@ def test_the_overlap_holds_one_more_micro_batch() -> None:
     on = build_cost_model(model, training, fabric, options=CostOptions(moe_a2a_overlap=True))
     a = np.asarray(score_columns(off, table.columns)["mem_activations"])
     b = np.asarray(score_columns(on, table.columns)["mem_activations"])
-    assert np.all(b >= a) and np.any(b > a)
+    interleaved = table.columns["vpp"] > 1
+    assert interleaved.any() and (~interleaved).any()
+    assert np.all(b[interleaved] >= a[interleaved]) and np.any(b[interleaved] > a[interleaved])
+    assert np.array_equal(a[~interleaved], b[~interleaved])
 
 
 def test_search_names_and_launches_the_features_it_chose() -> None:

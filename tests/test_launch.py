@@ -76,6 +76,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
 #: Inputs that change what is priced but are not launch settings, with the reason.
 NOT_LAUNCH_SETTINGS = {
     "memory_margin": "a safety margin on what counts as fitting; it does not change the run",
+    "search_features": "which features the search chooses; the chosen ones are launched",
     "causal": "a property of the model's attention mask, fixed by the model",
     "memory": "memory-accounting knobs (fp8_param_gather is enumerated above)",
     "micro_batch_sizes": "candidate set; the layout's mbs is launched",

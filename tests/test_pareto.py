@@ -82,12 +82,17 @@ def test_exhaustive_front_has_best_layout_at_every_gpu_count(exact) -> None:  # 
     assert exact.gpu_counts == (8, 16, 24, 32, 40, 48)
     by_count = {p.num_gpus: p for p in exact.points}
     for n in exact.gpu_counts:
-        result = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=n, top=1)
+        # the front holds the fastest layout; search lists ties by headroom, so compare
+        # with the fastest of its whole list
+        result = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=n,
+                                top=100_000)
         if result.best is None:
             assert n not in by_count
             continue
-        assert by_count[n].layout == result.best.layout
-        assert by_count[n].tokens_per_s == pytest.approx(result.best.estimate.tokens_per_s)
+        fastest = max(result.entries, key=lambda e: e.estimate.tokens_per_s)
+        assert by_count[n].tokens_per_s == pytest.approx(fastest.estimate.tokens_per_s)
+        assert by_count[n].layout in [e.layout for e in result.entries
+                                      if e.estimate.tokens_per_s == fastest.estimate.tokens_per_s]
 
 
 def test_scaling_efficiency_against_smallest_point(exact) -> None:  # type: ignore[no-untyped-def]

@@ -263,13 +263,16 @@ def chunk_in_flight(rank: Num, pp: Num, vpp: Num, chunk: Num, num_microbatches: 
     ``#{k < W : (k // p) % v = c}`` micro-batches.  With equal chunks the sum
     over chunks divided by ``v`` is KOR22 §4.2.3's ``p·(1 + (p − 1)/(p·v))``
     for ``r = 0`` (formulas.md §5.4).  Whole micro-batch counts; integer-valued floats.
-    ``extra``: warm-up micro-batches a schedule adds (1 for the merged forward-backward
-    schedule of ``--overlap-moe-expert-parallel-comm``: Megatron-Core ``schedules.py``
-    ``get_pp_rank_microbatches`` adds one warm-up micro-batch under it, and without a
-    pipeline the forward of one micro-batch runs beside another's backward).
+    ``extra``: chunk forwards an interleaved schedule adds to its warm-up (1 under the
+    merged forward-backward schedule of ``--overlap-moe-expert-parallel-comm``:
+    Megatron-Core ``schedules.py`` ``get_pp_rank_microbatches`` adds one warm-up
+    micro-batch of model chunks).  Without interleaving it adds nothing at the peak: the
+    merged schedule runs the next micro-batch's forward layer by layer beside this one's
+    backward, which frees a layer's activations as the forward saves one (DeepSeek-V3
+    technical report §3.2.1, Figure 4).
     """
     m = np.asarray(num_microbatches, dtype=np.float64)
-    one_f1b = np.minimum(m, np.subtract(pp, rank) + extra)
+    one_f1b = np.minimum(m, np.subtract(pp, rank))
     if np.all(np.equal(vpp, 1)):
         return one_f1b
     # Integer arithmetic (micro-batch counts are whole): exact, and faster than float //, %.

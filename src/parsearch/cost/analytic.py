@@ -113,7 +113,8 @@ def build_cost_model(
     profile = profile or efficiency_for_gpu(fabric.gpu.name)
     options = check_precision_options(training, fabric.gpu, fabric.cluster.name, profile,
                                       (options or CostOptions()).resolved(profile))
-    options = with_schedule_memory(options)
+    if model.moe is not None:  # the merged schedule exists for MoE layers only
+        options = with_schedule_memory(options)
     variants = feature_variants(model, options, fabric.gpu.compute_capability)
     return CostModel(model, training, fabric, profile, options, variants)
 

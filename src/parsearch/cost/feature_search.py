@@ -22,8 +22,9 @@ Preconditions, as Megatron-LM ``arguments.py`` ``validate_args`` and Megatron-Co
 * ``flex`` (DeepEP / HybridEP kernels): Hopper or newer (DeepEP README, "Hopper GPUs";
   compute capability >= 9.0).
 
-The all-to-all overlap also holds one more micro-batch of activations
-(:func:`~parsearch.cost.activations.chunk_in_flight`), so its memory is priced too.
+With an interleaved pipeline the all-to-all overlap also holds one more warm-up chunk of
+activations (:func:`~parsearch.cost.activations.chunk_in_flight`), so its memory is priced
+too.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def score_fitting_variants(cm: CostModel, cols: dict[str, np.ndarray],
 
     ``score(cm, cols)`` prices with the fastest feature set per layout (time only decides)
     and memory under ``cm.options``.  Layouts whose fastest set overlaps the all-to-all
-    hold one more micro-batch: they are priced again among the overlapping sets with that
+    may hold one more warm-up chunk: they are priced again among the overlapping sets with that
     memory, and those that then do not fit, among the sets without the overlap.
     ``feature_variant`` indexes ``cm.variants``.
     """

@@ -45,8 +45,8 @@ class MemoryOptions:
     * ``moe_imbalance``: max/mean tokens per expert rank (§5.3 MoE, §7.5).
     * ``fp32_logits``: an unfused cross-entropy keeps fp32 logits
       (``s·b·V·4/(t·c)`` bytes, §5.4) for the micro-batch in backward.
-    * ``extra_in_flight``: micro-batches the schedule holds beyond 1F1B's (1 under the
-      merged forward-backward schedule of MoE all-to-all overlap:
+    * ``extra_in_flight``: chunk forwards an interleaved schedule adds to its warm-up (1
+      under the merged forward-backward schedule of MoE all-to-all overlap:
       :func:`~parsearch.cost.activations.chunk_in_flight`).
     """
 
