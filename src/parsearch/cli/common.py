@@ -205,7 +205,8 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-a2a-overlap", action=argparse.BooleanOptionalAction,
                        default=None, help="overlap the MoE all-to-all of one micro-batch with "
                        "another's compute (--overlap-moe-expert-parallel-comm; needs EP > 1, "
-                       "no full recompute, PP 1 or interleaved; holds one more micro-batch); "
+                       "no full recompute, PP 1 or interleaved; interleaved, one more warm-up "
+                       "chunk); "
                        "default: chosen per layout")
     group.add_argument("--moe-shared-expert-overlap", action=argparse.BooleanOptionalAction,
                        default=None, help="run the shared experts beside the same "
