@@ -90,10 +90,10 @@ Against the shipped profile (fitted with the held-out run included, which favour
 calibration is better in 4 groups, equal in 1, worse in 3; against the profile refitted
 without the group (a cluster the profile has not seen) better in 7 of 8.
 
-Again on 2026-12-06 ~06:40 UTC (``--skip-simulation --no-held-out-baseline``, with the
+Again on 2026-12-06 ~07:00 UTC (``--skip-simulation --no-held-out-baseline``, with the
 two-runs rule and ``cluster_speed`` of issue 33; the bundled runs now leave 2 groups of
 >= 4 current runs, 32 runs): Mixtral-8x22B H100 1.4 % -> 1.4 %, Qwen2-57B H100 2.1 % ->
-1.4 %, all 1.7 % -> 1.4 %; ranking within jobs (model, GPU, GPU count, batch, sequence):
+1.3 %, all 1.7 % -> 1.4 %; ranking within jobs (model, GPU, GPU count, batch, sequence):
 the measured fastest predicted fastest in 15 of 15 jobs, Spearman 1.00, before and after.
 The slow-cluster study and calibration on 2-5 runs of a group are in
 ``benchmarks/calibration_user_cases.py``.
