@@ -216,3 +216,25 @@ def test_only_megatrons_exact_argument_layout_is_read_loose(name: str, dots: int
                                                              value: str) -> None:
     line = f"  {name} {'.' * dots} {value}"
     assert (loose_argument(line) is not None) == (dots == 48 - len(name))
+
+
+_SGR = st.lists(st.integers(0, 107), min_size=0, max_size=3).map(
+    lambda codes: "\x1b[" + ";".join(map(str, codes)) + "m")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_SGR, min_size=12, max_size=12), st.booleans(),
+       st.floats(100.0, 90000.0), st.integers(1, 100000))
+def test_colour_codes_anywhere_between_fields_never_change_the_reading(
+        codes: list[str], lose_escape: bool, ms: float, i: int) -> None:
+    clean = megatron_line(i, ms, total=i + 10)
+    pieces = clean.split(" | ")
+    pieces[0] = pieces[0].replace("] iteration", "] " + codes[-1] + "iteration")
+    # A code before each field's label and a reset after the line, as terminals colour it.
+    coloured = " | ".join(code + piece for code, piece in zip(codes, pieces, strict=False))
+    coloured += codes[-2]
+    if lose_escape:
+        coloured = coloured.replace("\x1b", "")
+    expected = iteration_line(clean, 1)
+    assert expected is not None
+    assert iteration_line(plain(coloured), 1) == expected

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 
 #: ANSI escape sequences (CSI ... final byte), and SGR colour codes whose ESC was lost.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\[\d{1,3}(?:;\d{1,3})*m")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\[(?:\d{1,3}(?:;\d{1,3})*)?m")
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 #: ``a`` or ``a/b`` (Primus): the first number is read.
 _ONE_OR_TWO = _NUMBER + r"(?:\s*/\s*[0-9.eE+-]+)?"
