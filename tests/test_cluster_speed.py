@@ -97,9 +97,10 @@ def _calibrate(tmp_path: Path, slowdown: float, *extra: str) -> tuple[object, di
         path.write_text(megatron_log(text, _step_s(text) * slowdown), encoding="utf-8")
         logs.append(str(path))
     out = tmp_path / "mine.yaml"
+    fmt = () if "--format" in extra else ("--format", "json")
     result = run_cli("calibrate", "--measurements", *logs, "--model", MODEL, "--cluster",
-                     CLUSTER, "--out", str(out), "--format", "json", *extra)
-    report = json.loads(result.out) if result.out.strip() else {}
+                     CLUSTER, "--out", str(out), *fmt, *extra)
+    report = json.loads(result.out) if result.out.strip() and fmt else {}
     return result, report, out
 
 
@@ -272,3 +273,14 @@ def test_every_factor_a_fit_moves_onto_a_bound_is_flagged_cluster_factors_includ
                                           Prior(low, prior.low, prior.high, prior.source)})
     assert on_bounds(FactorFit(at_bound, {}, priors, ("gemm_efficiency.bf16",), (), {}, ""),
                      at_bound) == ()
+
+
+def test_the_table_output_says_plainly_that_the_cluster_factor_was_fitted(tmp_path) -> None:
+    result, _, _ = _calibrate(tmp_path, SLOWDOWN, "--no-leave-one-out", "--format", "table")
+    assert result.code == 0, result.err
+    (line,) = [x for x in result.out.splitlines() if x.startswith("cluster-level factor:")]
+    assert "fitted cluster_speed = 0.77" in line and "1.30x slower" in line
+    assert "took the in-sample error from" in line
+    assert "ranking (measured fastest predicted first" in result.out
+    (warning,) = [x for x in result.err.splitlines() if "warning:" in x]
+    assert "gemm_efficiency.bf16 ended on the bound" in warning and "usable" in warning
