@@ -11,6 +11,8 @@ Cases (each run in a fresh process, ``--repeats`` times; the median is judged):
 * ``optuna``: on a space small enough to scan (llama3-8b, 8..256 GPUs) the optuna front
   reaches >= 99% of the exact hypervolume (several seeds).
 
+MoE cases choose the dispatcher and overlaps per layout, as the CLI does by default.
+
 Times are the process's CPU time (``time.process_time``): the machine these run on is
 shared, and CPU time is what one core spends whatever else runs; wall time is printed
 beside it.  Run pinned to one core: ``taskset -c 0 python benchmarks/bench_search.py``.
@@ -43,13 +45,17 @@ TARGETS: dict[str, tuple[float, float | None]] = {  # seconds, MB
 
 def run_case(name: str) -> dict[str, Any]:
     """One case in this process: its answer and what it cost."""
+    from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
     from parsearch.model.specs import TrainingSpec
     from parsearch.search import pareto_front, search_layouts
 
+    # as the CLI runs them: MoE features chosen with each layout (no effect on dense models)
+    features = CostOptions(search_features=SEARCHABLE_FEATURES)
     wall, cpu = time.perf_counter(), time.process_time()
     if name == "search-dsv3":
         r = search_layouts(model="deepseek-v3", cluster="dgx-h100", num_gpus=1024, top=10,
-                           training=TrainingSpec(seq_len=4096, global_batch=8192))
+                           training=TrainingSpec(seq_len=4096, global_batch=8192),
+                           options=features)
         detail = f"{r.valid:,} valid, {r.examined:,} examined; best {r.best.layout.key()}"
     elif name == "search-llama":
         r = search_layouts(model="llama3-70b", cluster="dgx-h100", num_gpus=256, top=10,
@@ -68,7 +74,7 @@ def run_case(name: str) -> dict[str, Any]:
                           training=TrainingSpec(seq_len=4096, global_batch=4096,
                                                 precision="fp8")),
         }[name]
-        p = pareto_front(**query)
+        p = pareto_front(**query, options=features)
         top = max(p.points, key=lambda q: q.tokens_per_s)
         detail = (f"method {p.method}, exact {p.exact}; {len(p.gpu_counts)} GPU counts, "
                   f"{p.valid:,} valid, {p.examined:,} examined; best {top.tokens_per_s:,.0f} "

@@ -160,12 +160,27 @@ def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
 
 
 def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
-                 shares: RecomputeShares) -> dict[str, np.ndarray]:
-    """Per-micro-batch seconds of one unit on one GPU, by stage part."""
+                 shares: RecomputeShares,
+                 compute_cache: dict[tuple[object, ...], UnitCompute] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Per-micro-batch seconds of one unit on one GPU, by stage part.
+
+    ``compute_cache``: compute already priced for these rows under options that agree on
+    every field :func:`priced_unit_compute` reads (feature sets differing only in overlaps
+    share it)."""
     opt = cm.options
     layer = unit in ("dense", "moe", "mtp")
     recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
-    compute = priced_unit_compute(cm, cols, unit, recompute)
+    key = (unit, opt.causal, opt.routing, opt.moe_imbalance, opt.moe_capacity_factor,
+           opt.moe_pad_to_capacity, opt.cuda_graphs, opt.cuda_graph_scope, opt.fp8_recipe,
+           opt.moe_dispatcher, opt.flash_attention, opt.fp8_attention, opt.fp8_output_proj,
+           opt.fused_expert_mlp)
+    if compute_cache is not None and key in compute_cache:
+        compute = compute_cache[key]
+    else:
+        compute = priced_unit_compute(cm, cols, unit, recompute)
+        if compute_cache is not None:
+            compute_cache[key] = compute
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
@@ -361,11 +376,12 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
                               vpp=pcols["vpp"], tp=pcols["tp"], sp=pcols["sp"])
     prices: dict[str, dict[str, np.ndarray]] = {}
     choice = None
+    cache: dict[tuple[object, ...], UnitCompute] = {}
     for unit in UNITS:
         if cm.variants and is_moe_unit(model, unit):
             prices[unit], choice = cheapest_unit_prices(
                 cm, pcols, unit,
-                lambda c, u=unit, g=groups: _unit_prices(c, pcols, g, u, shares), choice)
+                lambda c, u=unit, g=groups: _unit_prices(c, pcols, g, u, shares, cache), choice)
         else:
             prices[unit] = _unit_prices(cm, pcols, groups, unit, shares)
     params = _unit_params(cm, pcols)

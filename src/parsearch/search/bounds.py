@@ -124,9 +124,16 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     keeps, its time is above it.
     """
     if cm.variants:
-        floors = [unit_time_floor(replace(cm, options=v, variants=()), cols)
+        cache: dict[tuple[str, str], UnitCompute] = {}  # compute differs by dispatcher only
+        floors = [_unit_time_floor(replace(cm, options=v, variants=()), cols, cache)
                   for v in cm.variants]
         return {unit: np.minimum.reduce([f[unit] for f in floors]) for unit in floors[0]}
+    return _unit_time_floor(cm, cols, None)
+
+
+def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
+                     cache: dict[tuple[str, str], UnitCompute] | None
+                     ) -> dict[str, np.ndarray]:
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
     none = np.full(n, RECOMPUTE_CODES["none"], dtype=np.int64)
@@ -142,7 +149,13 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     for unit in UNITS:
         layer = unit in ("dense", "moe", "mtp")
         recompute = shares.of(is_moe_unit(model, unit)) if layer else shares.dense
-        compute = priced_unit_compute(cm, cols, unit, recompute)
+        key = (unit, opt.moe_dispatcher)
+        if cache is not None and key in cache:
+            compute = cache[key]
+        else:
+            compute = priced_unit_compute(cm, cols, unit, recompute)
+            if cache is not None:
+                cache[key] = compute
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
