@@ -167,3 +167,16 @@ def test_published_runs_are_read_with_their_recipes_routing() -> None:
     assert cm.options.routing == "balanced"
     assert float(priced_imbalance(cm.model, cm.training, cm.options,
                                   layout_columns([layout]))[0]) == 1.0
+
+
+def test_bridge_overrides_reset_unpriced_recipe_features() -> None:
+    """Issue 32: a recipe's op fuser, paged stash and per-rank capacity survived the
+    overrides; a MoE launch now writes each as priced (off unless the fused MLP is)."""
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    layout = Layout(num_gpus=16, ep=16, mbs=1)
+    overrides = launch_settings(QWEN, training, layout, gpus_per_node=8,
+                                options=CostOptions()).bridge_overrides
+    for field in ("model.moe_paged_stash=false", "model.moe_expert_rank_capacity_factor=null",
+                  "model.use_transformer_engine_op_fuser=false",
+                  "model.moe_router_force_load_balancing=false"):
+        assert field in overrides

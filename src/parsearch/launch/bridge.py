@@ -162,6 +162,12 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
             "model.moe_router_force_load_balancing": plan.force_balanced_routing,
             "model.moe_expert_capacity_factor": plan.capacity_factor,
             "model.moe_pad_expert_input_to_capacity": plan.pad_to_capacity,
+            # fields a recipe may turn on that the cost model does not price: reset, so the
+            # run is the one priced (the DeepSeek-V3 GB300 FP8 recipe's full-iteration
+            # graph path sets both; Megatron-Bridge v0.6.0 perf_recipes/deepseek/common.py)
+            "model.use_transformer_engine_op_fuser": plan.fused_expert_mlp,
+            "model.moe_paged_stash": False,
+            "model.moe_expert_rank_capacity_factor": None,
         })
     if plan.optimizer != "adam":
         fields["optimizer.optimizer"] = plan.optimizer
