@@ -182,3 +182,31 @@ def test_llama_405b_pp16_vpp8_gives_embedding_and_loss_a_stage_each() -> None:
     assert virtual_stage_layer_counts(126, 16, 1) == (7,) + (8,) * 14 + (7,)
     with pytest.raises(SpecError, match="R8"):
         virtual_stage_layer_counts(126, 16, 9)
+
+
+def test_hidden_interleaved_sends_cost_their_sm_share() -> None:
+    """Interleaving hides pipeline sends behind compute, but their NCCL kernels slow that
+    compute by the profile's comm_sm_share: with a zero share the p2p part is what stays
+    exposed; with the profile's share it grows by share x hidden, never shrinks."""
+    from dataclasses import replace as _replace
+
+    from parsearch.cost.analytic import build_cost_model, estimate
+    from parsearch.layout import Layout
+    from parsearch.model.presets import get_preset
+    from parsearch.model.specs import TrainingSpec
+    from parsearch.topology.cluster import load_cluster
+    from parsearch.topology.fabric import build_fabric
+
+    model, training = get_preset("llama3-70b"), TrainingSpec(seq_len=8192, global_batch=512)
+    cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-h100"), 256))
+    free = _replace(cm, profile=_replace(cm.profile, comm_sm_share=0.0))
+    sends = []
+    for vpp in (1, 4, 20):
+        layout = Layout(num_gpus=256, tp=8, pp=4, vpp=vpp, sp=True, mbs=1)
+        charged, uncharged = estimate(cm, layout), estimate(free, layout)
+        if vpp == 1:  # 1F1B waits for its sends: nothing hidden, nothing to charge
+            assert charged.time_s["pp_p2p"] == uncharged.time_s["pp_p2p"] > 0
+        else:
+            assert charged.time_s["pp_p2p"] > uncharged.time_s["pp_p2p"]
+            sends.append(charged.time_s["pp_p2p"])
+    assert sends[1] > sends[0]  # 2 x vpp sends per micro-batch: deeper costs more

@@ -161,6 +161,9 @@ class StageSettings:
     overlap_param_gather: bool
     fsdp: bool
     step_overhead_s: float
+    #: share of SMs communication kernels hold while they run beside compute (the
+    #: profile's ``comm_sm_share``); hidden pipeline sends cost that share of their time
+    comm_sm_share: float = 0.0
 
 
 def distinct_stages(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -216,10 +219,14 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     pp_send, reduce_fixed, gather_fixed = rows[base], rows[base + 1], rows[base + 2]
     # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
     # for them; with interleaving Megatron overlaps them with the next chunk's compute
-    # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.
+    # (--overlap-p2p-comm, on for interleaved schedules), up to that compute.  A hidden
+    # send still runs NCCL kernels on the GPU beside the compute, which then runs slower by
+    # the SM share they hold, as every other overlapped collective here
+    # (communication.py's sm_slowdown): deep interleaving multiplies the sends by vpp.
     p2p_total = 2.0 * float(vpp) * pp_send
     if vpp > 1:
-        p2p = np.maximum(0.0, p2p_total - work)
+        p2p = (np.maximum(0.0, p2p_total - work)
+               + settings.comm_sm_share * np.minimum(p2p_total, work))
         p2p_mean = (count @ p2p) / stages
         stage_time = work + comm + p2p
     else:
