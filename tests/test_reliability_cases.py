@@ -219,3 +219,32 @@ def test_serve_mix_share_beyond_the_bound_is_one_line(share: str) -> None:
     result = run_cli("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8",
                      "--mix", f"128:128:{share}", "--format", "json")
     assert_one_line_error(result, "--mix", "at most 1e+06")
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(option=st.sampled_from(["--export", "--launch-dir", "--out", "--measurements"]),
+       length=st.sampled_from([255, 256, 300, 5000]), nested=st.booleans())
+def test_long_paths_answer_or_refuse_in_one_line(tmp_path_factory: pytest.TempPathFactory,
+                                                 option: str, length: int,
+                                                 nested: bool) -> None:
+    tmp = tmp_path_factory.mktemp("paths")
+    runs = tmp / "runs.csv"
+    runs.write_text("\n".join([HEADER, GOOD_ROW]) + "\n")
+    name = "/".join(["q" * 250] * (length // 250)) if nested else "p" * length
+    target = str(tmp / name)
+    small = ["--model", "gpt-1.7b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch",
+             "64", "--seq-len", "2048"]
+    argv = {"--export": ["search", *small, "--top", "1", "--export", target],
+            "--launch-dir": ["plan-profiling", *small, "--k", "1", "--candidates", "2",
+                             "--launch-dir", target],
+            "--out": ["calibrate", "--measurements", str(runs), "--out", target + ".yaml",
+                      "--no-leave-one-out"],
+            "--measurements": ["calibrate", "--measurements", target + ".csv", "--out",
+                               str(tmp / "p.yaml")]}[option]
+    result = run_cli(*argv)
+    assert result.code in (0, 2), result
+    assert "Traceback" not in result.err
+    if result.code == 2:
+        first, *detail = result.err.strip().splitlines()
+        assert ": error:" in first and len(first) < 600
+        assert all(line.startswith("  ") for line in detail)

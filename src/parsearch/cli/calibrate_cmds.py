@@ -23,7 +23,7 @@ from parsearch.cli.common import (
 )
 from parsearch.cli.left_out import nothing_usable, print_left_out
 from parsearch.errors import SpecError
-from parsearch.model.specs import PRECISIONS
+from parsearch.model.specs import PRECISIONS, short_repr
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -283,7 +283,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 path.chmod(0o755)
                 written.append(str(path))
         except OSError as error:
-            raise SpecError(f"--launch-dir {folder}: cannot write: "
+            raise SpecError(f"--launch-dir {short_repr(str(folder))}: cannot write: "
                             f"{error.strerror or error}") from None
     if args.format == "json":
         print_json({**plan.to_dict(), "launch_files": written})
