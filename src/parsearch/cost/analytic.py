@@ -28,9 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.collectives import LinkArrays, all_gather_time, p2p_time
-from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
-from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit, unit_compute
+from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.feature_search import (
     cheapest_unit_prices,
@@ -40,25 +38,28 @@ from parsearch.cost.feature_search import (
 )
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
-from parsearch.cost.offload import offload_exposed
 from parsearch.cost.option_checks import check_precision_options
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
-from parsearch.cost.recompute import LayerShares, RecomputeShares, recompute_shares
-from parsearch.cost.routing import priced_imbalance
+from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stage_time import (
     StageSettings,
     score_split,
     stage_coefficients,
 )
-from parsearch.cost.stages import effective_split, rows_by_split, stage_contents
+from parsearch.cost.stages import effective_split, rows_by_split
+from parsearch.cost.unit_prices import (
+    pp_send_time,
+    process_groups,
+    stage_features,
+    unit_params,
+    unit_prices,
+)
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.layout.rules import RECOMPUTE_CODES
-from parsearch.model.params import parameter_counts
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.hardware import GpuProfile
-from parsearch.topology.placement import group_strides
 
 __all__ = [
     "MOE_DISPATCHERS",
@@ -123,133 +124,6 @@ def usable_memory_bytes(gpu: GpuProfile, options: CostOptions | None) -> float:
     """HBM a layout may fill: capacity less the requested safety margin."""
     margin = options.memory_margin if options is not None else DEFAULT_MEMORY_MARGIN
     return gpu.hbm_bytes * (1.0 - margin)
-
-
-# --- unit prices -------------------------------------------------------------------------
-
-# The embedding and the output layer are never recomputed (Megatron checkpoints layers).
-_NO_RECOMPUTE = LayerShares(*(np.zeros(()) for _ in range(6)))
-
-
-def process_groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
-    """Where each layout's TP, CP, PP, EP, ETP, DP and EDP groups sit, and their links."""
-    strides = group_strides(cols["tp"], cols["cp"], cols["pp"], cols["ep"], cols["etp"],
-                            fabric.num_gpus)
-    nvlink_latency = fabric.cluster.nvlink_latency_s
-    out = {}
-    for kind, (stride, size) in strides.items():
-        stride_a, size_a = np.broadcast_arrays(np.asarray(stride), np.asarray(size))
-        links = fabric.group_links(stride_a, size_a)
-        out[kind] = LinkArrays.from_group_links(links, nvlink_latency, links["latency_s"])
-    return Groups(**out)
-
-
-def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
-                        recompute: LayerShares) -> UnitCompute:
-    """:func:`unit_compute` of ``unit`` under the cost model's options."""
-    opt = cm.options
-    return unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
-                        recompute=recompute, causal=opt.causal,
-                        imbalance=priced_imbalance(cm.model, cm.training, opt, cols),
-                        cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
-                        fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
-                        flash_attention=opt.flash_attention,
-                        fp8_attention=opt.fp8_attention,
-                        fp8_output_proj=opt.fp8_output_proj,
-                        fused_expert_mlp=opt.fused_expert_mlp)
-
-
-def _unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
-                 shares: RecomputeShares,
-                 compute_cache: dict[tuple[object, ...], UnitCompute] | None = None
-                 ) -> dict[str, np.ndarray]:
-    """Per-micro-batch seconds of one unit on one GPU, by stage part.
-
-    ``compute_cache``: compute already priced for these rows under options that agree on
-    every field :func:`priced_unit_compute` reads (feature sets differing only in overlaps
-    share it)."""
-    opt = cm.options
-    layer = unit in ("dense", "moe", "mtp")
-    recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
-    key = (unit, opt.causal, opt.routing, opt.moe_imbalance, opt.moe_capacity_factor,
-           opt.moe_pad_to_capacity, opt.cuda_graphs, opt.cuda_graph_scope, opt.fp8_recipe,
-           opt.moe_dispatcher, opt.flash_attention, opt.fp8_attention, opt.fp8_output_proj,
-           opt.fused_expert_mlp)
-    if compute_cache is not None and key in compute_cache:
-        compute = compute_cache[key]
-    else:
-        compute = priced_unit_compute(cm, cols, unit, recompute)
-        if compute_cache is not None:
-            compute_cache[key] = compute
-    cluster = cm.fabric.cluster
-    backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
-    comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
-                     recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
-                                                     backend))
-    offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
-                               unit == "moe", compute.total)
-               if unit in ("dense", "moe") else 0.0 * compute.total)
-    return {
-        "compute": compute.gemm + compute.routed + compute.attention + compute.logits
-        + comm.sm_slowdown,
-        "memory_bound": compute.memory_bound,
-        "overhead": compute.overhead,
-        "tp_comm": comm.tp,
-        "cp_comm": comm.cp,
-        "ep_comm": comm.ep,
-        "offload": offload,
-    }
-
-
-def _pp_send_time(groups: Groups, size_bytes: np.ndarray, cols: dict[str, np.ndarray],
-                  options: CostOptions) -> np.ndarray:
-    """One pipeline send of ``size_bytes`` per TP rank, without its latency constant.
-
-    Megatron-Core: every TP rank sends its copy to its peer in the next stage (b*s*h each
-    without SP, NAR21 §3.2).  With ``options.pp_scatter_gather`` (Megatron-LM's
-    ``--scatter-gather-tensors-in-pipeline``, NAR21 §4.1; formulas.md §7.4) and no SP,
-    each rank sends 1/t of it over its own link and the receiving stage all-gathers the
-    pieces over its TP group.
-    """
-    direct = p2p_time(groups.pp, size_bytes)
-    if not options.pp_scatter_gather:
-        return direct
-    tp = cols["tp"].astype(np.float64)
-    split = ~cols["sp"].astype(bool) & (tp > 1)
-    scattered = p2p_time(groups.pp, size_bytes / tp) + all_gather_time(groups.tp, size_bytes)
-    return np.where(split, scattered, direct)
-
-
-def _unit_params(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, tuple[Any, Any]]:
-    """(dense-class, expert-class) parameters per GPU of each unit (formulas.md §4, §5.2)."""
-    model = cm.model
-    pc = parameter_counts(model)
-    tp = cols["tp"].astype(np.float64)
-    expert_shards = (cols["ep"] * cols["etp"]).astype(np.float64)
-    # A tied output layer still needs a copy on the last stage when pp > 1 (MCORE
-    # embedding group), so the output unit always holds V*h/tp.
-    output = pc.output if pc.output else pc.embedding
-    mtp_routed = pc.routed_experts_per_layer if model.is_moe_layer(model.num_layers - 1) else 0
-    mtp_routed *= model.mtp_layers
-    per_mtp = max(model.mtp_layers, 1)
-    return {
-        "dense": ((pc.attention_per_layer + pc.dense_mlp_per_layer) / tp
-                  + pc.replicated_per_layer_dense, 0.0 * tp),
-        "moe": ((pc.attention_per_layer + pc.shared_experts_per_layer) / tp
-                + pc.replicated_per_layer_moe, pc.routed_experts_per_layer / expert_shards),
-        "mtp": ((pc.mtp - mtp_routed) / per_mtp / tp, mtp_routed / per_mtp / expert_shards),
-        "embedding": (pc.embedding / tp, 0.0 * tp),
-        "output": (output / tp + pc.final_norm, 0.0 * tp),
-    }
-
-
-def stage_features(model: ModelSpec, pp: int, vpp: int, split: str) -> np.ndarray:
-    """Unit counts per pipeline rank: shape (pp, len(UNITS))."""
-    rows = []
-    for c in stage_contents(model, pp, vpp, split):
-        rows.append((c.num_dense_layers, c.num_moe_layers, c.num_mtp_layers,
-                     float(c.has_embedding), float(c.has_output)))
-    return np.asarray(rows, dtype=np.float64)
 
 
 # --- scoring -------------------------------------------------------------------------------
@@ -381,16 +255,16 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
         if cm.variants and is_moe_unit(model, unit):
             prices[unit], choice = cheapest_unit_prices(
                 cm, pcols, unit,
-                lambda c, u=unit, g=groups: _unit_prices(c, pcols, g, u, shares, cache), choice)
+                lambda c, u=unit, g=groups: unit_prices(c, pcols, g, u, shares, cache), choice)
         else:
-            prices[unit] = _unit_prices(cm, pcols, groups, unit, shares)
-    params = _unit_params(cm, pcols)
+            prices[unit] = unit_prices(cm, pcols, groups, unit, shares)
+    params = unit_params(cm, pcols)
     # PP p2p (formulas.md §7.4): one activation forward and one gradient backward per
     # micro-batch and model chunk, b*(s/c)*h (/tp with SP) elements.
     tp_f, cp_f = pcols["tp"].astype(np.float64), pcols["cp"].astype(np.float64)
     pp_bytes = (pcols["mbs"] * training.seq_len / cp_f * model.hidden_size * ACT_BYTES
                 / np.where(pcols["sp"], tp_f, 1.0))
-    pp_send = np.where(pcols["pp"] > 1, _pp_send_time(groups, pp_bytes, pcols, cm.options)
+    pp_send = np.where(pcols["pp"] > 1, pp_send_time(groups, pp_bytes, pcols, cm.options)
                        + cm.profile.collective_latency_s, 0.0)
     pshape = pcols["tp"].shape
     opt = cm.options

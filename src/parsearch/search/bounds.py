@@ -44,20 +44,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from parsearch.cost.analytic import (
-    UNITS,
-    CostModel,
-    group_rows,
-    priced_unit_compute,
-    process_groups,
-    stage_features,
-    wide_columns,
-)
+from parsearch.cost.analytic import UNITS, CostModel, group_rows, wide_columns
 from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
+from parsearch.cost.unit_prices import priced_unit_compute, process_groups, stage_features
 from parsearch.layout.rules import RECOMPUTE_CODES
 
 #: Relative slack on the bound: its sums run in another order than the scorer's.
