@@ -26,11 +26,12 @@ for a handful of runs of one cluster:
   run fits nothing).  The report says which were fitted, and why the others
   were not.
 
-When the fit leaves a factor on a bound of its cited range (every bound,
-cluster factors included, :func:`~parsearch.validation.cluster_speed.on_bounds`),
-the runs are slower or faster than the ranges allow: the cluster-level speed
-factor (:mod:`parsearch.validation.cluster_speed`) is fitted with the others,
-and the report says so and keeps the bound as a warning.
+When the runs push a factor past the bound of its cited range, they are slower
+or faster than the ranges allow: the cluster-level speed factor
+(:mod:`parsearch.validation.cluster_speed`) is fitted with the others, and the
+report says so and keeps the bound as a warning.  Every factor that ends on a
+bound is flagged, cluster factors included
+(:func:`~parsearch.validation.cluster_speed.on_bounds`).
 
 Accuracy is reported as leave-one-run-out: each run predicted by the shipped
 profile (which has never seen it) and by a profile calibrated on the other
@@ -70,7 +71,6 @@ from parsearch.validation.cluster_speed import (
     UserFit,
     better_with_speed,
     on_bounds,
-    refit_with_speed,
     with_speed_prior,
 )
 from parsearch.validation.factor_ties import gemm_ties
@@ -299,11 +299,11 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     """Profile and cluster factors fitted to ``rows`` of one generation.
 
     ``network=False``: profile factors only (the cluster file taken at its word).
-    When the fit leaves a factor on a bound of its cited range (the runs are slower or
-    faster than the ranges allow), or leaves the runs off by more than the speed factor
-    removes (:data:`~parsearch.validation.cluster_speed.SPEED_GAIN`), the cluster-level
-    speed factor is fitted with the others (:mod:`parsearch.validation.cluster_speed`;
-    ``speed=False``: never).
+    When the runs push a factor past the bound of its cited range (they are slower or
+    faster than the ranges allow), or the fit leaves them off by more than the speed
+    factor removes (:data:`~parsearch.validation.cluster_speed.SPEED_GAIN`), the
+    cluster-level speed factor is fitted with the others
+    (:mod:`parsearch.validation.cluster_speed`; ``speed=False``: never).
     """
     if not rows:
         raise ParsearchError("no usable measurements to calibrate on")
@@ -317,9 +317,9 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     names, sens, why = choose_factors(rows, start, rows_per_factor, cluster_priors)
     if left_out:
         why += f"; {left_out}"
-    profile, cluster, on_bound = fit_factors(rows, start, names, cluster_priors,
-                                             prior_weight=prior_weight)
-    fit = UserFit(profile, cluster, dict(cluster_priors), tuple(names), on_bound, sens, why)
+    profile, cluster, pushed = fit_factors(rows, start, names, cluster_priors,
+                                           prior_weight=prior_weight)
+    fit = UserFit(profile, cluster, dict(cluster_priors), tuple(names), pushed, sens, why)
     fit = replace(fit, on_bound=on_bounds(fit, start))
     if not speed or len(rows) < MIN_RUNS_MOVED:
         return fit
@@ -327,9 +327,7 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     # physical factor chosen (three noisy runs fitting a physical factor and the speed factor
     # together misordered near-tied MoE layouts: benchmarks/calibration_user_cases.py).
     keep = factor_limit(len(rows), rows_per_factor) - 1
-    if fit.on_bound:
-        return refit_with_speed(rows, start, fit, prior_weight, keep)
-    return better_with_speed(rows, start, fit, prior_weight, keep)
+    return better_with_speed(rows, start, fit, prior_weight, keep, pushed)
 
 
 def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
