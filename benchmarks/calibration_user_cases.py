@@ -63,10 +63,10 @@ shipped profile allows, and a few runs of a published group.
    No draw makes the held-out runs worse by more than 1.08 points, inside the 2 %
    run-to-run spread of a measured step; the new rules leave these groups, which the
    shipped profile already fits to 1.6-1.8 %, as they were (Qwen2 at K = 2: 1.96 %
-   against 1.90 %, from the two-runs rule; cluster_speed is never fitted here).  Ranking of the held-out runs
-   within jobs, over all 232 (draw, job) pairs of two or more held-out runs: the
-   measured fastest is predicted fastest in 232 before and 232 after, Spearman 1.00
-   before and after.
+   against 1.90 %, from the two-runs rule; cluster_speed is never fitted here).
+   Ranking of the held-out runs within jobs, over all 232 (draw, job) pairs of two or
+   more held-out runs: the measured fastest is predicted fastest in 232 before and 232
+   after, Spearman 1.00 before and after.
 """
 
 from __future__ import annotations
