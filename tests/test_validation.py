@@ -24,7 +24,7 @@ def report():
 
 def test_in_sample_accuracy_of_the_shipped_profiles(report) -> None:
     """In-sample only (the profiles were fitted to these rows); the out-of-sample numbers
-    come from ``parsearch validate --cv family`` (README, Accuracy)."""
+    come from ``parsearch validate --cv family`` (docs/accuracy.md)."""
     assert len(report.rows) >= 70
     assert len(report.superseded) >= 15  # older release lines, scored apart
     assert report.mape <= 0.20, f"MAPE {report.mape:.3f}"
