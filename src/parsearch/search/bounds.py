@@ -118,8 +118,11 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     """
     if cm.variants:
         cache: dict[tuple[str, str], UnitCompute] = {}  # compute differs by dispatcher only
+        # with no compute beside it nothing is hidden, so the overlaps leave the floor as
+        # it is: one feature set per dispatcher gives every distinct floor
+        per_dispatcher = {v.moe_dispatcher: v for v in reversed(cm.variants)}
         floors = [_unit_time_floor(replace(cm, options=v, variants=()), cols, cache)
-                  for v in cm.variants]
+                  for v in per_dispatcher.values()]
         return {unit: np.minimum.reduce([f[unit] for f in floors]) for unit in floors[0]}
     return _unit_time_floor(cm, cols, None)
 

@@ -24,7 +24,7 @@ runs always return the same list.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 import numpy as np
@@ -205,24 +205,39 @@ def _peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.asarray(mem.total, dtype=np.float64).reshape(-1)
 
 
-def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray],
-                       tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.ndarray,
+                       variant: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Peak bytes per GPU and tokens/s of layouts whose time-only tokens/s is ``tokens``.
 
     Without feature sets to choose from, the memory model alone (the time is already
-    known).  With them the time-only pass took each layout's fastest feature set, which
-    may not fit (the all-to-all overlap holds an extra micro-batch): the full score picks
-    the fastest that fits, never faster than the time-only number.
+    known).  With them, ``variant`` is each layout's fastest set from the time-only pass;
+    a set with the all-to-all overlap holds one more warm-up chunk when interleaved, so
+    those layouts get that memory, and the ones it does not fit are priced again among the
+    sets without the overlap (the fastest that fits; never faster than the time-only
+    number).
     """
-    if not cm.variants:
+    if not cm.variants or variant is None:
         return _peak_memory(cm, cols), tokens
     if not len(cols["tp"]):
         return np.zeros(0), np.zeros(0)
-    scores = score_columns(cm, cols)
-    total = np.asarray(scores["mem_total"], dtype=np.float64)
-    fits = np.asarray(scores["fits"], dtype=bool)
-    # a layout no feature set fits is reported at its smallest-memory reading
-    return np.where(fits, total, np.inf), np.asarray(scores["tokens_per_s"], dtype=np.float64)
+    total = _peak_memory(cm, cols)
+    tokens = np.array(tokens, dtype=np.float64, copy=True)
+    overlapping = [i for i, v in enumerate(cm.variants) if v.moe_a2a_overlap]
+    without = tuple(v for v in cm.variants if not v.moe_a2a_overlap)
+    if cm.options.moe_a2a_overlap or not overlapping or not without:
+        return total, tokens  # one memory class: the base options' memory is every set's
+    rows = np.nonzero(np.isin(variant, overlapping) & (cols["vpp"] > 1))[0]
+    if len(rows):
+        sub = {k: v[rows] for k, v in cols.items()}
+        total[rows] = _peak_memory(replace(cm, options=cm.variants[overlapping[0]],
+                                           variants=()), sub)
+        misfit = rows[total[rows] > usable_memory_bytes(cm.fabric.gpu, cm.options)]
+        if len(misfit):
+            sub = {k: v[misfit] for k, v in cols.items()}
+            scores = score_columns(replace(cm, options=without[0], variants=without), sub)
+            total[misfit] = np.asarray(scores["mem_total"], dtype=np.float64)
+            tokens[misfit] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
+    return total, tokens
 
 
 def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bool = False,
@@ -289,8 +304,9 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         rows = row_order[start:ends[j - 1]]
         chunk = {name: v[rows] for name, v in table.columns.items()}
         # time first, then memory only where the throughput can still enter the answer
-        tokens = (np.asarray(score_columns(cm, chunk, with_memory=False)["tokens_per_s"])
-                  if len(rows) else np.zeros(0))
+        timed = score_columns(cm, chunk, with_memory=False) if len(rows) else {}
+        tokens = np.asarray(timed["tokens_per_s"]) if len(rows) else np.zeros(0)
+        variant = timed.get("feature_variant")
         # fastest first, in small batches, so the answer's bar rises before most memory is priced
         keep = np.nonzero(tokens >= threshold)[0]
         keep = keep[np.argsort(-tokens[keep], kind="stable")]
@@ -303,7 +319,9 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
             if not len(part):
                 break  # sorted: the rest are slower still
             total, priced = _memory_and_tokens(cm, {name: v[part] for name, v in chunk.items()},
-                                               tokens[part])
+                                               tokens[part],
+                                               None if variant is None
+                                               else np.asarray(variant)[part])
             ok = (total <= hbm) & (priced >= threshold)
             fits = part[ok]
             if len(fits):
