@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
+from parsearch.cost.compute import ACT_BYTES, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.feature_search import (
     cheapest_unit_prices,
@@ -250,7 +250,7 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
                               vpp=pcols["vpp"], tp=pcols["tp"], sp=pcols["sp"])
     prices: dict[str, dict[str, np.ndarray]] = {}
     choice = None
-    cache: dict[tuple[object, ...], UnitCompute] = {}
+    cache: dict[tuple[object, ...], Any] = {}
     for unit in UNITS:
         if cm.variants and is_moe_unit(model, unit):
             prices[unit], choice = cheapest_unit_prices(

@@ -345,17 +345,63 @@ def ep_sm_share(options: CostOptions, profile: EfficiencyProfile, sm_count: int 
     return FLEX_DISPATCH_SMS[backend] / float(sm_count)
 
 
+def _ep_traffic(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
+                options: CostOptions, cols: dict[str, np.ndarray], groups: Groups,
+                recompute: LayerShares) -> tuple[Any, Any, Any, Any, Any]:
+    """EP and ETP traffic of one MoE unit per micro-batch, before any overlap:
+    ``(imbalance, all_to_all, ep_time, network_bytes, calls)`` (``ep_time`` is the
+    busiest rank's dispatch, combine and ETP time)."""
+    assert model.moe is not None
+    tp, cp, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "etp", "mbs"))
+    s, h = training.seq_len, model.hidden_size
+    latency = profile.collective_latency_s
+    k = model.moe.top_k
+    imbalance = priced_imbalance(model, training, options, cols)
+    tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
+    low = options.fp8_dispatch and training.precision != "bf16"
+    dispatch_bytes = h * (1.0 if low else ACT_BYTES)
+    calls = 4.0 + 2.0 * recompute.ep_comm
+    if options.moe_dispatcher == "allgather":
+        # Megatron-Core MoEAllGatherTokenDispatcher: all-gather of the hidden states over
+        # the EP group, reduce-scatter on combine (volume independent of top-k).
+        one = reduce_scatter_time(groups.ep, np.asarray(groups.ep.size) * tokens * h
+                                  * ACT_BYTES) + latency
+        ep_time = calls * one
+        _, bytes_one = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k, "allgather",
+                                     1.0, 0.0)
+        network_bytes = calls * bytes_one
+    else:
+        limit = (model.moe.router_num_groups, model.moe.router_group_topk)
+        first, bytes_first = dispatch_time(groups.ep, tokens, dispatch_bytes, k,
+                                           options.moe_dispatcher,
+                                           profile.alltoall_efficiency, latency, limit)
+        other, bytes_other = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k,
+                                           options.moe_dispatcher,
+                                           profile.alltoall_efficiency, latency, limit)
+        ep_time = first + (calls - 1.0) * other
+        network_bytes = bytes_first + (calls - 1.0) * bytes_other
+    routed_copies = tokens * k
+    etp_time = np.where(etp > 1, 4.0 * (reduce_scatter_time(
+        groups.etp, etp * routed_copies * h * ACT_BYTES) + latency), 0.0)
+    all_to_all = ep_time
+    ep_time = imbalance * (ep_time + etp_time)
+    return imbalance, all_to_all, ep_time, network_bytes, calls
+
+
 def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
               options: CostOptions, cols: dict[str, np.ndarray], groups: Groups, unit: str,
               compute: UnitCompute, recompute: LayerShares,
-              ep_share: float | None = None) -> UnitComm:
+              ep_share: float | None = None,
+              traffic_cache: dict[tuple[object, ...], Any] | None = None) -> UnitComm:
     """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring).
 
     Recompute re-runs the forward collectives of what it recomputes (``recompute.tp_comm``
     and ``recompute.ep_comm`` of the two forward TP ops per block and the two forward
-    dispatch/combine calls).
+    dispatch/combine calls).  ``traffic_cache``: EP traffic already priced for these rows
+    under options with the same dispatcher and routing (feature sets that differ only in
+    what overlaps it share it).
     """
-    tp, cp, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "etp", "mbs"))
+    tp, cp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "mbs"))
     sp = cols["sp"].astype(bool)
     s, h = training.seq_len, model.hidden_size
     latency = profile.collective_latency_s
@@ -417,36 +463,16 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     # --- EP / ETP ----------------------------------------------------------------------
     ep_exposed, network_bytes = zeros, zeros
     if is_moe_unit(model, unit) and model.moe is not None:
-        k = model.moe.top_k
-        imbalance = priced_imbalance(model, training, options, cols)
-        tokens = mbs * s / (tp * cp)  # tokens entering the MoE on this rank (SP layout)
-        low = options.fp8_dispatch and training.precision != "bf16"
-        dispatch_bytes = h * (1.0 if low else ACT_BYTES)
-        calls = 4.0 + 2.0 * recompute.ep_comm
-        if options.moe_dispatcher == "allgather":
-            # Megatron-Core MoEAllGatherTokenDispatcher: all-gather of the hidden states over
-            # the EP group, reduce-scatter on combine (volume independent of top-k).
-            one = reduce_scatter_time(groups.ep, np.asarray(groups.ep.size) * tokens * h
-                                      * ACT_BYTES) + latency
-            ep_time = calls * one
-            _, bytes_one = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k, "allgather",
-                                         1.0, 0.0)
-            network_bytes = calls * bytes_one
+        key = ("ep", unit, options.moe_dispatcher, options.moe_flex_backend,
+               options.fp8_dispatch, options.routing, options.moe_imbalance,
+               options.moe_capacity_factor, options.moe_pad_to_capacity)
+        if traffic_cache is not None and key in traffic_cache:
+            imbalance, all_to_all, ep_time, network_bytes, calls = traffic_cache[key]
         else:
-            limit = (model.moe.router_num_groups, model.moe.router_group_topk)
-            first, bytes_first = dispatch_time(groups.ep, tokens, dispatch_bytes, k,
-                                               options.moe_dispatcher,
-                                               profile.alltoall_efficiency, latency, limit)
-            other, bytes_other = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k,
-                                               options.moe_dispatcher,
-                                               profile.alltoall_efficiency, latency, limit)
-            ep_time = first + (calls - 1.0) * other
-            network_bytes = bytes_first + (calls - 1.0) * bytes_other
-        routed_copies = tokens * k
-        etp_time = np.where(etp > 1, 4.0 * (reduce_scatter_time(
-            groups.etp, etp * routed_copies * h * ACT_BYTES) + latency), 0.0)
-        all_to_all = ep_time
-        ep_time = imbalance * (ep_time + etp_time)
+            imbalance, all_to_all, ep_time, network_bytes, calls = _ep_traffic(
+                model, training, profile, options, cols, groups, recompute)
+            if traffic_cache is not None:
+                traffic_cache[key] = (imbalance, all_to_all, ep_time, network_bytes, calls)
         if options.moe_a2a_overlap:
             ep_hidden = a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
         elif shared_expert_overlap_on(model, options, unit):

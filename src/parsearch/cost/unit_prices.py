@@ -65,13 +65,13 @@ def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
 
 def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
                  shares: RecomputeShares,
-                 compute_cache: dict[tuple[object, ...], UnitCompute] | None = None
+                 compute_cache: dict[tuple[object, ...], Any] | None = None
                  ) -> dict[str, np.ndarray]:
     """Per-micro-batch seconds of one unit on one GPU, by stage part.
 
-    ``compute_cache``: compute already priced for these rows under options that agree on
-    every field :func:`priced_unit_compute` reads (feature sets differing only in overlaps
-    share it)."""
+    ``compute_cache``: compute and EP traffic already priced for these rows under options
+    that agree on every field they read (feature sets differing only in overlaps share
+    them)."""
     opt = cm.options
     layer = unit in ("dense", "moe", "mtp")
     recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
@@ -89,7 +89,8 @@ def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
-                                                     backend))
+                                                     backend),
+                     traffic_cache=compute_cache)
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
                                unit == "moe", compute.total)
                if unit in ("dense", "moe") else 0.0 * compute.total)
