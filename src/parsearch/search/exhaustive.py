@@ -383,13 +383,10 @@ def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
     tokens = scan.tokens_per_s
     if diverse:
         codes = shape_codes(scan.table.columns, scan.feasible_rows)
-        if tie_floor is None:
-            unique, inverse = np.unique(codes, return_inverse=True)
-            best = np.full(len(unique), -np.inf)
-            np.maximum.at(best, inverse, tokens)
-            candidates = np.nonzero(tokens >= best[inverse])[0]
-        else:  # a shape's first layout in the tie order may be any of its ties
-            candidates = np.nonzero((tokens >= tie_floor) | _shape_best(codes, tokens))[0]
+        fastest = _shape_best(codes, tokens)
+        # a shape's first layout in the tie order may be any of its ties
+        candidates = np.nonzero(fastest if tie_floor is None
+                                else fastest | (tokens >= tie_floor))[0]
         ordered = _ties_first(scan, _order(scan, candidates), tie_floor)
         _, first = np.unique(codes[ordered], return_index=True)
         return ordered[np.sort(first)][:top]
