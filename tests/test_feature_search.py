@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, score_columns
@@ -22,6 +22,7 @@ from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
 from tests.strategies import small_models, small_trainings
+from tests.test_search import _scored
 
 CLUSTERS = ("dgx-h100", "gb200-nvl72", "dgx-a100")
 
@@ -42,21 +43,13 @@ def moe_cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     return model, training, cluster, gpus, options
 
 
-def _cost_models(case):  # type: ignore[no-untyped-def]
-    model, training, cluster, gpus, options = case
-    table = enumerate_layouts(model, training, gpus)
-    assume(len(table) > 0)
-    cm = build_cost_model(model, training, build_fabric(cluster, gpus), options=options)
-    return cm, table
-
-
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(moe_cases())
 def test_each_layout_gets_its_fastest_runnable_fitting_features(case) -> None:  # type: ignore[no-untyped-def]
     """Exact per layout: the chosen feature set is runnable there, fits when any does,
     and no runnable fitting set is faster; its numbers are that set's own pricing."""
-    cm, table = _cost_models(case)
+    cm, table = _scored(case)
     cols = table.columns
     chosen = score_columns(cm, cols)
     index = np.asarray(chosen["feature_variant"])
@@ -81,7 +74,7 @@ def test_each_layout_gets_its_fastest_runnable_fitting_features(case) -> None:  
 @given(moe_cases(), st.integers(1, 5), st.booleans())
 def test_bounded_scan_with_features_ranks_like_the_full_scan(case, top: int,  # type: ignore[no-untyped-def]
                                                              diverse: bool) -> None:
-    cm, table = _cost_models(case)
+    cm, table = _scored(case)
     full = scan_table(cm, table)
     bounded = scan_bounded(cm, table, top=top, diverse=diverse, first_rows=1)
     picks_full = full.feasible_rows[rank_feasible(full, top=top, diverse=diverse)]

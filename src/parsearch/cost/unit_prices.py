@@ -63,6 +63,24 @@ def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
                         fused_expert_mlp=opt.fused_expert_mlp)
 
 
+def cached_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
+                        recompute: LayerShares, cache: dict[tuple[object, ...], Any] | None
+                        ) -> UnitCompute:
+    """:func:`priced_unit_compute`, reused from ``cache`` (for the same rows) when priced
+    before under options that agree on every field it reads."""
+    opt = cm.options
+    key = (unit, opt.causal, opt.routing, opt.moe_imbalance, opt.moe_capacity_factor,
+           opt.moe_pad_to_capacity, opt.cuda_graphs, opt.cuda_graph_scope, opt.fp8_recipe,
+           opt.moe_dispatcher, opt.flash_attention, opt.fp8_attention, opt.fp8_output_proj,
+           opt.fused_expert_mlp)
+    if cache is not None and key in cache:
+        return cache[key]
+    compute = priced_unit_compute(cm, cols, unit, recompute)
+    if cache is not None:
+        cache[key] = compute
+    return compute
+
+
 def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
                  shares: RecomputeShares,
                  compute_cache: dict[tuple[object, ...], Any] | None = None
@@ -75,16 +93,7 @@ def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit
     opt = cm.options
     layer = unit in ("dense", "moe", "mtp")
     recompute = shares.of(is_moe_unit(cm.model, unit)) if layer else _NO_RECOMPUTE
-    key = (unit, opt.causal, opt.routing, opt.moe_imbalance, opt.moe_capacity_factor,
-           opt.moe_pad_to_capacity, opt.cuda_graphs, opt.cuda_graph_scope, opt.fp8_recipe,
-           opt.moe_dispatcher, opt.flash_attention, opt.fp8_attention, opt.fp8_output_proj,
-           opt.fused_expert_mlp)
-    if compute_cache is not None and key in compute_cache:
-        compute = compute_cache[key]
-    else:
-        compute = priced_unit_compute(cm, cols, unit, recompute)
-        if compute_cache is not None:
-            compute_cache[key] = compute
+    compute = cached_unit_compute(cm, cols, unit, recompute, compute_cache)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
-from parsearch.cost.unit_prices import priced_unit_compute, process_groups, stage_features
+from parsearch.cost.unit_prices import cached_unit_compute, process_groups, stage_features
 from parsearch.layout.rules import RECOMPUTE_CODES
 
 #: Relative slack on the bound: its sums run in another order than the scorer's.
@@ -117,7 +118,7 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     keeps, its time is above it.
     """
     if cm.variants:
-        cache: dict[tuple[str, str], UnitCompute] = {}  # compute differs by dispatcher only
+        cache: dict[tuple[object, ...], Any] = {}  # compute differs by dispatcher only
         # with no compute beside it nothing is hidden, so the overlaps leave the floor as
         # it is: one feature set per dispatcher gives every distinct floor
         per_dispatcher = {v.moe_dispatcher: v for v in reversed(cm.variants)}
@@ -128,7 +129,7 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
 
 
 def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
-                     cache: dict[tuple[str, str], UnitCompute] | None
+                     cache: dict[tuple[object, ...], Any] | None
                      ) -> dict[str, np.ndarray]:
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
@@ -145,13 +146,7 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
     for unit in UNITS:
         layer = unit in ("dense", "moe", "mtp")
         recompute = shares.of(is_moe_unit(model, unit)) if layer else shares.dense
-        key = (unit, opt.moe_dispatcher)
-        if cache is not None and key in cache:
-            compute = cache[key]
-        else:
-            compute = priced_unit_compute(cm, cols, unit, recompute)
-            if cache is not None:
-                cache[key] = compute
+        compute = cached_unit_compute(cm, cols, unit, recompute, cache)
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
