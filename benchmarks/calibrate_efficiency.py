@@ -3,7 +3,7 @@
     python benchmarks/calibrate_efficiency.py [--write] [--by family|source]
 
 For every generation: calibrate the residual factors on all of its runs
-(:func:`parsearch.validation.calibration.calibrate`: robust loss on the log
+(:func:`parsearch.validation.fit.calibration.calibrate`: robust loss on the log
 ratio, pulled toward the cited priors, bounded by the cited ranges), run the
 leave-one-family-out cross-validation for the error bands, and print both.
 ``--write`` stores the fitted values and the out-of-sample error bands in
@@ -20,7 +20,7 @@ Four Llama 3 runs of one family had made Hopper's dense band 1.17-1.23x of the
 prediction; the five held-out Llama 3.1 405B H100 runs measured 0.88-0.96x.
 Factors that end on a bound are printed as such: they mean the structure
 misses a mechanism, and are listed in the profile's ``source`` line.  Tied factors are
-not fitted on their own (``parsearch.validation.factor_ties``): FP8's GEMM efficiency
+not fitted on their own (``parsearch.validation.fit.factor_ties``): FP8's GEMM efficiency
 follows BF16's by the generation's measured large-matmul ratio, attention backward
 follows forward by the ratio of their cited priors.
 """
@@ -34,10 +34,10 @@ import warnings
 
 from parsearch.cost.coverage import ArchitectureCoverage, coverage_of, uncovered_features
 from parsearch.cost.efficiency import efficiency_dir, load_efficiency_profile, profile_to_yaml
-from parsearch.validation.calibration import PreparedRow, prepare_rows
-from parsearch.validation.crossval import cross_validate, error_bands, heldout_predictions
-from parsearch.validation.factor_ties import factor_ties
-from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
+from parsearch.validation.fit.calibration import PreparedRow, prepare_rows
+from parsearch.validation.fit.crossval import cross_validate, error_bands, heldout_predictions
+from parsearch.validation.fit.factor_ties import factor_ties
+from parsearch.validation.published.published_runs import load_heldout_runs, load_published_runs
 
 HEADER = """# Efficiency profile for NVIDIA {title} GPUs.
 # Every value is a physical quantity with a prior and a cited range (`priors`; sources
@@ -103,7 +103,7 @@ def main() -> int:
             note += ("; held at the prior, no run resolves it apart from the others: "
                      + ", ".join(fit.unresolved))
         for name, (anchor, ratio) in ties.items():
-            note += f"; {name} = {ratio:.4f} x {anchor} (parsearch.validation.factor_ties)"
+            note += f"; {name} = {ratio:.4f} x {anchor} (parsearch.validation.fit.factor_ties)"
         profile = dataclasses.replace(fit.profile, uncertainty=bands, coverage=coverage[g],
                                       source=base.source.split("; calibration")[0] + note)
         path = efficiency_dir() / f"{g}.yaml"

@@ -122,17 +122,17 @@ from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.calibration import PreparedRow, calibrate, predict, prepare_rows
-from parsearch.validation.joint_fit import FactorFit
-from parsearch.validation.measurements import Measurement
-from parsearch.validation.network_calibration import NETWORK_FACTOR, with_cluster_factors
-from parsearch.validation.plan_profiling import FIT_WEIGHT, plan_profiling
-from parsearch.validation.published_runs import load_published_runs
-from parsearch.validation.user_calibration import (
+from parsearch.validation.fit.calibration import PreparedRow, calibrate, predict, prepare_rows
+from parsearch.validation.fit.joint_fit import FactorFit
+from parsearch.validation.fit.network_calibration import NETWORK_FACTOR, with_cluster_factors
+from parsearch.validation.planning.plan_profiling import FIT_WEIGHT, plan_profiling
+from parsearch.validation.published.published_runs import load_published_runs
+from parsearch.validation.user.measurements import Measurement
+from parsearch.validation.user.user_calibration import (
     fit_user_profile,
     prepare_measurements,
 )
-from parsearch.validation.user_report import RowReport, ranking
+from parsearch.validation.user.user_report import RowReport, ranking
 
 NOMINAL_CLUSTER = "dgx-h100"
 #: The true cluster's network: half the NIC bandwidth, lower achieved efficiency.

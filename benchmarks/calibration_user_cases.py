@@ -96,12 +96,12 @@ from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.calibration import PreparedRow, predict, prepare_rows
-from parsearch.validation.measurements import Measurement
-from parsearch.validation.network_calibration import with_cluster_factors
-from parsearch.validation.published_runs import load_published_runs
-from parsearch.validation.user_calibration import fit_user_profile, prepare_measurements
-from parsearch.validation.user_report import RowReport, ranking
+from parsearch.validation.fit.calibration import PreparedRow, predict, prepare_rows
+from parsearch.validation.fit.network_calibration import with_cluster_factors
+from parsearch.validation.published.published_runs import load_published_runs
+from parsearch.validation.user.measurements import Measurement
+from parsearch.validation.user.user_calibration import fit_user_profile, prepare_measurements
+from parsearch.validation.user.user_report import RowReport, ranking
 
 #: The slow cluster's truths: every step 1.3x the shipped prediction (what cluster_speed
 #: models), or only the GPUs' compute 1.3x slower (a power cap lowers SM clocks; NVLink and

@@ -4,7 +4,7 @@
 
 Prints ``eta_max`` and ``F_half`` of ``eta_max * F / (F + F_half)`` fitted to XLA's
 measured sm_90 and sm_100 BF16 matmul tables (``cost_models/references/xla_matmul_*``,
-see :mod:`parsearch.validation.gemm_size_curve`) on all shapes and on shapes whose
+see :mod:`parsearch.validation.fit.gemm_size_curve`) on all shapes and on shapes whose
 smallest dimension is at least 512 and 1024, the measured share of the peak by size
 bin, and what the shipped Hopper and Blackwell profiles use.  Each profile's
 ``gemm_half_flops`` prior is its all-shapes fit rounded; the test suite checks they
@@ -19,7 +19,7 @@ from itertools import pairwise
 import numpy as np
 
 from parsearch.cost.efficiency import efficiency_for_gpu
-from parsearch.validation.gemm_size_curve import (
+from parsearch.validation.fit.gemm_size_curve import (
     H100_BF16_SWEEP,
     SM100_BF16_SWEEP,
     fit_size_curve,

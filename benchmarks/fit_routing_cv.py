@@ -19,8 +19,8 @@ from pathlib import Path
 
 from parsearch.cost.analytic import CostOptions, estimate
 from parsearch.cost.routing import TRAINED_SEQUENCE_LOAD_CV, expected_max_standard_normal
-from parsearch.validation.published_runs import PublishedRun, read_published_runs
-from parsearch.validation.runs import fabric_for, memory_saving_candidates, run_cost_model
+from parsearch.validation.published.published_runs import PublishedRun, read_published_runs
+from parsearch.validation.published.runs import fabric_for, memory_saving_candidates, run_cost_model
 
 FIT_RUN, FORCED_RUN, HELD_OUT = "i0059", "i0049", "i0061"
 DEFAULT_DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / (

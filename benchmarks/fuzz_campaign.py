@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
         parsearch.cli.command_modules()
         import parsearch.search.api
-        import parsearch.validation
+        import parsearch.validation.published.runs
     cases = make_cases(args.cases, args.seed, args.kind)
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="parsearch-fuzz-") as tmp:

@@ -22,8 +22,8 @@ import sys
 import warnings
 
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
-from parsearch.validation.published_runs import load_heldout_runs, load_published_runs
-from parsearch.validation.ranking import rank_published_layouts
+from parsearch.validation.published.published_runs import load_heldout_runs, load_published_runs
+from parsearch.validation.published.ranking import rank_published_layouts
 
 TARGET = 0.60
 

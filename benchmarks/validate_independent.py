@@ -33,9 +33,9 @@ from typing import Any
 
 from parsearch.cost.analytic import CostOptions, estimate
 from parsearch.strict_json import strict_json
-from parsearch.validation.published_runs import PublishedRun, read_published_runs
-from parsearch.validation.recipes import load_run_setups
-from parsearch.validation.runs import (
+from parsearch.validation.published.published_runs import PublishedRun, read_published_runs
+from parsearch.validation.published.recipes import load_run_setups
+from parsearch.validation.published.runs import (
     ValidationRow,
     fabric_for,
     memory_saving_candidates,

@@ -18,8 +18,8 @@ import warnings
 import numpy as np
 
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
-from parsearch.validation.published_runs import load_heldout_runs
-from parsearch.validation.runs import ValidationRow, validate_runs
+from parsearch.validation.published.published_runs import load_heldout_runs
+from parsearch.validation.published.runs import ValidationRow, validate_runs
 
 TARGET_MAPE = 0.12
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parsearch.validation.published_runs import PublishedRun, load_published_runs
+from parsearch.validation.published.published_runs import PublishedRun, load_published_runs
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,8 @@ from parsearch.model.files import resolve_model
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.cluster_speed import CLUSTER_SPEED, SPEED_HIGH, SPEED_LOW
-from parsearch.validation.user_report import RowReport, ranking
+from parsearch.validation.fit.cluster_speed import CLUSTER_SPEED, SPEED_HIGH, SPEED_LOW
+from parsearch.validation.user.user_report import RowReport, ranking
 from tests.cli_helpers import run_cli
 
 MODEL, CLUSTER, GPUS, BATCH, SEQ = "llama3-8b", "dgx-h100", 16, 128, 8192
@@ -214,7 +214,7 @@ def test_a_slow_cluster_measured_on_layouts_that_cross_nodes_is_not_read_as_a_sl
     slowdown everywhere (here inside its range, 0.35-0.53, leaving 7-10 % in-sample error).
     The speed factor removes that error, so it is fitted and the network stays at the
     cluster file's word; layouts inside one node are then predicted right too."""
-    from parsearch.validation.user_calibration import (
+    from parsearch.validation.user.user_calibration import (
         calibrate_user,
         fit_user_profile,
         prepare_measurements,
@@ -235,7 +235,7 @@ def test_a_slow_cluster_measured_on_layouts_that_cross_nodes_is_not_read_as_a_sl
     assert result.cluster.get("network_bandwidth_factor", 1.0) == pytest.approx(1.0, abs=0.02)
     inside = _measured("tp=8,mbs=8,sp=true", truth, 8)
     (row,), _ = prepare_measurements([inside])
-    from parsearch.validation.joint_fit import FactorFit
+    from parsearch.validation.fit.joint_fit import FactorFit
 
     fit = FactorFit(result.profile, result.cluster, result.cluster_priors, result.fitted, (),
                     {}, "")
@@ -247,10 +247,10 @@ def test_every_factor_a_fit_moves_onto_a_bound_is_flagged_cluster_factors_includ
     the line rate: the corrected cluster caps there.  Issue 33: the network factor, pushed
     to its line-rate bound, did not trigger the warning.  A factor the runs moved onto a
     bound is flagged; one that starts on a bound and stays there is not."""
-    from parsearch.validation.cluster_speed import on_bounds
-    from parsearch.validation.joint_fit import FactorFit
-    from parsearch.validation.network_calibration import NETWORK_FACTOR, network_priors
-    from parsearch.validation.user_calibration import anchored
+    from parsearch.validation.fit.cluster_speed import on_bounds
+    from parsearch.validation.fit.joint_fit import FactorFit
+    from parsearch.validation.fit.network_calibration import NETWORK_FACTOR, network_priors
+    from parsearch.validation.user.user_calibration import anchored
 
     start = anchored(efficiency_for_gpu("h100-sxm"))
     priors = network_priors(load_cluster(CLUSTER))

@@ -25,8 +25,8 @@ from parsearch.cost.efficiency import (
 )
 from parsearch.errors import SpecError
 from parsearch.model.presets import PRESETS
-from parsearch.validation.calibration import prepare_rows
-from parsearch.validation.published_runs import load_published_runs
+from parsearch.validation.fit.calibration import prepare_rows
+from parsearch.validation.published.published_runs import load_published_runs
 from tests.cli_helpers import run_cli
 
 PRESET_NAMES = sorted(PRESETS)

@@ -24,7 +24,7 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.recipes import graph_scope
+from parsearch.validation.published.recipes import graph_scope
 
 MOE = get_preset("qwen3-30b-a3b")
 TRAINING = TrainingSpec(seq_len=4096, global_batch=512, precision="fp8")

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.efficiency import efficiency_for_gpu
-from parsearch.validation.crossval import RowPrediction, error_bands
-from parsearch.validation.run_conventions import MBRIDGE_HELDOUT
+from parsearch.validation.fit.crossval import RowPrediction, error_bands
+from parsearch.validation.published.run_conventions import MBRIDGE_HELDOUT
 
 
 def _row(i: int, ratio: float, *, source: str = "MBRIDGE", kind: str = "dense",

@@ -7,13 +7,13 @@ import pytest
 
 from parsearch.cost.efficiency import load_efficiency_profile
 from parsearch.topology.hardware import generation_profiles
-from parsearch.validation.calibration import (
+from parsearch.validation.fit.calibration import (
     calibrate,
     candidate_factors,
     factor_prior,
     prepare_rows,
 )
-from parsearch.validation.factor_ties import (
+from parsearch.validation.fit.factor_ties import (
     ATTENTION_ANCHOR,
     ATTENTION_TIED,
     GEMM_ANCHOR,
@@ -21,7 +21,7 @@ from parsearch.validation.factor_ties import (
     factor_ties,
     with_ties,
 )
-from parsearch.validation.published_runs import load_published_runs
+from parsearch.validation.published.published_runs import load_published_runs
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_attention_is_fitted_only_where_the_runs_tell_it_apart(generation: str,
     runs by 18%, but GEMMs and memory-bound work can mimic that (what they cannot stays
     under the 10% loss scale): it keeps its prior there.  Hopper's long-context Mixtral
     runs move with attention as nothing else does, so it is fitted there."""
-    from parsearch.validation.calibration import resolved, separable
+    from parsearch.validation.fit.calibration import resolved, separable
 
     rows = [r for r in prepare_rows(load_published_runs()) if r.generation == generation]
     profile = load_efficiency_profile(generation)

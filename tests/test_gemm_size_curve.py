@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from parsearch.cost.compute import gemm_efficiency, gemm_half_flops
 from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.errors import SpecError
-from parsearch.validation.gemm_size_curve import (
+from parsearch.validation.fit.gemm_size_curve import (
     SM100_BF16_SWEEP,
     SM100_FP8_SWEEP,
     MatmulSweep,

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from parsearch.topology.cluster import load_cluster
-from parsearch.validation.published_runs import (
+from parsearch.validation.published.published_runs import (
     CLUSTER_BY_GPU,
     PublishedRun,
     load_published_runs,
     read_published_runs,
 )
-from parsearch.validation.run_conventions import (
+from parsearch.validation.published.run_conventions import (
     CONV_MEGASCALE,
     CONV_PALM,
     CONV_REPORTED,
@@ -33,7 +33,7 @@ from parsearch.validation.run_conventions import (
     MEGASCALE,
     TORCHTITAN,
 )
-from parsearch.validation.runs import ValidationRow, validate_runs
+from parsearch.validation.published.runs import ValidationRow, validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
 INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD,
@@ -65,7 +65,7 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
 
 def test_the_packaged_heldout_rows_are_the_tagged_ones(
         independent: dict[str, PublishedRun]) -> None:
-    from parsearch.validation.published_runs import load_heldout_runs
+    from parsearch.validation.published.published_runs import load_heldout_runs
 
     tagged = {i for i, run in independent.items() if run.source_tag == MBRIDGE_HELDOUT}
     assert [run.id for run in load_heldout_runs()] == sorted(tagged)
@@ -221,7 +221,7 @@ def test_deepseek_v3_is_read_with_the_setup_its_report_states(
     """arXiv 2412.19437 §3.2.1-§3.2.3, §3.3.4: DualPipe overlap, node-deduplicated dispatch
     on 20 SMs, RMSNorm / MLA up-projection / SwiGLU recompute: no saving is guessed."""
     from parsearch.cost.analytic import CostOptions
-    from parsearch.validation.runs import (
+    from parsearch.validation.published.runs import (
         best_reading,
         fabric_for,
         memory_saving_candidates,
@@ -254,7 +254,7 @@ def test_ep_overlap_gain_on_h100_matches_the_bridge_a_b(
     1.177x gain.  Never fitted to; the model must order the two the same way and price
     the gain within a third of it, and each row within 10%."""
     from parsearch.cost.analytic import CostOptions
-    from parsearch.validation.runs import best_reading, fabric_for
+    from parsearch.validation.published.runs import best_reading, fabric_for
 
     fabrics: dict = {}
     predicted = {}
@@ -283,7 +283,7 @@ def test_alltoall_ep_overlap_a_b_and_the_dispatcher_choice_on_h100(
     same file's HybridEP benchmark (i0049, same shape, no overlap) settles: HybridEP
     measured 1.67x faster than alltoall, predicted within 15% of that (1.85x)."""
     from parsearch.cost.analytic import CostOptions
-    from parsearch.validation.runs import best_reading, fabric_for
+    from parsearch.validation.published.runs import best_reading, fabric_for
 
     fabrics: dict = {}
     predicted = {}
@@ -401,7 +401,7 @@ def test_card_models_resolve_to_their_presets(independent: dict[str, PublishedRu
 def test_card_setups_are_read_from_their_recipes(independent: dict[str, PublishedRun]) -> None:
     """What run_setups.csv records for a few card rows reaches the cost options."""
     from parsearch.cost.analytic import CostOptions
-    from parsearch.validation.runs import memory_saving_candidates, recipe_accounting
+    from parsearch.validation.published.runs import memory_saving_candidates, recipe_accounting
 
     def read(run_id: str):
         run = independent[run_id]
@@ -433,8 +433,8 @@ def test_card_rows_are_valid_and_fit_as_recorded(
 
     from parsearch.cost.analytic import CostOptions
     from parsearch.layout.rules import check_layout
-    from parsearch.validation.published_runs import training_spec
-    from parsearch.validation.runs import best_reading, fabric_for
+    from parsearch.validation.published.published_runs import training_spec
+    from parsearch.validation.published.runs import best_reading, fabric_for
 
     run = independent[run_id]
     assert run.skip_reason is None and run.verified == "yes"
@@ -451,7 +451,7 @@ def test_user_report_rows_are_the_calibrated_preset_read_with_the_table_flop_cou
         independent: dict[str, PublishedRun]) -> None:
     """Megatron-Bridge issue #4439: one DGX B200 user's MXFP8 and BF16 runs of the preset of
     calibration row r0090 (619 TFLOP/s = 27,136 tokens/s/GPU in the 26.04.01 table)."""
-    from parsearch.validation.published_runs import load_published_runs
+    from parsearch.validation.published.published_runs import load_published_runs
 
     table = next(run for run in load_published_runs() if run.id == "r0090")
     per_token = table.measured_tflops_per_gpu * 1e12 / table.measured_tokens_per_s_per_gpu

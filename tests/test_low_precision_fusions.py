@@ -23,7 +23,7 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology import build_fabric, load_cluster
 from parsearch.topology.hardware import load_gpu_profile
-from parsearch.validation.recipes import apply_setup, load_run_setups
+from parsearch.validation.published.recipes import apply_setup, load_run_setups
 
 NO_RECOMPUTE = LayerShares(**{f.name: np.zeros(1) for f in fields(LayerShares)})
 ONE_RANK = {k: np.array([v]) for k, v in

@@ -20,8 +20,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsearch.validation.measurements import Defaults, load_measurements
-from parsearch.validation.megatron_logs import (
+from parsearch.validation.user.measurements import Defaults, load_measurements
+from parsearch.validation.user.megatron_logs import (
     WARMUP_ITERATIONS,
     parse_megatron_log,
     read_megatron_log,

@@ -1,7 +1,7 @@
 """Training logs as users paste them (issue 33, item 5).
 
 Each form below is written the way the code that prints it formats it
-(parsearch.validation.log_lines cites the commits): colour codes around fields,
+(parsearch.validation.user.log_lines cites the commits): colour codes around fields,
 AMD Primus's ``elapsed time per iteration (ms): 13100.0/13240.9``, NeMo 2's
 ProgressPrinter lines, an excerpt that starts at iteration 29, a run resumed
 from a checkpoint, argument lines without their header, and a file with no
@@ -16,9 +16,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.validation.log_lines import iteration_line, loose_argument, plain
-from parsearch.validation.measurements import Defaults, load_measurements
-from parsearch.validation.megatron_logs import (
+from parsearch.validation.user.log_lines import iteration_line, loose_argument, plain
+from parsearch.validation.user.measurements import Defaults, load_measurements
+from parsearch.validation.user.megatron_logs import (
     WARMUP_ITERATIONS,
     parse_megatron_log,
     steady_states,

@@ -1,4 +1,4 @@
-"""Tests of the published-runs dataset loader (``parsearch.validation.published_runs``)."""
+"""Tests of the published-runs loader (``parsearch.validation.published.published_runs``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parsearch.validation.published_runs import (
+from parsearch.validation.published.published_runs import (
     CLUSTER_BY_GPU,
     PublishedRun,
     dedupe,
@@ -19,7 +19,7 @@ from parsearch.validation.published_runs import (
     load_published_runs,
     training_spec,
 )
-from parsearch.validation.run_conventions import (
+from parsearch.validation.published.run_conventions import (
     CONV_KOR22,
     CONV_MCORE_2025,
     CONV_NAR21,
@@ -32,7 +32,7 @@ from parsearch.validation.run_conventions import (
     padded_vocab,
     release_of,
 )
-from parsearch.validation.run_layouts import layout_problems, normalise_precision
+from parsearch.validation.published.run_layouts import layout_problems, normalise_precision
 
 SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "published_runs_dev.csv"
 NEMOTRON_SKIP = "architecture unknown (hybrid Mamba: Nemotron 3)"
@@ -57,7 +57,7 @@ def test_packaged_csv_is_an_unchanged_copy() -> None:
 def test_corrections_are_applied_and_say_why(by_id: dict[str, PublishedRun]) -> None:
     """The bundled table stays a verbatim copy; each correction departs from it on purpose
     and leaves its reason in the row's notes."""
-    from parsearch.validation.run_corrections import load_corrections
+    from parsearch.validation.published.run_corrections import load_corrections
 
     corrections = load_corrections()
     assert corrections, "run_corrections.csv is empty"

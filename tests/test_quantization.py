@@ -22,7 +22,7 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.recipes import priced_fp8_recipe
+from parsearch.validation.published.recipes import priced_fp8_recipe
 
 LLAMA = get_preset("llama3-8b")
 

@@ -12,14 +12,14 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.validation.published_runs import (
+from parsearch.validation.published.published_runs import (
     PublishedRun,
     base_model,
     current_releases,
     release_line,
     supersede_key,
 )
-from parsearch.validation.runs import validate_runs
+from parsearch.validation.published.runs import validate_runs
 
 
 def test_base_model_folds_recipe_variants() -> None:

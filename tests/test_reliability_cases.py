@@ -22,8 +22,13 @@ from hypothesis import strategies as st
 
 from parsearch.cli.left_out import SHOWN
 from parsearch.errors import SpecError
-from parsearch.validation import plan_profiling as pp
-from parsearch.validation.measurements import (
+from parsearch.validation.planning import plan_profiling as pp
+from parsearch.validation.planning.plan_errors import (
+    expected_misordered,
+    fit_error_cov,
+    fit_error_parts,
+)
+from parsearch.validation.user.measurements import (
     MAX_MEASUREMENTS,
     MAX_STEP_S,
     MIN_STEP_S,
@@ -31,7 +36,6 @@ from parsearch.validation.measurements import (
     load_measurements,
     measurement_from_row,
 )
-from parsearch.validation.plan_errors import expected_misordered, fit_error_cov, fit_error_parts
 from tests.cli_helpers import assert_one_line_error, run_cli
 
 HEADER = "model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu," \

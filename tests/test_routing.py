@@ -26,12 +26,12 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.published_runs import (
+from parsearch.validation.published.published_runs import (
     PublishedRun,
     load_published_runs,
     read_published_runs,
 )
-from parsearch.validation.runs import fabric_for, memory_saving_candidates, run_cost_model
+from parsearch.validation.published.runs import fabric_for, memory_saving_candidates, run_cost_model
 from tests.cli_helpers import assert_one_line_error, run_cli
 
 QWEN = get_preset("qwen3-30b-a3b")

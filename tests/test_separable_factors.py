@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from parsearch.validation.calibration import LOSS_SCALE, separable_effects
+from parsearch.validation.fit.calibration import LOSS_SCALE, separable_effects
 
 effect = st.lists(st.floats(-0.5, 0.5, allow_nan=False), min_size=6, max_size=6).map(np.array)
 

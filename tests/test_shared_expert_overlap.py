@@ -21,7 +21,7 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.recipes import apply_setup, load_run_setups
+from parsearch.validation.published.recipes import apply_setup, load_run_setups
 
 
 def _hidden(ep: float, calls: float, shared: float, recomputed: float = 0.0,
@@ -153,7 +153,7 @@ def test_shared_gemms_hide_their_own_tp_traffic_or_the_dispatch_never_both(
 
 
 def test_measurement_tables_carry_the_overlap(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from parsearch.validation.measurements import load_measurements
+    from parsearch.validation.user.measurements import load_measurements
 
     path = tmp_path / "runs.csv"
     path.write_text(

@@ -28,10 +28,9 @@ from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.calibration import predict
-from parsearch.validation.joint_fit import FactorFit
-from parsearch.validation.measurements import Defaults, Measurement, load_measurements
-from parsearch.validation.network_calibration import (
+from parsearch.validation.fit.calibration import predict
+from parsearch.validation.fit.joint_fit import FactorFit
+from parsearch.validation.fit.network_calibration import (
     MIN_NETWORK_SENSITIVITY,
     NETWORK_FACTOR,
     NVLINK_FACTOR,
@@ -39,13 +38,14 @@ from parsearch.validation.network_calibration import (
     corrected_cluster_yaml,
     network_priors,
 )
-from parsearch.validation.plan_profiling import (
+from parsearch.validation.planning.plan_profiling import (
     TARGET_SHAPES,
     fit_error,
     gradients,
     plan_profiling,
 )
-from parsearch.validation.user_calibration import (
+from parsearch.validation.user.measurements import Defaults, Measurement, load_measurements
+from parsearch.validation.user.user_calibration import (
     calibrate_user,
     factor_limit,
     prepare_measurements,
@@ -103,10 +103,10 @@ def test_calibration_recovers_the_true_factor_and_beats_the_shipped_profile(resu
 
 
 def test_fp8_gemms_move_with_the_fitted_bf16_factor(result) -> None:
-    """As in the published-run calibration (parsearch.validation.factor_ties): BF16 runs
+    """As in the published-run calibration (parsearch.validation.fit.factor_ties): BF16 runs
     that move the GEMM factor move FP8's efficiency by the measured large-matmul ratio,
     so an FP8 prediction of the calibrated cluster does not keep the shipped value."""
-    from parsearch.validation.factor_ties import factor_ties
+    from parsearch.validation.fit.factor_ties import factor_ties
 
     _, ratio = factor_ties(result.base)["gemm_efficiency.fp8"]
     gemm = result.profile.gemm_efficiency
@@ -140,7 +140,7 @@ def test_few_runs_fit_fewer_factors_and_say_so(measurements) -> None:
 def test_a_factor_only_one_run_moves_is_never_fitted(monkeypatch, runs_moved: int) -> None:
     """Issue 33: with few runs the one factor fitted often moved a single run.  A factor
     is fitted only when two runs or more each move by MIN_UNIQUE_EFFECT over its range."""
-    import parsearch.validation.user_calibration as uc
+    import parsearch.validation.user.user_calibration as uc
 
     gemm = np.array([0.30, 0.20, 0.25, 0.10, 0.30, 0.20, 0.25, 0.10])
     lonely = np.zeros(8)
@@ -165,7 +165,7 @@ def test_factors_the_runs_cannot_tell_apart_are_not_both_fitted(monkeypatch) -> 
     """Two factors whose effects move the runs together: one is fitted (the better
     determined), the other keeps its shipped value and the sentence says why; a factor
     that moves other runs is fitted beside it."""
-    import parsearch.validation.user_calibration as uc
+    import parsearch.validation.user.user_calibration as uc
 
     gemm = np.array([0.30, 0.20, 0.25, 0.10, 0.30, 0.20, 0.25, 0.10])
     effects = {"gemm_efficiency.bf16": gemm, "memory_bound_factor": 0.5 * gemm,
@@ -180,7 +180,7 @@ def test_factors_the_runs_cannot_tell_apart_are_not_both_fitted(monkeypatch) -> 
 @given(st.lists(st.floats(0.02, 0.5), min_size=6, max_size=6),
        st.floats(0.2, 3.0))
 def test_a_scaled_copy_of_a_fitted_factor_is_never_fitted_beside_it(base, scale) -> None:
-    import parsearch.validation.user_calibration as uc
+    import parsearch.validation.user.user_calibration as uc
 
     first = np.array(base)
     effects = {"gemm_efficiency.bf16": first, "memory_bound_factor": scale * first}

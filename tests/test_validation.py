@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from parsearch.validation import memory_saving_candidates, validate_runs
-from parsearch.validation.published_runs import load_published_runs
-from parsearch.validation.recipes import load_run_setups
+from parsearch.validation.published.published_runs import load_published_runs
+from parsearch.validation.published.recipes import load_run_setups
+from parsearch.validation.published.runs import memory_saving_candidates, validate_runs
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def test_no_published_run_is_predicted_out_of_memory_under_its_recipe(report) ->
 
 
 def test_leave_one_source_out_on_ampere_is_within_ten_percent() -> None:
-    from parsearch.validation.calibration import prepare_rows
-    from parsearch.validation.crossval import cross_validate
+    from parsearch.validation.fit.calibration import prepare_rows
+    from parsearch.validation.fit.crossval import cross_validate
 
     rows = [r for r in prepare_rows(load_published_runs()) if r.generation == "ampere"]
     cv = cross_validate(rows, by="source", max_evaluations=60)
@@ -117,7 +117,7 @@ def test_recipe_recompute_layers_count_only_with_the_block_method() -> None:
     """Megatron's --recompute-num-layers is a layer count with --recompute-method block but
     a checkpoint-group size with uniform (every layer recomputed)."""
     from parsearch.cost.analytic import CostOptions
-    from parsearch.validation.recipes import apply_setup
+    from parsearch.validation.published.recipes import apply_setup
 
     setups = load_run_setups()
     runs = {r.id: r for r in load_published_runs()}
@@ -145,7 +145,7 @@ def test_selective_recompute_with_an_empty_module_list_recomputes_nothing() -> N
 
 
 def _training(run):  # type: ignore[no-untyped-def]
-    from parsearch.validation.published_runs import training_spec
+    from parsearch.validation.published.published_runs import training_spec
 
     return training_spec(run)
 
@@ -153,7 +153,7 @@ def _training(run):  # type: ignore[no-untyped-def]
 def test_calibration_does_not_depend_on_values_an_earlier_fit_left() -> None:
     """Each fit starts from the priors, so held-out folds never inherit in-sample values."""
     from parsearch.cost.efficiency import load_efficiency_profile
-    from parsearch.validation.calibration import calibrate, prepare_rows
+    from parsearch.validation.fit.calibration import calibrate, prepare_rows
 
     rows = [r for r in prepare_rows(load_published_runs()) if r.generation == "ampere"][:8]
     shipped = load_efficiency_profile("ampere")
@@ -172,7 +172,7 @@ def test_a_factor_no_run_resolves_is_not_fitted_and_keeps_its_prior() -> None:
     scale is not identified by the runs; fitting it would let it drift onto a bound.
     """
     from parsearch.cost.efficiency import load_efficiency_profile
-    from parsearch.validation.calibration import (
+    from parsearch.validation.fit.calibration import (
         FIT_ORDER,
         LOSS_SCALE,
         calibrate,

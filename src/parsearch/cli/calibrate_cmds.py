@@ -106,7 +106,7 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _defaults(args: argparse.Namespace) -> Any:
-    from parsearch.validation.measurements import WARMUP_ITERATIONS, Defaults
+    from parsearch.validation.user.measurements import WARMUP_ITERATIONS, Defaults
 
     warmup = args.warmup_iterations if getattr(args, "warmup_iterations", None) is not None \
         else WARMUP_ITERATIONS
@@ -117,8 +117,8 @@ def _defaults(args: argparse.Namespace) -> Any:
 
 def _load_rows(args: argparse.Namespace, profile: Any) -> tuple[list[Any], list[str]]:
     """Prepared rows of the measurements, and one line per input left out."""
-    from parsearch.validation.measurements import load_measurements
-    from parsearch.validation.user_calibration import prepare_measurements
+    from parsearch.validation.user.measurements import load_measurements
+    from parsearch.validation.user.user_calibration import prepare_measurements
 
     loaded = load_measurements(args.measurements, _defaults(args))
     problems = list(loaded.problems)
@@ -140,7 +140,7 @@ def _load_rows(args: argparse.Namespace, profile: Any) -> tuple[list[Any], list[
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from parsearch.cost.efficiency import load_efficiency_profile, profile_to_yaml
-    from parsearch.validation.user_calibration import calibrate_user
+    from parsearch.validation.user.user_calibration import calibrate_user
 
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
     rows, problems = _load_rows(args, profile)
@@ -237,7 +237,7 @@ def _cluster_out(out: Path) -> Path:
 
 
 def _cluster_text(result: Any, out: Path) -> str:
-    from parsearch.validation.network_calibration import corrected_cluster_yaml
+    from parsearch.validation.fit.network_calibration import corrected_cluster_yaml
 
     fitted = ", ".join(f"{n} {v:.3f}" for n, v in result.cluster.items())
     header = (f"# Cluster file {result.cluster_file} with the bandwidth fitted by `parsearch "
@@ -260,8 +260,8 @@ def _pct(x: float, sign: bool = False) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from parsearch.validation.plan_launch import launch_script
-    from parsearch.validation.plan_profiling import CANDIDATES, TOP_PAIRS, plan_profiling
+    from parsearch.validation.planning.plan_launch import launch_script
+    from parsearch.validation.planning.plan_profiling import CANDIDATES, TOP_PAIRS, plan_profiling
 
     model = model_from_args(args)
     training = training_from_args(args)

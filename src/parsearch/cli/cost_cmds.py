@@ -158,8 +158,8 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from parsearch.validation import validate_runs
-    from parsearch.validation.published_runs import read_published_runs
+    from parsearch.validation.published.published_runs import read_published_runs
+    from parsearch.validation.published.runs import validate_runs
 
     data = read_published_runs(args.data)
     runs = data.runs
@@ -197,8 +197,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def _run_cross_validation(args: argparse.Namespace, runs: Any) -> int:
-    from parsearch.validation.calibration import prepare_rows
-    from parsearch.validation.crossval import ORDER_MIN_GAP, cross_validate
+    from parsearch.validation.fit.calibration import prepare_rows
+    from parsearch.validation.fit.crossval import ORDER_MIN_GAP, cross_validate
 
     rows = prepare_rows(runs, include_partial=args.include_partial)
     if not rows:

@@ -1,34 +1,18 @@
-"""Published runs against predictions: validation, calibration and cross-validation.
+"""How far to trust the cost model, and how to make it fit a cluster: four jobs, four rooms.
 
-* :mod:`~parsearch.validation.runs`: score each published run and compare;
-* :mod:`~parsearch.validation.calibration`: fit an efficiency profile's residual
-  factors to measured runs, regularised toward cited priors, inside cited ranges;
-* :mod:`~parsearch.validation.crossval`: out-of-sample accuracy (leave one model
-  family or one source out), pairwise order accuracy and error bands.
+Each subpackage imports only from the ones above it in this list (and from the
+packages below ``validation``); ``tests/test_import_layers.py`` checks it.
+
+* :mod:`~parsearch.validation.published`: the bundled published runs (reading the
+  CSV, each source's conventions, models, layouts, recipes and corrections), scoring
+  them against predictions (:mod:`~parsearch.validation.published.runs`) and where the
+  published layouts land in the search (:mod:`~parsearch.validation.published.ranking`);
+* :mod:`~parsearch.validation.fit`: the shipped fit, residual factors fitted to measured
+  runs inside cited ranges (:mod:`~parsearch.validation.fit.calibration`, factor ties,
+  joint profile and cluster factors, the cluster speed factor, the GEMM size curve)
+  and its out-of-sample accuracy (:mod:`~parsearch.validation.fit.crossval`);
+* :mod:`~parsearch.validation.user`: the user's own measurements (tables and Megatron
+  logs) and ``parsearch calibrate`` on them, with its report;
+* :mod:`~parsearch.validation.planning`: ``parsearch plan-profiling``, which runs to
+  measure next and how to launch them.
 """
-
-from parsearch.validation.runs import (
-    GroupCorrelation,
-    Reading,
-    ValidationReport,
-    ValidationRow,
-    best_reading,
-    fabric_for,
-    memory_saving_candidates,
-    run_cost_model,
-    source_accounting,
-    validate_runs,
-)
-
-__all__ = [
-    "GroupCorrelation",
-    "Reading",
-    "ValidationReport",
-    "ValidationRow",
-    "best_reading",
-    "fabric_for",
-    "memory_saving_candidates",
-    "run_cost_model",
-    "source_accounting",
-    "validate_runs",
-]

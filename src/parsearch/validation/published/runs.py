@@ -1,6 +1,6 @@
 """Accuracy against published training runs: predicted vs measured tokens/s per GPU.
 
-Each usable run of the dataset (:mod:`parsearch.validation.published_runs`) is scored
+Each usable run of the dataset (:mod:`parsearch.validation.published.published_runs`) is scored
 with the analytic cost model on its own cluster preset, precision, layout and
 batch, with the efficiency profile of its GPU generation (one set per
 generation, never per run).  The report gives each row's absolute percentage
@@ -27,7 +27,7 @@ from parsearch.layout.rules import check_layout
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
-from parsearch.validation.published_runs import (
+from parsearch.validation.published.published_runs import (
     PublishedRun,
     base_model,
     current_releases,
@@ -35,8 +35,13 @@ from parsearch.validation.published_runs import (
     dev_rows,
     training_spec,
 )
-from parsearch.validation.recipes import apply_setup, load_run_setups, priced_fp8_recipe
-from parsearch.validation.run_conventions import MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER
+from parsearch.validation.published.recipes import apply_setup, load_run_setups, priced_fp8_recipe
+from parsearch.validation.published.run_conventions import (
+    MBRIDGE,
+    MBRIDGE_AB,
+    MBRIDGE_CARD,
+    MBRIDGE_USER,
+)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.specs import ModelSpec, Precision, Recompute
-from parsearch.validation.run_cells import Row, cell_int, cell_text, required_int
-from parsearch.validation.run_conventions import FOLD, LLAMA3, MBRIDGE, TORCHTITAN
+from parsearch.validation.published.run_cells import Row, cell_int, cell_text, required_int
+from parsearch.validation.published.run_conventions import FOLD, LLAMA3, MBRIDGE, TORCHTITAN
 
 
 def normalise_precision(raw: str) -> tuple[Precision, str | None]:

@@ -1,26 +1,56 @@
 """How a planned measurement is launched: a short logged run and its shell script.
 
-The plan (:mod:`parsearch.validation.plan_profiling`) picks the layouts; this module
+The plan (:mod:`parsearch.validation.planning.plan_profiling`) picks the layouts, each a
+:class:`PlannedRun` (defined here, so this module needs nothing from the plan); this module
 turns one into the launch settings it was priced with, for enough iterations that the
 log gives a steady step time, and into a script that runs it with Megatron-LM.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import Any
 
 from parsearch.cost.analytic import CostModel, estimate
 from parsearch.launch import LaunchSettings, launch_for_cluster
 from parsearch.layout import Layout
-from parsearch.validation.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
-
-if TYPE_CHECKING:
-    from parsearch.validation.plan_profiling import PlannedRun
+from parsearch.validation.user.megatron_logs import MIN_STEADY_LINES, WARMUP_ITERATIONS
 
 #: Iterations measured after warm-up: the median of 20 per-iteration times is within about
 #: 1 % of the mean for the 2-3 % iteration-to-iteration spread of steady training.
 MEASURED_ITERATIONS = max(20, MIN_STEADY_LINES)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One layout to measure."""
+
+    order: int
+    layout: Layout
+    predicted_rank: int
+    tokens_per_s_per_gpu: float
+    step_time_s: float
+    reasons: tuple[str, ...]
+    launch: LaunchSettings
+
+    @property
+    def iterations(self) -> int:
+        return WARMUP_ITERATIONS + MEASURED_ITERATIONS
+
+    @property
+    def minutes(self) -> float:
+        """Training time of the planned iterations (start-up not counted)."""
+        return self.iterations * self.step_time_s / 60.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "order": self.order, "layout": self.layout.to_dict(), "key": self.layout.key(),
+            "num_gpus": self.layout.num_gpus, "predicted_rank": self.predicted_rank,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "step_time_s": self.step_time_s,
+            "iterations": self.iterations, "warmup_iterations": WARMUP_ITERATIONS,
+            "minutes": self.minutes, "reasons": list(self.reasons),
+            "launch": self.launch.to_dict(),
+        }
 
 
 def short_run_launch(cm: CostModel, layout: Layout) -> LaunchSettings:

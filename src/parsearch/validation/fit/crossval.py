@@ -2,7 +2,7 @@
 
 For every generation and every held-out group (a model family, or a source),
 the generation's profile is calibrated on the other runs of that generation
-(:func:`~parsearch.validation.calibration.calibrate`) and the held-out runs
+(:func:`~parsearch.validation.fit.calibration.calibrate`) and the held-out runs
 are predicted with it.  The report gives, per generation, the out-of-sample
 MAPE beside the in-sample one (calibrated on everything), the pairwise order
 accuracy within (model, GPU) groups for pairs whose measurements differ by
@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand
-from parsearch.validation.calibration import (
+from parsearch.validation.fit.calibration import (
     PRIOR_WEIGHT,
     CalibrationResult,
     PreparedRow,
     calibrate,
     predict,
 )
-from parsearch.validation.run_conventions import MBRIDGE_HELDOUT
+from parsearch.validation.published.run_conventions import MBRIDGE_HELDOUT
 
 #: Pairs whose measurements differ by less than this are not counted for order accuracy
 #: (run-to-run and release-to-release noise is of that order).

@@ -24,7 +24,7 @@ property of the hardware or the kernel, which is measured:
   Backward follows forward by the ratio of the profile's cited priors, which read those
   measurements.  Fitted alone, forward fell below backward on Hopper (0.30 against
   0.45), an order no measurement shows.  Whether the runs can fit the pair apart from
-  GEMMs and memory-bound work is :func:`parsearch.validation.calibration.separable`'s
+  GEMMs and memory-bound work is :func:`parsearch.validation.fit.calibration.separable`'s
   to say: on Hopper the long-context Mixtral runs can; on Blackwell they cannot, and it
   keeps its prior.
 """
@@ -103,7 +103,7 @@ def anchors(ties: dict[str, tuple[str, float]]) -> set[str]:
 def gemm_ties(profile: EfficiencyProfile) -> dict[str, tuple[str, float]]:
     """The GEMM ties of :func:`factor_ties` only.
 
-    Calibration to a user's own runs (:mod:`parsearch.validation.user_calibration`) keeps
+    Calibration to a user's own runs (:mod:`parsearch.validation.user.user_calibration`) keeps
     attention backward at its shipped value: a handful of runs of one model cannot tell
     attention from GEMMs apart (the separability test of the published-run fit needs the
     variety of many models and sequence lengths), and tied, attention's doubled effect

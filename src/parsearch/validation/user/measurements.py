@@ -9,7 +9,7 @@ plus optional columns for the features the run turned on
 stated" and takes the default.  ``model`` and ``cluster`` may be left out when
 the command line gives them.
 
-Megatron logs (:mod:`parsearch.validation.megatron_logs`) give one
+Megatron logs (:mod:`parsearch.validation.user.megatron_logs`) give one
 measurement per constant-batch stretch of each run; the layout, batch,
 sequence length, precision and features come from the arguments block, and
 what the log does not say from the command line.
@@ -36,7 +36,8 @@ from parsearch.errors import ParsearchError, SpecError
 from parsearch.files import is_dir, is_file
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODULES
-from parsearch.validation.megatron_logs import (
+from parsearch.validation.published.recipes import graph_scope, priced_fp8_recipe
+from parsearch.validation.user.megatron_logs import (
     CSV_ROUTE,
     WARMUP_ITERATIONS,
     LogError,
@@ -44,7 +45,6 @@ from parsearch.validation.megatron_logs import (
     read_megatron_log,
     steady_states,
 )
-from parsearch.validation.recipes import graph_scope, priced_fp8_recipe
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("num_gpus", "global_batch", "seq_len", "precision",
                                      "layout")

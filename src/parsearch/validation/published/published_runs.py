@@ -11,17 +11,17 @@ frozen :class:`PublishedRun`:
   string and the FP8 recipe are kept);
 * the measurement as tokens/s/GPU.  When a source gives only TFLOP/s or MFU
   it is converted with *that source's own* FLOP count (``conversion`` names
-  which one, :data:`~parsearch.validation.run_conventions.CONVERSIONS`
+  which one, :data:`~parsearch.validation.published.run_conventions.CONVERSIONS`
   describes it);
 * a :class:`~parsearch.model.specs.ModelSpec` (a preset when one matches the
   model name, else built from the row's architecture columns) and the
   cluster preset to run it on;
 * ``skip_reason``: why the row cannot be used as ground truth, or ``None``.
 
-The cells are read by :mod:`~parsearch.validation.run_cells`, the layout by
-:mod:`~parsearch.validation.run_layouts`, the model by
-:mod:`~parsearch.validation.run_models` and the measurement by
-:mod:`~parsearch.validation.run_conventions`; this module assembles the rows,
+The cells are read by :mod:`~parsearch.validation.published.run_cells`, the layout by
+:mod:`~parsearch.validation.published.run_layouts`, the model by
+:mod:`~parsearch.validation.published.run_models` and the measurement by
+:mod:`~parsearch.validation.published.run_conventions`; this module assembles the rows,
 reads the file and selects among the runs.
 """
 
@@ -37,8 +37,14 @@ from pathlib import Path
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.specs import ModelSpec, Precision, TrainingSpec
-from parsearch.validation.run_cells import Row, cell_float, cell_int, cell_text, required_int
-from parsearch.validation.run_conventions import (
+from parsearch.validation.published.run_cells import (
+    Row,
+    cell_float,
+    cell_int,
+    cell_text,
+    required_int,
+)
+from parsearch.validation.published.run_conventions import (
     MBRIDGE_HELDOUT,
     MEGASCALE,
     TORCHTITAN,
@@ -46,9 +52,17 @@ from parsearch.validation.run_conventions import (
     release_of,
     source_tag,
 )
-from parsearch.validation.run_corrections import corrected
-from parsearch.validation.run_layouts import build_layout, layout_problems, normalise_precision
-from parsearch.validation.run_models import megascale_block, resolve_model, split_model_name
+from parsearch.validation.published.run_corrections import corrected
+from parsearch.validation.published.run_layouts import (
+    build_layout,
+    layout_problems,
+    normalise_precision,
+)
+from parsearch.validation.published.run_models import (
+    megascale_block,
+    resolve_model,
+    split_model_name,
+)
 
 DATA_PACKAGE = "parsearch.data"
 DATA_FILE = "published_runs.csv"
@@ -84,7 +98,7 @@ class PublishedRun:
 
     ``measured_tokens_per_s_per_gpu`` is the ground truth; ``conversion``
     says how it was obtained
-    (:data:`~parsearch.validation.run_conventions.CONVERSIONS`).  ``skip_reason`` is
+    (:data:`~parsearch.validation.published.run_conventions.CONVERSIONS`).  ``skip_reason`` is
     ``None`` when the row is usable.  ``assumptions`` lists every default
     the loader filled in for a blank cell.
     """
@@ -257,7 +271,7 @@ def read_published_runs(path: str | Path | None = None) -> PublishedRunsFile:
     name = path or DATA_FILE
     text = _read_text(path)
     # the bundled rows (from the package or a copy of it) are read with their recorded
-    # corrections (parsearch.validation.run_corrections)
+    # corrections (parsearch.validation.published.run_corrections)
     bundled = path is None or _same_text(text, _read_text(None))
     try:
         reader = csv.DictReader(io.StringIO(text))

@@ -14,7 +14,7 @@ from functools import cache
 
 from parsearch.errors import ParsearchError
 from parsearch.model.specs import ModelSpec, MoeSpec
-from parsearch.validation.run_cells import Row, cell_int, cell_text
+from parsearch.validation.published.run_cells import Row, cell_int, cell_text
 
 # Model name (without its parenthesised variant) -> preset names to try, in order.
 _PRESET_CANDIDATES: dict[str, tuple[str, ...]] = {

@@ -36,8 +36,8 @@ from parsearch.model.specs import RECOMPUTE_MODES
 from parsearch.search.exhaustive import rank_feasible, scan_table, shape_codes
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation import best_reading, run_cost_model
-from parsearch.validation.published_runs import PublishedRun, dedupe, dev_rows, group_key
+from parsearch.validation.published.published_runs import PublishedRun, dedupe, dev_rows, group_key
+from parsearch.validation.published.runs import best_reading, run_cost_model
 
 MATCH_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
 

@@ -10,7 +10,7 @@ linearised.  A layout's log-throughput error is
   end of the range, computed by the cost model for that layout), each taken
   uniform over the range (standard deviation :data:`FACTOR_SD`).  The factors
   are the profile's residual factors and the cluster's delivered bandwidth
-  (:mod:`parsearch.validation.network_calibration`: inter-node and NVLink
+  (:mod:`parsearch.validation.fit.network_calibration`: inter-node and NVLink
   bandwidth over what the cluster file says, range down to a quarter of it), so
   a network that delivers less than the cluster file is one more loose factor,
   and a set that makes it identifiable lowers the expected error of the
@@ -20,9 +20,9 @@ linearised.  A layout's log-throughput error is
 
 The calibration fits only the ``factor_limit(n)`` factors the measured layouts
 say most about (largest root-mean-square ``g``, each with mean ``|g|`` above its
-threshold: :func:`~parsearch.validation.user_calibration.threshold`), by penalised least
+threshold: :func:`~parsearch.validation.user.user_calibration.threshold`), by penalised least
 squares (penalty ``PRIOR_WEIGHT * LOSS_SCALE`` per range unit,
-:mod:`parsearch.validation.calibration`), and leaves the others at the shipped
+:mod:`parsearch.validation.fit.calibration`), and leaves the others at the shipped
 values.  Linearised, that is a ridge estimate, and the covariance of the
 calibrated predictions' errors (:func:`fit_error_cov`) has three parts: the
 variance of the fitted factors, the bias of the factors left out (the cluster
@@ -58,19 +58,16 @@ from scipy.stats import norm
 from parsearch.cost.analytic import CostModel, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, Prior
 from parsearch.errors import SpecError
-from parsearch.launch import LaunchSettings
-from parsearch.layout import Layout
 from parsearch.layout.space import require_layouts
 from parsearch.search.exhaustive import rank_feasible, scan_table
-from parsearch.validation.calibration import FIT_ORDER, PreparedRow, factor_prior
-from parsearch.validation.factor_ties import gemm_ties, with_ties
-from parsearch.validation.megatron_logs import WARMUP_ITERATIONS
-from parsearch.validation.network_calibration import (
+from parsearch.validation.fit.calibration import FIT_ORDER, PreparedRow, factor_prior
+from parsearch.validation.fit.factor_ties import gemm_ties, with_ties
+from parsearch.validation.fit.network_calibration import (
     CLUSTER_FACTORS,
     network_priors,
     with_cluster_factors,
 )
-from parsearch.validation.plan_errors import (  # re-exported: the plan's error model
+from parsearch.validation.planning.plan_errors import (  # re-exported: the plan's error model
     FACTOR_SD,
     NOISE_SD,
     STRUCTURE_SD,
@@ -80,8 +77,8 @@ from parsearch.validation.plan_errors import (  # re-exported: the plan's error 
     fit_error_parts,
     misordered_pairs,
 )
-from parsearch.validation.plan_launch import MEASURED_ITERATIONS, short_run_launch
-from parsearch.validation.user_calibration import factor_limit, range_effects, threshold
+from parsearch.validation.planning.plan_launch import PlannedRun, short_run_launch
+from parsearch.validation.user.user_calibration import factor_limit, range_effects, threshold
 
 #: Pairs among this many best-predicted candidates count toward the ranking uncertainty.
 TOP_PAIRS = 10
@@ -98,38 +95,6 @@ EXCHANGE_PASSES = 5
 #: candidates on one core): a plan whose greedy choice alone needs more is refused before
 #: it starts, and the exchange step stops when the rest is spent (``exchange_complete``).
 MAX_EVALUATIONS = 40_000
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One layout to measure."""
-
-    order: int
-    layout: Layout
-    predicted_rank: int
-    tokens_per_s_per_gpu: float
-    step_time_s: float
-    reasons: tuple[str, ...]
-    launch: LaunchSettings
-
-    @property
-    def iterations(self) -> int:
-        return WARMUP_ITERATIONS + MEASURED_ITERATIONS
-
-    @property
-    def minutes(self) -> float:
-        """Training time of the planned iterations (start-up not counted)."""
-        return self.iterations * self.step_time_s / 60.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "order": self.order, "layout": self.layout.to_dict(), "key": self.layout.key(),
-            "num_gpus": self.layout.num_gpus, "predicted_rank": self.predicted_rank,
-            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "step_time_s": self.step_time_s,
-            "iterations": self.iterations, "warmup_iterations": WARMUP_ITERATIONS,
-            "minutes": self.minutes, "reasons": list(self.reasons),
-            "launch": self.launch.to_dict(),
-        }
 
 
 @dataclass(frozen=True)
@@ -164,7 +129,7 @@ def _with_profile(cm: CostModel, profile: EfficiencyProfile) -> CostModel:
 
 def _priced(cm: CostModel, name: str, value: float) -> CostModel:
     """``cm`` with one factor (profile or cluster) at ``value`` (FP8 GEMMs following BF16's
-    as user calibration moves them, :func:`parsearch.validation.factor_ties.gemm_ties`)."""
+    as user calibration moves them, :func:`parsearch.validation.fit.factor_ties.gemm_ties`)."""
     if name in CLUSTER_FACTORS:
         return with_cluster_factors(cm, {name: value})
     ties = gemm_ties(cm.profile)
@@ -174,7 +139,7 @@ def _priced(cm: CostModel, name: str, value: float) -> CostModel:
 def factor_priors(cm: CostModel, names: Sequence[str]) -> dict[str, Prior]:
     """The range each factor is searched over: the cluster's (``network_priors``), or the
     profile's as calibration searches it (BF16's GEMM range narrowed so that FP8, moving
-    with it, stays inside its own: :func:`~parsearch.validation.calibration.factor_prior`)."""
+    with it, stays inside its own: :func:`~parsearch.validation.fit.calibration.factor_prior`)."""
     cluster = network_priors(cm.fabric.cluster)
     ties = gemm_ties(cm.profile)
     return {n: cluster[n] if n in CLUSTER_FACTORS else factor_prior(cm.profile, n, ties)
@@ -194,7 +159,7 @@ def gradients(cm: CostModel, cols: dict[str, np.ndarray], names: Sequence[str]) 
 def _row_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
                  names: Sequence[str], cluster_priors: dict[str, Prior]) -> np.ndarray:
     """(rows x factors): :func:`gradients` of measured rows, each priced with its own cost
-    model (:func:`~parsearch.validation.user_calibration.range_effects`)."""
+    model (:func:`~parsearch.validation.user.user_calibration.range_effects`)."""
     if not rows:
         return np.zeros((0, len(names)))
     effects = range_effects(rows, profile, [n for n in names if n not in CLUSTER_FACTORS],

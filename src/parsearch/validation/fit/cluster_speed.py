@@ -5,7 +5,7 @@ inside its cited range allows: GPUs capped below their datasheet power or
 clocks, an older or different software stack, host overhead.  No profile
 factor represents that, and fitting the runs with the physical factors alone
 pushes one of them onto its bound.  Then
-:func:`parsearch.validation.user_calibration.fit_user_profile` fits one more
+:func:`parsearch.validation.user.user_calibration.fit_user_profile` fits one more
 factor, :data:`CLUSTER_SPEED`: the cluster's delivered speed over what the
 profile's factors model, applied to the whole step (every step time is divided
 by it; :attr:`parsearch.cost.efficiency.EfficiencyProfile.cluster_speed`), if it
@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from parsearch.cost.efficiency import EfficiencyProfile, Prior
-from parsearch.validation.calibration import BOUND_TOLERANCE, PreparedRow, factor_prior
-from parsearch.validation.factor_ties import gemm_ties
-from parsearch.validation.joint_fit import FactorFit, fit_factors
-from parsearch.validation.network_calibration import CLUSTER_FACTORS
+from parsearch.validation.fit.calibration import BOUND_TOLERANCE, PreparedRow, factor_prior
+from parsearch.validation.fit.factor_ties import gemm_ties
+from parsearch.validation.fit.joint_fit import FactorFit, fit_factors
+from parsearch.validation.fit.network_calibration import CLUSTER_FACTORS
 
 CLUSTER_SPEED = "cluster_speed"
 #: Slowest cluster the factor represents, as a share of what the profile's factors allow:
@@ -57,7 +57,7 @@ SPEED_GAIN_AT_BOUND = 0.0
 SPEED_SOURCE = ("cluster's delivered speed over the profile's factors, whole step: "
                 f"{SPEED_LOW} (a 500 W-capped H100 on a 2021-era stack: 1/1.5 x 1/1.2) to "
                 f"{SPEED_HIGH} (every GEMM at the best measured 0.80 of peak over the shipped "
-                "0.65); parsearch.validation.cluster_speed")
+                "0.65); parsearch.validation.fit.cluster_speed")
 
 
 def speed_prior(profile: EfficiencyProfile) -> Prior:
@@ -125,7 +125,7 @@ class UserFit(FactorFit):
 
 def _position(prior: Prior, value: float) -> float:
     """Where ``value`` sits in ``prior``'s range, 0..1 (log scale for a decade or more, as
-    the fit searches it: parsearch.validation.joint_fit)."""
+    the fit searches it: parsearch.validation.fit.joint_fit)."""
     if prior.high / max(prior.low, 1e-30) >= 10.0:
         return math.log(value / prior.low) / math.log(prior.high / prior.low)
     return (value - prior.low) / (prior.high - prior.low)

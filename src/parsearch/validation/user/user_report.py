@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
-from parsearch.validation.calibration import PreparedRow
-from parsearch.validation.cluster_speed import SpeedFit
-from parsearch.validation.crossval import BAND_QUANTILES
-from parsearch.validation.network_calibration import CLUSTER_FACTORS
+from parsearch.validation.fit.calibration import PreparedRow
+from parsearch.validation.fit.cluster_speed import SpeedFit
+from parsearch.validation.fit.crossval import BAND_QUANTILES
+from parsearch.validation.fit.network_calibration import CLUSTER_FACTORS
 
 #: Runs needed before the leave-one-run-out errors replace the shipped error band.
 MIN_RUNS_FOR_BAND = 5
@@ -152,7 +152,7 @@ class UserCalibration:
     cluster: dict[str, float] = field(default_factory=dict)
     cluster_priors: dict[str, Prior] = field(default_factory=dict)
     cluster_file: str | None = None
-    #: Set when the cluster-level speed factor was fitted (parsearch.validation.cluster_speed).
+    #: Set when the cluster-level speed factor was fitted (parsearch.validation.fit.cluster_speed).
     speed: SpeedFit | None = None
 
     @property

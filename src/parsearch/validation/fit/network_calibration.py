@@ -4,7 +4,7 @@ A cluster file states each tier's line rate and the share of it collectives
 achieve (``nvlink_efficiency``, ``network_efficiency``).  What a cluster
 delivers can be less: a NIC that trained at half its rate, GPUDirect RDMA
 off, a slow node, congestion.  No efficiency-profile factor represents that,
-so :mod:`parsearch.validation.user_calibration` fits it here:
+so :mod:`parsearch.validation.user.user_calibration` fits it here:
 
 * :data:`NETWORK_FACTOR`: delivered inter-node (scale-out, per NIC) bandwidth
   over what the cluster file says (line rate x ``network_efficiency``);
@@ -33,7 +33,7 @@ from parsearch.errors import TopologyError
 from parsearch.files import is_file
 from parsearch.topology.cluster import ClusterSpec, load_cluster, topologies_dir
 from parsearch.topology.summary import fabric_from_spec
-from parsearch.validation.calibration import PreparedRow
+from parsearch.validation.fit.calibration import PreparedRow
 
 NETWORK_FACTOR = "network_bandwidth_factor"
 NVLINK_FACTOR = "nvlink_bandwidth_factor"

@@ -1,26 +1,26 @@
 """Calibrate a generation's efficiency profile to measurements of the user's own cluster.
 
-Each measurement (:mod:`parsearch.validation.measurements`) becomes a
-:class:`~parsearch.validation.calibration.PreparedRow`: its model, cluster,
+Each measurement (:mod:`parsearch.validation.user.measurements`) becomes a
+:class:`~parsearch.validation.fit.calibration.PreparedRow`: its model, cluster,
 layout, batch, precision and the features it ran with.  The fit is the cost
 model's own bounded, regularised procedure
-(:func:`~parsearch.validation.calibration.calibrate`, here
-:func:`~parsearch.validation.joint_fit.fit_factors`) with three choices made
+(:func:`~parsearch.validation.fit.calibration.calibrate`, here
+:func:`~parsearch.validation.fit.joint_fit.fit_factors`) with three choices made
 for a handful of runs of one cluster:
 
 * the shipped profile is the starting point: every factor starts at (and is
   pulled toward) its shipped value, which was fitted to the published runs,
   inside the cited range, which stays the bound;
 * the cluster's delivered bandwidth is a factor too
-  (:mod:`parsearch.validation.network_calibration`: inter-node and NVLink
+  (:mod:`parsearch.validation.fit.network_calibration`: inter-node and NVLink
   bandwidth over what the cluster file says, pulled toward 1.0), fitted only
   for runs of one cluster file;
 * only factors the measurements can inform are fitted: those whose whole cited
   range moves the runs' predicted throughput by at least
   :data:`MIN_SENSITIVITY` (in log; the cluster's bandwidth
-  :data:`~parsearch.validation.network_calibration.MIN_NETWORK_SENSITIVITY`),
+  :data:`~parsearch.validation.fit.network_calibration.MIN_NETWORK_SENSITIVITY`),
   most sensitive first, at most one per
-  :data:`~parsearch.validation.calibration.ROWS_PER_FACTOR` runs, rounded up,
+  :data:`~parsearch.validation.fit.calibration.ROWS_PER_FACTOR` runs, rounded up,
   and only those that at least :data:`MIN_RUNS_MOVED` runs each move by
   :data:`MIN_UNIQUE_EFFECT` (never the only factor spent on one run; a single
   run fits nothing).  The report says which were fitted, and why the others
@@ -28,15 +28,15 @@ for a handful of runs of one cluster:
 
 When the runs push a factor past the bound of its cited range, they are slower
 or faster than the ranges allow: the cluster-level speed factor
-(:mod:`parsearch.validation.cluster_speed`) is fitted with the others, and the
+(:mod:`parsearch.validation.fit.cluster_speed`) is fitted with the others, and the
 report says so and keeps the bound as a warning.  Every factor that ends on a
 bound is flagged, cluster factors included
-(:func:`~parsearch.validation.cluster_speed.on_bounds`).
+(:func:`~parsearch.validation.fit.cluster_speed.on_bounds`).
 
 Accuracy is reported as leave-one-run-out: each run predicted by the shipped
 profile (which has never seen it) and by a profile calibrated on the other
 runs (factor choice included), as MAPE and as ranking quality
-(:mod:`parsearch.validation.user_report`).
+(:mod:`parsearch.validation.user.user_report`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from parsearch.model.files import resolve_model
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.calibration import (
+from parsearch.validation.fit.calibration import (
     FIT_ORDER,
     PRIOR_WEIGHT,
     ROWS_PER_FACTOR,
@@ -66,25 +66,25 @@ from parsearch.validation.calibration import (
     range_effect,
     separable_effects,
 )
-from parsearch.validation.cluster_speed import (
+from parsearch.validation.fit.cluster_speed import (
     CLUSTER_SPEED,
     UserFit,
     better_with_speed,
     on_bounds,
     with_speed_prior,
 )
-from parsearch.validation.factor_ties import gemm_ties
-from parsearch.validation.joint_fit import fit_factors
-from parsearch.validation.measurements import Measurement, one_line
-from parsearch.validation.network_calibration import (
+from parsearch.validation.fit.factor_ties import gemm_ties
+from parsearch.validation.fit.joint_fit import fit_factors
+from parsearch.validation.fit.network_calibration import (
     CLUSTER_FACTORS,
     MIN_NETWORK_SENSITIVITY,
     NETWORK_FACTOR,
     network_priors,
     rows_with_cluster_factors,
 )
-from parsearch.validation.published_runs import PublishedRun
-from parsearch.validation.user_report import (
+from parsearch.validation.published.published_runs import PublishedRun
+from parsearch.validation.user.measurements import Measurement, one_line
+from parsearch.validation.user.user_report import (
     RowReport,
     UserCalibration,
     error_bands,
@@ -192,7 +192,7 @@ def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     """Each row's log throughput change when a factor goes from its low to high bound.
 
     Profile factors (``names``, default :data:`FIT_ORDER`) and the cluster factors
-    of ``cluster_priors`` (:mod:`parsearch.validation.network_calibration`).
+    of ``cluster_priors`` (:mod:`parsearch.validation.fit.network_calibration`).
     """
     out = {}
     # FP8's GEMM efficiency is fitted through BF16's: the anchor's effect includes it
@@ -301,9 +301,9 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     ``network=False``: profile factors only (the cluster file taken at its word).
     When the runs push a factor past the bound of its cited range (they are slower or
     faster than the ranges allow), or the fit leaves them off by more than the speed
-    factor removes (:data:`~parsearch.validation.cluster_speed.SPEED_GAIN`), the
+    factor removes (:data:`~parsearch.validation.fit.cluster_speed.SPEED_GAIN`), the
     cluster-level speed factor is fitted with the others
-    (:mod:`parsearch.validation.cluster_speed`; ``speed=False``: never).
+    (:mod:`parsearch.validation.fit.cluster_speed`; ``speed=False``: never).
     """
     if not rows:
         raise ParsearchError("no usable measurements to calibrate on")

@@ -15,7 +15,7 @@ import re
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.specs import ModelSpec
-from parsearch.validation.run_cells import Row, cell_float, cell_int
+from parsearch.validation.published.run_cells import Row, cell_float, cell_int
 
 # Source tags (derived from the ``source`` column).
 NAR21 = "NAR21"

@@ -28,7 +28,7 @@ Launchers prefix lines (``srun --label`` writes ``0: ``, ``torchrun --tee``
 are counted as garbage and otherwise ignored.  The forms users paste beside
 these (colour codes, Primus's ``elapsed ... (ms): a/b``, NeMo 2's
 ``train_step_timing in s:`` lines, argument lines without their header) are
-read line by line in :mod:`parsearch.validation.log_lines`; a checkpoint load
+read line by line in :mod:`parsearch.validation.user.log_lines`; a checkpoint load
 (``successfully loaded checkpoint from ... at iteration N``) tells where the
 run's warm-up starts.
 """
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from parsearch.errors import ParsearchError
-from parsearch.validation.log_lines import (
+from parsearch.validation.user.log_lines import (
     IterationLine,
     iteration_line,
     looks_like_iteration,
@@ -179,7 +179,7 @@ def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
     argument line after iterations), and where the iteration counter goes backwards
     (a restart whose arguments block is missing from the log); a restart inherits the
     arguments seen before it.  Colour codes are removed from every line first
-    (:func:`~parsearch.validation.log_lines.plain`).
+    (:func:`~parsearch.validation.user.log_lines.plain`).
 
     >>> line = (" [2024-05-01 10:00:00] iteration {:8d}/{:8d} | consumed samples: {:12d} |"
     ...         " elapsed time per iteration (ms): {:.1f} | global batch size: {:5d} |")

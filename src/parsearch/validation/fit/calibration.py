@@ -18,7 +18,7 @@ residual factors, each a physical quantity with a cited prior and range
 * with few runs, fewer factors are fitted (at most one per
   :data:`ROWS_PER_FACTOR` runs), in the order of :data:`FIT_ORDER`;
 * a factor whose ratio to another is measured follows it (FP8's GEMM efficiency BF16's,
-  attention backward forward; :mod:`parsearch.validation.factor_ties`): one factor,
+  attention backward forward; :mod:`parsearch.validation.fit.factor_ties`): one factor,
   resolved by the runs of both.
 """
 
@@ -34,15 +34,20 @@ from scipy.optimize import least_squares
 from parsearch.cost.analytic import CostModel, CostOptions, layout_columns, score_columns
 from parsearch.cost.efficiency import EfficiencyProfile, Prior, efficiency_for_gpu
 from parsearch.errors import ParsearchError
-from parsearch.validation.factor_ties import (
+from parsearch.validation.fit.factor_ties import (
     GEMM_ANCHOR,
     anchor_prior,
     anchors,
     factor_ties,
     with_ties,
 )
-from parsearch.validation.published_runs import PublishedRun, current_releases, dedupe, dev_rows
-from parsearch.validation.runs import best_reading, fabric_for, run_cost_model
+from parsearch.validation.published.published_runs import (
+    PublishedRun,
+    current_releases,
+    dedupe,
+    dev_rows,
+)
+from parsearch.validation.published.runs import best_reading, fabric_for, run_cost_model
 
 #: Factors in the order they are fitted when the data allow only some of them.
 FIT_ORDER: tuple[str, ...] = (

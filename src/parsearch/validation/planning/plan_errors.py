@@ -1,5 +1,5 @@
 """The errors a calibration leaves after a set of measurements, linearised (the plan's
-objective; see :mod:`parsearch.validation.plan_profiling` for the model), and the expected
+objective; see :mod:`parsearch.validation.planning.plan_profiling` for the model), and the expected
 number of misordered pairs among the best candidates.
 
 :func:`fit_error_parts` gives what the plan's objective reads (the diagonal and the block
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import ndtr
 
-from parsearch.validation.calibration import LOSS_SCALE, PRIOR_WEIGHT, separable_effects
-from parsearch.validation.user_calibration import MIN_SENSITIVITY, MIN_UNIQUE_EFFECT
+from parsearch.validation.fit.calibration import LOSS_SCALE, PRIOR_WEIGHT, separable_effects
+from parsearch.validation.user.user_calibration import MIN_SENSITIVITY, MIN_UNIQUE_EFFECT
 
 #: Prior spread of a factor's true value: uniform over its cited range, in range units.
 FACTOR_SD = 1.0 / math.sqrt(12.0)
@@ -37,7 +37,7 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     never; default :data:`MIN_SENSITIVITY`).  The fit takes the ``n_factors`` factors
     above their thresholds (mean |g|) with the largest root-mean-square gradient that the
     measured layouts tell apart (as
-    :func:`~parsearch.validation.user_calibration.choose_factors` does), and solves
+    :func:`~parsearch.validation.user.user_calibration.choose_factors` does), and solves
     ``min |J d - y|^2 + lam^2 |d|^2`` (``lam = PRIOR_WEIGHT * LOSS_SCALE``), so a
     target's error is ``b . y - g_F . d_F - g_U . d_U - e_t`` with
     ``b = g_F (J'J + lam^2)^-1 J'`` and ``y = J_F d_F + J_U d_U + e_m``: every offset

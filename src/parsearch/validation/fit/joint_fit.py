@@ -1,11 +1,11 @@
 """Profile and cluster factors fitted together to measured runs.
 
-The cost model's procedure (:func:`~parsearch.validation.calibration.calibrate`:
+The cost model's procedure (:func:`~parsearch.validation.fit.calibration.calibrate`:
 soft-L1 loss on ``log(predicted / measured)`` with scale
-:data:`~parsearch.validation.calibration.LOSS_SCALE`, each factor pulled toward
+:data:`~parsearch.validation.fit.calibration.LOSS_SCALE`, each factor pulled toward
 its prior by ``prior_weight * LOSS_SCALE`` per unit of its cited range, bounded
 by the range), extended to the cluster's delivered bandwidth
-(:mod:`parsearch.validation.network_calibration`), whose prior is 1.0: the
+(:mod:`parsearch.validation.fit.network_calibration`), whose prior is 1.0: the
 cluster file taken at its word.  A slow network and a slow GEMM move different
 layouts differently (the network only those whose groups cross nodes), so the
 two are fitted in one least-squares problem, not one after the other.
@@ -22,7 +22,7 @@ from scipy.optimize import least_squares
 
 from parsearch.cost.efficiency import EfficiencyProfile, Prior
 from parsearch.errors import ParsearchError
-from parsearch.validation.calibration import (
+from parsearch.validation.fit.calibration import (
     BOUND_TOLERANCE,
     LOSS_SCALE,
     PRIOR_WEIGHT,
@@ -30,8 +30,8 @@ from parsearch.validation.calibration import (
     factor_prior,
     predict,
 )
-from parsearch.validation.factor_ties import gemm_ties, with_ties
-from parsearch.validation.network_calibration import CLUSTER_FACTORS, rows_with_cluster_factors
+from parsearch.validation.fit.factor_ties import gemm_ties, with_ties
+from parsearch.validation.fit.network_calibration import CLUSTER_FACTORS, rows_with_cluster_factors
 
 #: Evaluations allowed to one fit (a few runs converge in far fewer).
 MAX_EVALUATIONS = 100
@@ -59,7 +59,7 @@ class FactorFit:
 
 def _unit(prior: Prior, value: float) -> float:
     """Position in the range, 0..1; log scale for ranges of a decade or more (as
-    :mod:`parsearch.validation.calibration` maps its factors)."""
+    :mod:`parsearch.validation.fit.calibration` maps its factors)."""
     if prior.high / max(prior.low, 1e-30) >= 10.0:
         return math.log(value / prior.low) / math.log(prior.high / prior.low)
     return (value - prior.low) / (prior.high - prior.low)
@@ -80,7 +80,7 @@ def fit_factors(rows: Sequence[PreparedRow], start: EfficiencyProfile, names: Se
     once anchored); ``on_bound``: fitted factors that ended on a bound of their range
     with the runs pushing them past it (:func:`_pushed`).
     """
-    # FP8's GEMM efficiency moves with BF16's (parsearch.validation.factor_ties), as in
+    # FP8's GEMM efficiency moves with BF16's (parsearch.validation.fit.factor_ties), as in
     # the published-run calibration, unless it is named itself.
     ties = {n: tie for n, tie in gemm_ties(start).items() if n not in names}
     start = start.with_values({n: p.value for n, p in start.priors.items()})
