@@ -13,6 +13,11 @@ sample.  Same target.
 ``--search-features`` lets the search choose the MoE dispatcher and overlaps per layout (as
 ``parsearch search`` does by default) instead of pricing every layout with the recipe's;
 MoE and dense groups are reported apart.
+
+Each job is searched with the software stack its run used (``parsearch.cost.stacks``:
+Megatron-LM 2021 for NAR21, 2022 for KOR22, Megatron-Core 0.11 for MoE Parallel Folding,
+the NeMo container's Megatron-Core for Megatron-Bridge's tables), as a user naming
+``--stack`` would; ``--any-stack`` searches every layout and feature of today's stack.
 """
 
 from __future__ import annotations
@@ -34,11 +39,14 @@ def main() -> int:
                         help="rank the held-out Megatron-Bridge rows instead of the calibration's")
     parser.add_argument("--search-features", action="store_true",
                         help="choose the MoE features per layout (parsearch search's default)")
+    parser.add_argument("--any-stack", action="store_true",
+                        help="search every layout and feature the current Megatron-Core has, "
+                             "not only what each run's software stack could run")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     options = CostOptions(search_features=SEARCHABLE_FEATURES) if args.search_features else None
     report = rank_published_layouts(load_heldout_runs() if args.heldout else load_published_runs(),
-                                    options=options)
+                                    options=options, by_stack=not args.any_stack)
     for g in report.groups:
         print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
               f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "

@@ -131,6 +131,12 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                        "tp>1; off: never")
     group.add_argument("--max-vpp", type=positive_int, default=None, metavar="V",
                        help="largest interleaving degree to consider (default: no cap)")
+    group.add_argument("--max-cp", type=positive_int, default=None, metavar="C",
+                       help="largest context-parallel degree to consider (default: no cap)")
+    group.add_argument("--stack", default=None, metavar="NAME",
+                       help="software stack the job runs: only the layouts and features it "
+                       "has are searched (megatron-lm-2021, megatron-lm-2022, mcore-0.11, "
+                       "mcore-0.12, mcore-0.14, mcore-current; default mcore-current)")
     group.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
     mem = parser.add_argument_group("memory accounting")
@@ -273,6 +279,18 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def training_from_args(args: argparse.Namespace) -> TrainingSpec:
+    """The training setup the flags give, bounded to what ``--stack`` can run."""
+    from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_training
+
+    stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
+    explicit = frozenset(name for name, given in (
+        ("sequence_parallel", args.sequence_parallel != "both"),
+        ("recompute_modes", tuple(args.recompute) != tuple(RECOMPUTE_MODES)),
+        ("max_cp", getattr(args, "max_cp", None) is not None)) if given)
+    return stack_training(stack, _training_as_given(args), explicit=explicit)
+
+
+def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
     return TrainingSpec(
         seq_len=args.seq_len,
         global_batch=args.global_batch,
@@ -286,6 +304,7 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
         optimizer_bytes=args.optimizer_bytes,
         sequence_parallel=args.sequence_parallel,
         max_vpp=args.max_vpp,
+        max_cp=getattr(args, "max_cp", None),
         fsdp=args.fsdp,
         recompute_num_layers=args.recompute_num_layers,
         recompute_modules=tuple(args.recompute_modules),
@@ -348,7 +367,18 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         memory=MemoryOptions(fp8_param_gather=args.fp8_param_gather,
                              moe_imbalance=args.moe_imbalance or 1.0),
     )
-    return build_cost_model(model, training, fabric, profile=profile, options=options)
+    return build_cost_model(model, training, fabric, profile=profile,
+                            options=_stack_bounded(args, options))
+
+
+def _stack_bounded(args: argparse.Namespace, options):  # type: ignore[no-untyped-def]
+    """``options`` bounded to what ``--stack`` can run; a feature flag the stack lacks errs."""
+    from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_options
+
+    explicit = frozenset(name for name in (*SEARCHABLE_FEATURES, "moe_flex_backend")
+                         if getattr(args, name, None) not in (None, "auto"))
+    return stack_options(get_stack(getattr(args, "stack", None) or DEFAULT_STACK), options,
+                         explicit=explicit)
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:

@@ -69,7 +69,8 @@ def feature_variants(model: ModelSpec, options: CostOptions,
     if not searched or model.moe is None:
         return ()
     flex_ok = compute_capability is None or compute_capability >= FLEX_MIN_CAPABILITY
-    dispatchers = ((("alltoall", "allgather") + (("flex",) if flex_ok else ()))
+    dispatchers = (tuple(d for d in options.moe_dispatchers_available
+                         if d != "flex" or flex_ok)
                    if "moe_dispatcher" in searched else (options.moe_dispatcher,))
     a2a = (False, True) if "moe_a2a_overlap" in searched else (options.moe_a2a_overlap,)
     shared_possible = model.moe.shared_expert_ffn_hidden_size > 0

@@ -106,6 +106,8 @@ class CostOptions:
     * ``search_features``: features (of :data:`SEARCHABLE_FEATURES`) the search chooses per
       layout instead of taking the value here (:mod:`parsearch.cost.feature_search`); empty:
       every feature as given.
+    * ``moe_dispatchers_available``: the dispatchers the software stack has, which a
+      searched dispatcher is chosen among (:mod:`parsearch.cost.stacks`).
     """
 
     causal: bool = True
@@ -135,6 +137,7 @@ class CostOptions:
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     search_features: tuple[str, ...] = ()
+    moe_dispatchers_available: tuple[str, ...] = MOE_DISPATCHERS
 
     def __post_init__(self) -> None:
         unknown_features = [f for f in self.search_features if f not in SEARCHABLE_FEATURES]
@@ -152,6 +155,10 @@ class CostOptions:
                 f"moe_dispatcher must be one of {', '.join(MOE_DISPATCHERS)}, "
                 f"got {self.moe_dispatcher!r}"
             )
+        if (not self.moe_dispatchers_available
+                or any(d not in MOE_DISPATCHERS for d in self.moe_dispatchers_available)):
+            raise SpecError(f"moe_dispatchers_available must name some of "
+                            f"{', '.join(MOE_DISPATCHERS)}, got {self.moe_dispatchers_available!r}")
         if self.fp8_recipe not in FP8_RECIPE_CHOICES:
             raise SpecError(f"fp8_recipe must be one of {', '.join(FP8_RECIPE_CHOICES)}, "
                             f"got {self.fp8_recipe!r}")

@@ -47,6 +47,7 @@ class RuleContext:
     sequence_parallel: str
     max_vpp: int | None
     model_name: str
+    max_cp: int | None = None
 
     @property
     def is_moe(self) -> bool:
@@ -72,6 +73,7 @@ def rule_context(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> Rul
         sequence_parallel=training.sequence_parallel,
         max_vpp=training.max_vpp,
         model_name=model.name,
+        max_cp=training.max_cp,
     )
 
 
@@ -305,12 +307,15 @@ def _sp_allowed(ctx: RuleContext, sp: np.ndarray, tp: np.ndarray) -> np.ndarray:
 
 def _r11_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
     # layout-space R11: the user's candidate sets (micro-batch sizes, recompute modes),
-    # plus the two the CLI adds: the sequence-parallel choice and a cap on vpp.
+    # plus those the CLI or a software stack adds: the sequence-parallel choice and caps
+    # on vpp and cp.
     mbs, rec = np.asarray(c["mbs"]), np.asarray(c["recompute"])
     ok = np.isin(mbs, ctx.micro_batch_sizes) & np.isin(rec, ctx.recompute_codes)
     ok = ok & _sp_allowed(ctx, np.asarray(c["sp"]).astype(bool), np.asarray(c["tp"]))
     if ctx.max_vpp is not None:
         ok = ok & (np.asarray(c["vpp"]) <= ctx.max_vpp)
+    if ctx.max_cp is not None:
+        ok = ok & (np.asarray(c["cp"]) <= ctx.max_cp)
     return ok
 
 
@@ -333,6 +338,9 @@ def _r11_message(ctx: RuleContext, c: Columns) -> str:
         )
     if ctx.max_vpp is not None and int(c["vpp"]) > ctx.max_vpp:
         reasons.append(f"vpp={int(c['vpp'])} exceeds --max-vpp {ctx.max_vpp}")
+    if ctx.max_cp is not None and int(c["cp"]) > ctx.max_cp:
+        reasons.append(f"cp={int(c['cp'])} exceeds the context-parallel cap {ctx.max_cp} "
+                       f"(--max-cp, or a --stack without context parallelism)")
     return "; ".join(reasons)
 
 
@@ -365,7 +373,7 @@ RULES: tuple[Rule, ...] = (
     _rule("R8", "pipeline-split", "pp vpp", _r8_holds, _r8_message),
     _rule("R9", "interleaving", "vpp pp m", _r9_holds, _r9_message),
     _rule("R10", "batch-divisibility", "m mbs dp", _r10_holds, _r10_message),
-    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp", _r11_holds, _r11_message),
+    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp", _r11_holds, _r11_message),
 )
 
 RULES_BY_ID: dict[str, Rule] = {rule.rule_id: rule for rule in RULES}

@@ -79,6 +79,7 @@ MAX_SIZES: dict[str, int] = {
     "global_batch": MAX_GLOBAL_BATCH,
     "micro_batch_sizes": MAX_MICRO_BATCH,
     "max_vpp": MAX_LAYERS,
+    "max_cp": MAX_SEQ_LEN,
     "recompute_num_layers": MAX_LAYERS,
     "activation_offload_layers": MAX_LAYERS,
 }
@@ -329,7 +330,8 @@ class TrainingSpec:
     The candidate sets bound the layout space: ``micro_batch_sizes`` and
     ``recompute_modes`` (rule R11); ``sequence_parallel`` is ``"both"`` (sp
     on and off wherever tp > 1), ``"on"`` (sp exactly when tp > 1, the usual
-    Megatron setting) or ``"off"``; ``max_vpp`` caps interleaving (``None``:
+    Megatron setting) or ``"off"``; ``max_cp`` caps context parallelism (``1``: a
+    software stack without it); ``max_vpp`` caps interleaving (``None``:
     every vpp the rules allow).
 
     ``fsdp`` switches from the distributed optimizer (ZeRO-1: only optimizer
@@ -377,6 +379,7 @@ class TrainingSpec:
     optimizer_bytes: float = 12.0
     sequence_parallel: SequenceParallelMode = "both"
     max_vpp: int | None = None
+    max_cp: int | None = None
     optimizer: str = "adam"
     fsdp: bool = False
     recompute_num_layers: int | None = None
@@ -390,6 +393,8 @@ class TrainingSpec:
         require_positive_int(owner, "global_batch", self.global_batch)
         if self.max_vpp is not None:
             require_positive_int(owner, "max_vpp", self.max_vpp)
+        if self.max_cp is not None:
+            require_positive_int(owner, "max_cp", self.max_cp)
         if not self.micro_batch_sizes:
             raise SpecError(f"{owner}: micro_batch_sizes is empty; give at least one, e.g. 1,2,4,8")
         for mbs in self.micro_batch_sizes:

@@ -87,6 +87,7 @@ def search_query(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec 
         "recompute": list(training.recompute_modes),
         "pipeline_split": training.pipeline_split,
         "sequence_parallel": training.sequence_parallel, "max_vpp": training.max_vpp,
+        **({"max_cp": training.max_cp} if training.max_cp is not None else {}),
         "distributed_optimizer": training.distributed_optimizer,
     }
 

@@ -57,7 +57,8 @@ def candidate_sets(model: ModelSpec, training: TrainingSpec,
     max_vpp = model.num_layers if training.max_vpp is None else min(model.num_layers,
                                                                    training.max_vpp)
     sets: dict[str, np.ndarray] = {
-        "tp": degrees, "pp": degrees[degrees <= model.num_layers], "cp": degrees,
+        "tp": degrees, "pp": degrees[degrees <= model.num_layers],
+        "cp": degrees if training.max_cp is None else degrees[degrees <= training.max_cp],
         "ep": degrees, "etp": degrees, "vpp": np.arange(1, max_vpp + 1, dtype=np.int64),
         "mbs": np.asarray(sorted(set(training.micro_batch_sizes)), dtype=np.int64),
         "sp": np.asarray([0] if training.sequence_parallel == "off" else [0, 1]),

@@ -31,12 +31,21 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.analytic import CostOptions
+from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_options, stack_training
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.specs import RECOMPUTE_MODES
 from parsearch.search.exhaustive import rank_feasible, scan_table, shape_codes
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.published.published_runs import PublishedRun, dedupe, dev_rows, group_key
+from parsearch.validation.published.run_conventions import (
+    FOLD,
+    KOR22,
+    NAR21,
+    NEMO_LONGSEQ,
+    release_of,
+    source_tag,
+)
 from parsearch.validation.published.runs import best_reading, run_cost_model
 
 MATCH_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
@@ -99,14 +108,40 @@ def _expert_pick(runs: list[PublishedRun]) -> PublishedRun:
     return max(runs, key=lambda r: (r.measured_tokens_per_s_per_gpu or 0.0, r.id))
 
 
-def rank_group(run: PublishedRun, options: CostOptions) -> GroupRank:
-    """Rank ``run``'s layout among all feasible layouts of its job."""
+#: The software stack each source's runs used (:mod:`parsearch.cost.stacks`): the papers'
+#: Megatron-LM of their year, MoE Parallel Folding's Megatron-Core (recipes of 2025-04-03,
+#: before DeepEP reached a release), NeMo 25.04's Megatron-Core 0.12.
+_SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm-2022",
+                                  FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12"}
+
+
+def run_stack(run: PublishedRun) -> str:
+    """The software stack ``run`` was measured with: by source, and for Megatron-Bridge's
+    tables by NeMo container (25.09 shipped Megatron-Core 0.14, later ones 0.15+)."""
+    tag = source_tag(run.source)
+    if tag in _SOURCE_STACKS:
+        return _SOURCE_STACKS[tag]
+    release = release_of(run.source)
+    if release is not None and release < (25, 11):
+        return "mcore-0.14"
+    return DEFAULT_STACK
+
+
+def rank_group(run: PublishedRun, options: CostOptions, *, by_stack: bool = True) -> GroupRank:
+    """Rank ``run``'s layout among all feasible layouts of its job.
+
+    With ``by_stack`` the layouts and searched features are those the run's software
+    stack could run (:func:`run_stack`), as a user who names ``--stack`` would search.
+    """
     assert run.model_spec is not None and run.cluster is not None
     fabric = build_fabric(load_cluster(run.cluster), run.num_gpus)
+    stack = get_stack(run_stack(run) if by_stack else DEFAULT_STACK)
+    options = stack_options(stack, options)
     reading = best_reading(run, fabric, options)
     mbs = tuple(sorted({1, 2, 4, 8, run.layout.mbs}))
-    training = replace(reading.training, micro_batch_sizes=mbs,
-                       recompute_modes=RECOMPUTE_MODES, sequence_parallel="on")
+    training = stack_training(stack, replace(reading.training, micro_batch_sizes=mbs,
+                                             recompute_modes=RECOMPUTE_MODES,
+                                             sequence_parallel="on"))
     cm = run_cost_model(run, fabric, options, training)
     table = enumerate_layouts(run.model_spec, training, run.num_gpus)
     scan = scan_table(cm, table)
@@ -139,12 +174,13 @@ def rank_group(run: PublishedRun, options: CostOptions) -> GroupRank:
 
 
 def rank_published_layouts(runs: Iterable[PublishedRun], *,
-                           options: CostOptions | None = None) -> RankingReport:
+                           options: CostOptions | None = None,
+                           by_stack: bool = True) -> RankingReport:
     """One :class:`GroupRank` per (model, GPU, GPU count, batch) group of the dev runs."""
     options = options or CostOptions()
     usable = [r for r in dedupe(dev_rows(runs)) if r.cluster is not None]
     groups: dict[tuple[str, str, int, int], list[PublishedRun]] = defaultdict(list)
     for run in usable:
         groups[group_key(run)].append(run)
-    return RankingReport(tuple(rank_group(_expert_pick(members), options)
+    return RankingReport(tuple(rank_group(_expert_pick(members), options, by_stack=by_stack)
                                for _key, members in sorted(groups.items())))

@@ -1,0 +1,221 @@
+"""Software stacks: which parallelism and features a training stack can run.
+
+The layout and the features a team can choose are bounded by the software it runs:
+Megatron-LM of 2021 had no sequence parallelism, no selective recompute, no context
+parallelism, no sharded optimizer and no fused (flash) attention; the MoE all-to-all
+overlap arrived in 2025.  A search that prices layouts a stack cannot run recommends
+what the team cannot launch, and ranks the layouts experts chose with older software
+behind layouts their software lacked.  ``--stack NAME`` bounds the layout space and the
+searched features to what that stack has; the default is the current Megatron-Core,
+which has everything the cost model prices.
+
+Each stack names its sources: the paper whose runs used it, or the release notes that
+introduced a feature (Megatron-LM ``CHANGELOG.md``: context parallelism in Megatron-Core
+0.4.0, shared-expert overlap 0.9.0, DeepEP flex dispatcher 0.12.0, HybridEP 0.15.0;
+Megatron-Bridge ``CHANGELOG.md`` 0.1.0rc3: "EP A2A communication overlap with
+computation in both 1F1B pipelining and non-pipelined training", the NeMo 25.09 era).
+
+Only what a stack *can* run is recorded here; its speed (kernel efficiency) is the
+efficiency profile's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from parsearch.cost.options import CostOptions
+from parsearch.errors import SpecError
+from parsearch.model.specs import TrainingSpec
+
+
+@dataclass(frozen=True)
+class SoftwareStack:
+    """What one training stack can run (``True``: available)."""
+
+    name: str
+    released: str
+    source: str
+    context_parallel: bool
+    sequence_parallel: bool
+    selective_recompute: bool
+    distributed_optimizer: bool
+    flash_attention: bool
+    tp_comm_overlap: bool  # Transformer Engine userbuffers overlap of the TP collectives
+    tp_async_grad_comm: bool  # backward TP all-reduce overlapped with the wgrad GEMM
+    moe_dispatchers: tuple[str, ...]
+    moe_a2a_overlap: bool
+    moe_shared_expert_overlap: bool
+    hybridep: bool
+
+    def missing(self) -> tuple[str, ...]:
+        """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
+        names = (("context_parallel", "context parallelism"),
+                 ("sequence_parallel", "sequence parallelism"),
+                 ("selective_recompute", "selective recompute"),
+                 ("distributed_optimizer", "the distributed optimizer"),
+                 ("flash_attention", "fused (flash) attention"),
+                 ("tp_comm_overlap", "TP communication overlap"),
+                 ("moe_a2a_overlap", "the MoE all-to-all overlap"),
+                 ("moe_shared_expert_overlap", "the shared-expert overlap"),
+                 ("hybridep", "HybridEP"))
+        out = [words for field_name, words in names if not getattr(self, field_name)]
+        if not self.moe_dispatchers:
+            out.append("MoE layers")
+        elif "flex" not in self.moe_dispatchers:
+            out.append("the flex (DeepEP) dispatcher")
+        return tuple(out)
+
+
+_MOE_ALL = ("alltoall", "allgather", "flex")
+
+#: The stacks parsearch knows, oldest first; the last is the default.
+STACKS: tuple[SoftwareStack, ...] = (
+    SoftwareStack(
+        # NAR21 (arXiv 2104.04473) and its sc21 scripts (August 2021): TP, PP with the
+        # interleaved schedule, DP; activation checkpointing of whole layers only; the
+        # optimizer state replicated over DP (ZeRO is compared in §5.2 as another
+        # system); attention as batched GEMMs with a fused softmax (FlashAttention is
+        # arXiv 2205.14135, May 2022); the backward TP all-reduce ran exposed until
+        # Megatron-LM commit 16c90445 (2021-09-02).
+        name="megatron-lm-2021", released="2021-08",
+        source="Narayanan et al. 2021, arXiv 2104.04473 (Megatron-LM sc21 scripts)",
+        context_parallel=False, sequence_parallel=False, selective_recompute=False,
+        distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
+        tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
+        moe_shared_expert_overlap=False, hybridep=False),
+    SoftwareStack(
+        # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective
+        # recompute (§4.2, §5); still no fused attention, no context parallelism, and its
+        # memory analysis (§4.1) keeps the optimizer state unsharded.
+        name="megatron-lm-2022", released="2022-05",
+        source="Korthikanti et al. 2022, arXiv 2205.05198",
+        context_parallel=False, sequence_parallel=True, selective_recompute=True,
+        distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
+        tp_async_grad_comm=True, moe_dispatchers=(), moe_a2a_overlap=False,
+        moe_shared_expert_overlap=False, hybridep=False),
+    SoftwareStack(
+        # Megatron-Core 0.11 (early 2025; MoE Parallel Folding, arXiv 2504.14960, and its
+        # ModelZoo recipes of 2025-04-03): all-to-all and all-gather dispatchers, the
+        # shared-expert overlap (0.9.0); DeepEP only from 0.12.0, the EP all-to-all
+        # overlap later.
+        name="mcore-0.11", released="2025-02",
+        source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
+        context_parallel=True, sequence_parallel=True, selective_recompute=True,
+        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
+        tp_async_grad_comm=True, moe_dispatchers=("alltoall", "allgather"),
+        moe_a2a_overlap=False, moe_shared_expert_overlap=True, hybridep=False),
+    SoftwareStack(
+        # Megatron-Core 0.12.0: "DeepEP support, compatible with all the parallelisms".
+        name="mcore-0.12", released="2025-04",
+        source="Megatron-LM CHANGELOG.md (Megatron Core 0.12.0, MoE features)",
+        context_parallel=True, sequence_parallel=True, selective_recompute=True,
+        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
+        tp_async_grad_comm=True, moe_dispatchers=_MOE_ALL, moe_a2a_overlap=False,
+        moe_shared_expert_overlap=True, hybridep=False),
+    SoftwareStack(
+        # Megatron-Core 0.14 / Megatron-Bridge 0.1.0rc3 (NeMo 25.09): the EP all-to-all
+        # overlap (--overlap-moe-expert-parallel-comm) in 1F1B and interleaved schedules.
+        name="mcore-0.14", released="2025-09",
+        source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
+        context_parallel=True, sequence_parallel=True, selective_recompute=True,
+        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
+        tp_async_grad_comm=True, moe_dispatchers=_MOE_ALL, moe_a2a_overlap=True,
+        moe_shared_expert_overlap=True, hybridep=False),
+    SoftwareStack(
+        # Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the
+        # cost model prices.
+        name="mcore-current", released="2025-12",
+        source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0)",
+        context_parallel=True, sequence_parallel=True, selective_recompute=True,
+        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
+        tp_async_grad_comm=True, moe_dispatchers=_MOE_ALL, moe_a2a_overlap=True,
+        moe_shared_expert_overlap=True, hybridep=True),
+)
+
+STACKS_BY_NAME: dict[str, SoftwareStack] = {s.name: s for s in STACKS}
+DEFAULT_STACK = STACKS[-1].name
+
+
+def get_stack(name: str) -> SoftwareStack:
+    """The stack called ``name``, or an error that lists the known ones."""
+    try:
+        return STACKS_BY_NAME[name]
+    except KeyError:
+        raise SpecError(f"--stack: unknown software stack {name!r}; choose from "
+                        f"{', '.join(STACKS_BY_NAME)} (default {DEFAULT_STACK})") from None
+
+
+def _refuse(stack: SoftwareStack, what: str, fix: str) -> SpecError:
+    return SpecError(f"--stack {stack.name} does not have {what} ({stack.source}); {fix}")
+
+
+def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
+                   explicit: frozenset[str] = frozenset()) -> TrainingSpec:
+    """``training`` bounded to what ``stack`` can run.
+
+    ``explicit`` names the fields the user set (``sequence_parallel``,
+    ``recompute_modes``, ``distributed_optimizer``, ``max_cp``): asking a stack for what
+    it lacks is an error, a default is narrowed quietly.
+    """
+    out = training
+    if not stack.sequence_parallel and training.sequence_parallel != "off":
+        if "sequence_parallel" in explicit and training.sequence_parallel == "on":
+            raise _refuse(stack, "sequence parallelism", "use --sequence-parallel off")
+        out = replace(out, sequence_parallel="off")
+    if not stack.selective_recompute and "selective" in training.recompute_modes:
+        modes = tuple(m for m in training.recompute_modes if m != "selective")
+        if not modes or "recompute_modes" in explicit:
+            raise _refuse(stack, "selective recompute", "use --recompute none,full")
+        out = replace(out, recompute_modes=modes)
+    if not stack.distributed_optimizer and (training.distributed_optimizer or training.fsdp):
+        if "distributed_optimizer" in explicit or training.fsdp:
+            raise _refuse(stack, "sharded optimizer state (distributed optimizer, FSDP)",
+                          "use --no-distributed-optimizer without --fsdp")
+        out = replace(out, distributed_optimizer=False)
+    if not stack.context_parallel and (training.max_cp is None or training.max_cp > 1):
+        if "max_cp" in explicit and training.max_cp is not None and training.max_cp > 1:
+            raise _refuse(stack, "context parallelism", "use --max-cp 1")
+        out = replace(out, max_cp=1)
+    return out
+
+
+def stack_options(stack: SoftwareStack, options: CostOptions, *,
+                  explicit: frozenset[str] = frozenset()) -> CostOptions:
+    """``options`` bounded to what ``stack`` can run (see :func:`stack_training`).
+
+    Searched features the stack lacks leave the search and stay off; a feature the user
+    turned on that the stack lacks is an error.
+    """
+    searched = set(options.search_features)
+    changes: dict[str, object] = {}
+    for feature, available in (("moe_a2a_overlap", stack.moe_a2a_overlap),
+                               ("moe_shared_expert_overlap", stack.moe_shared_expert_overlap),
+                               ("tp_comm_overlap", stack.tp_comm_overlap),
+                               ("flash_attention", stack.flash_attention),
+                               ("tp_async_grad_comm", stack.tp_async_grad_comm)):
+        if available:
+            continue
+        searched.discard(feature)
+        if not getattr(options, feature):
+            continue
+        if feature in explicit:
+            raise _refuse(stack, feature.replace("_", " "),
+                          f"drop --{feature.replace('_', '-')}")
+        changes[feature] = False
+    if stack.moe_dispatchers:
+        dispatchers = tuple(d for d in options.moe_dispatchers_available
+                            if d in stack.moe_dispatchers)
+        if options.moe_dispatcher not in dispatchers:
+            if "moe_dispatcher" in explicit:
+                raise _refuse(stack, f"the {options.moe_dispatcher} dispatcher",
+                              f"choose --moe-dispatcher among {', '.join(dispatchers)}")
+            changes["moe_dispatcher"] = dispatchers[0]
+        changes["moe_dispatchers_available"] = dispatchers
+    if not stack.hybridep and options.moe_flex_backend == "hybridep":
+        if "moe_flex_backend" in explicit:
+            raise _refuse(stack, "HybridEP", "use --moe-flex-backend deepep")
+        changes["moe_flex_backend"] = "deepep"
+    if not stack.hybridep and options.moe_flex_backend == "auto":
+        changes["moe_flex_backend"] = "deepep"
+    changes["search_features"] = tuple(f for f in options.search_features if f in searched)
+    return replace(options, **changes)  # type: ignore[arg-type]

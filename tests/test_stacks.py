@@ -1,0 +1,149 @@
+"""Software stacks bound the layout space and the searched features (cost/stacks.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsearch.cli import main
+from parsearch.cost.feature_search import feature_variants
+from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+from parsearch.cost.stacks import (
+    DEFAULT_STACK,
+    STACKS,
+    get_stack,
+    stack_options,
+    stack_training,
+)
+from parsearch.errors import SpecError
+from parsearch.layout.rules import RECOMPUTE_CODES
+from parsearch.layout.space import enumerate_layouts
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import RECOMPUTE_MODES, TrainingSpec
+
+STACK_NAMES = [s.name for s in STACKS]
+
+
+def _training(**kw: object) -> TrainingSpec:
+    return TrainingSpec(**{"seq_len": 4096, "global_batch": 256, **kw})  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(STACK_NAMES),
+       sp=st.sampled_from(["both", "on", "off"]),
+       modes=st.sets(st.sampled_from(RECOMPUTE_MODES), min_size=1),
+       max_cp=st.one_of(st.none(), st.integers(1, 16)))
+def test_stack_training_never_keeps_what_the_stack_lacks(name: str, sp: str, modes: set[str],
+                                                         max_cp: int | None) -> None:
+    stack = get_stack(name)
+    training = _training(sequence_parallel=sp, recompute_modes=tuple(sorted(modes)),
+                         max_cp=max_cp)
+    try:
+        out = stack_training(stack, training)
+    except SpecError as error:  # only when nothing the user allowed is left
+        assert modes == {"selective"} and not stack.selective_recompute
+        assert name in str(error) and "--recompute" in str(error)
+        return
+    if not stack.sequence_parallel:
+        assert out.sequence_parallel == "off"
+    if not stack.selective_recompute:
+        assert "selective" not in out.recompute_modes
+    if not stack.context_parallel:
+        assert out.max_cp == 1
+    if not stack.distributed_optimizer:
+        assert not out.distributed_optimizer
+    # what the stack has is left as the user gave it
+    assert set(out.recompute_modes) <= modes
+    if stack.context_parallel:
+        assert out.max_cp == max_cp
+
+
+@pytest.mark.parametrize("name", STACK_NAMES)
+def test_layouts_of_a_stack_use_only_what_it_has(name: str) -> None:
+    stack = get_stack(name)
+    model = get_preset("gpt3-175b")
+    table = enumerate_layouts(model, stack_training(stack, _training(global_batch=64)), 64)
+    cols = table.columns
+    assert len(table) > 0
+    if not stack.context_parallel:
+        assert np.all(cols["cp"] == 1)
+    if not stack.sequence_parallel:
+        assert not np.any(cols["sp"])
+    if not stack.selective_recompute:
+        assert not np.any(cols["recompute"] == RECOMPUTE_CODES["selective"])
+
+
+def test_older_stacks_search_a_subset_of_newer_layouts() -> None:
+    model = get_preset("gpt3-175b")
+    sizes = [len(enumerate_layouts(model, stack_training(s, _training(global_batch=64)), 64))
+             for s in STACKS]
+    assert sizes == sorted(sizes)
+    assert sizes[0] < sizes[-1]
+
+
+@pytest.mark.parametrize("name", STACK_NAMES)
+def test_searched_features_stay_within_the_stack(name: str) -> None:
+    stack = get_stack(name)
+    model = get_preset("deepseek-v3")
+    options = stack_options(stack, CostOptions(search_features=SEARCHABLE_FEATURES))
+    variants = feature_variants(model, options, compute_capability=9.0)
+    if not stack.moe_dispatchers:
+        return
+    assert variants
+    for variant in variants:
+        assert variant.moe_dispatcher in stack.moe_dispatchers
+        assert stack.moe_a2a_overlap or not variant.moe_a2a_overlap
+        assert stack.moe_shared_expert_overlap or not variant.moe_shared_expert_overlap
+
+
+def test_the_default_stack_changes_nothing() -> None:
+    stack = get_stack(DEFAULT_STACK)
+    options = CostOptions(search_features=SEARCHABLE_FEATURES)
+    assert stack_options(stack, options) == options
+    training = _training()
+    assert stack_training(stack, training) == training
+
+
+@pytest.mark.parametrize(("stack", "change", "needle"), [
+    ("megatron-lm-2021", {"moe_a2a_overlap": True}, "moe a2a overlap"),
+    ("mcore-0.11", {"moe_dispatcher": "flex"}, "--moe-dispatcher among alltoall, allgather"),
+    ("mcore-0.14", {"moe_flex_backend": "hybridep"}, "--moe-flex-backend deepep"),
+])
+def test_asking_a_stack_for_what_it_lacks_names_the_fix(stack: str, change: dict[str, object],
+                                                         needle: str) -> None:
+    options = replace(CostOptions(), **change)  # type: ignore[arg-type]
+    with pytest.raises(SpecError) as error:
+        stack_options(get_stack(stack), options, explicit=frozenset(change))
+    assert stack in str(error.value) and needle in str(error.value)
+
+
+def test_unknown_stack_lists_the_known_ones() -> None:
+    with pytest.raises(SpecError, match="mcore-current"):
+        get_stack("megatron-2019")
+
+
+def test_cli_stack_bounds_the_search(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "64",
+            "--global-batch", "64", "--seq-len", "2048", "--format", "csv", "--top", "50"]
+    assert main([*args, "--stack", "megatron-lm-2021"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:]]
+    assert rows and all(r["cp"] == "1" and r["recompute"] != "selective" for r in rows)
+    assert all(r["sp"] in ("no", "false", "False", "0") for r in rows)
+    assert main([*args, "--stack", "megatron-lm-2021", "--sequence-parallel", "on"]) == 2
+    err = capsys.readouterr().err
+    assert "megatron-lm-2021" in err and "--sequence-parallel off" in err
+
+
+def test_cli_max_cp_caps_context_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["search", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64",
+                 "--global-batch", "128", "--seq-len", "16384", "--format", "csv",
+                 "--top", "40", "--max-cp", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    cp_at = lines[0].split(",").index("cp")
+    assert lines[1:] and all(int(line.split(",")[cp_at]) <= 2 for line in lines[1:])
