@@ -172,6 +172,9 @@ def add_cluster_option(parser: argparse.ArgumentParser) -> None:
         metavar="C",
         help="cluster preset (see `parsearch clusters`) or path to a cluster YAML file",
     )
+    from parsearch.cli.gpu_variant_options import add_gpu_variant_options
+
+    add_gpu_variant_options(parser)  # --gpu-power-limit, --gpu-memory-gib, ...
 
 
 def add_cost_options(parser: argparse.ArgumentParser) -> None:
@@ -323,15 +326,15 @@ def searched_features(args: argparse.Namespace) -> tuple[str, ...]:
 def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: TrainingSpec,
                          num_gpus: int):  # type: ignore[no-untyped-def]
     """The :class:`~parsearch.cost.analytic.CostModel` for ``--cluster`` on ``num_gpus`` GPUs."""
+    from parsearch.cli.gpu_variant_options import cluster_from_args
     from parsearch.cost.analytic import CostOptions, build_cost_model
     from parsearch.cost.efficiency import load_efficiency_profile
     from parsearch.cost.memory import MemoryOptions
-    from parsearch.topology.cluster import load_cluster
     from parsearch.topology.summary import fabric_from_spec
 
     if args.moe_imbalance is not None and args.moe_imbalance < 1:
         raise SpecError(f"--moe-imbalance {args.moe_imbalance} must be >= 1 (max/mean)")
-    cluster = load_cluster(args.cluster)
+    cluster = cluster_from_args(args)  # with the GPU variant options applied
     # the per-GPU arrays from the cluster fields: equal to the graph walk, array for array
     # (tests/test_search.py), without building a graph of every GPU, NIC and switch
     fabric = fabric_from_spec(cluster, num_gpus)

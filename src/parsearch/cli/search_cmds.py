@@ -239,10 +239,10 @@ def _multi_cost_inputs(args: argparse.Namespace, model: Any, training: Any,
     decides), so each cluster fills them from its own GPU's profile; the
     profile is ``None`` unless ``--efficiency`` names one for all clusters.
     """
+    from parsearch.cli.gpu_variant_options import cluster_from_args
     from parsearch.search.arguments import gpu_counts_by_cluster
-    from parsearch.topology.cluster import load_cluster
 
-    clusters = [load_cluster(name) for name in names]
+    clusters = [cluster_from_args(args, name) for name in names]  # GPU variant applied
     counts_by = gpu_counts_by_cluster(clusters=clusters, max_gpus=args.max_gpus,
                                       min_gpus=args.min_gpus, gpu_step=args.gpu_step)
     models = [cost_model_from_args(argparse.Namespace(**{**vars(args), "cluster": name}),

@@ -16,6 +16,7 @@ from parsearch.cli.common import (
     print_json,
     print_table,
 )
+from parsearch.cli.gpu_variant_options import cluster_from_args
 from parsearch.errors import SpecError
 from parsearch.serve.api import ServeResult, serve_layouts
 from parsearch.serve.explain import ServingExplanation, explain_serving, parse_serving_layout
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_layout(args, model)
     if args.batch is not None:
         raise SpecError("--batch goes with --layout (the search chooses the batch itself)")
-    result = serve_layouts(model=model, cluster=args.cluster, num_gpus=args.gpus,
+    result = serve_layouts(model=model, cluster=cluster_from_args(args), num_gpus=args.gpus,
                            workload=workload_from_args(args), window=_window(args),
                            top=args.top)
     if args.format == "json":
@@ -194,7 +195,7 @@ def _run_layout(args: argparse.Namespace, model: Any) -> int:
     workload = workload_from_args(args)
     if workload.mode != "aggregated":
         raise SpecError("--layout prices aggregated serving; drop --mode disaggregated")
-    result = explain_serving(model=model, cluster=args.cluster, num_gpus=args.gpus,
+    result = explain_serving(model=model, cluster=cluster_from_args(args), num_gpus=args.gpus,
                              workload=workload, layout=fields, window=_window(args))
     if args.format == "json":
         print_json(result.to_dict())

@@ -30,6 +30,10 @@ Fields of a cluster file (required unless a default is given):
 ``nvlink_efficiency``  achievable fraction of NVLink bandwidth (default 0.8)
 ``network_efficiency`` achievable fraction of NIC bandwidth (default 0.92 IB, 0.85 RoCE)
 ``max_gpus``           largest supported job (default: unlimited)
+``gpu_power_limit_W``  GPU variant (:mod:`parsearch.topology.variants`): board power limit
+``gpu_sm_clock_MHz``   ... SM clock lock
+``gpu_memory_GiB``     ... memory per GPU
+``gpu_hbm_bandwidth_TBps`` ... HBM bandwidth
 ``description``, ``sources``  free text
 ====================== ==========================================================
 """
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from parsearch.errors import TopologyError, parse_yaml_text
+from parsearch.errors import SpecError, TopologyError, parse_yaml_text
 from parsearch.files import is_file
 from parsearch.model.specs import short_repr
 from parsearch.resources import data_dir
@@ -69,6 +73,14 @@ _REQUIRED: tuple[str, ...] = (
     "nvlink_latency_us",
     "network_latency_us",
 )
+#: Cluster-file fields that vary the GPU, and the variant field each sets
+#: (:data:`parsearch.topology.variants.VARIANT_FIELDS`).
+GPU_VARIANT_FIELDS: dict[str, str] = {
+    "gpu_power_limit_W": "power_limit_W",
+    "gpu_sm_clock_MHz": "sm_clock_MHz",
+    "gpu_memory_GiB": "hbm_capacity_GiB",
+    "gpu_hbm_bandwidth_TBps": "hbm_bandwidth_TBps",
+}
 _OPTIONAL: tuple[str, ...] = (
     "description",
     "sources",
@@ -79,6 +91,7 @@ _OPTIONAL: tuple[str, ...] = (
     "switch_latency_us",
     "nvlink_efficiency",
     "network_efficiency",
+    *GPU_VARIANT_FIELDS,
 )
 
 #: Largest job parsearch models (GPUs): above the largest public clusters (~100k GPUs),
@@ -296,6 +309,7 @@ def cluster_from_dict(data: Any, where: str) -> ClusterSpec:
         raise TopologyError(
             f"{where}: field 'gpu': unknown GPU model '{gpu}'; known models: {', '.join(known)}"
         )
+    gpu = _gpu_variant(data, gpu, where)
     fabric = str(data["fabric"]).lower()
     if fabric not in FABRICS:
         raise TopologyError(
@@ -341,6 +355,24 @@ def cluster_from_dict(data: Any, where: str) -> ClusterSpec:
         description=str(data.get("description", "")).strip(),
         sources=tuple((str(k), str(v).strip()) for k, v in sources.items()),
     )
+
+
+def _gpu_variant(data: dict[str, Any], gpu: str, where: str) -> str:
+    """The ``gpu`` name with the file's ``gpu_*`` variant fields applied and checked."""
+    fields = {}
+    for key, field_name in GPU_VARIANT_FIELDS.items():
+        if data.get(key) is not None:
+            fields[field_name] = _require_number(where, key, data[key], positive=True)
+    if not fields:
+        return gpu
+    from parsearch.topology.variants import load_variant_profile, variant_name
+
+    name = variant_name(gpu, fields)
+    try:
+        load_variant_profile(name, {v: k for k, v in GPU_VARIANT_FIELDS.items()})
+    except SpecError as error:
+        raise TopologyError(f"{where}: {error}") from None
+    return name
 
 
 def topologies_dir() -> Path:

@@ -33,9 +33,12 @@ PEAK_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 
 _TERA = 1e12
 _GIB = 2**30
+_POWER_FIELDS = ("tdp_W", "min_power_W", "sustained_clock_MHz", "max_clock_MHz",
+                 "power_clock_exponent")
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
 _OPTIONAL = ("description", "compute_capability", "host_link_GBps", "sm_count",
-             "large_matmul_fraction", "exp_Tps")
+             "large_matmul_fraction", "exp_Tps", "tdp_W", "min_power_W",
+             "sustained_clock_MHz", "max_clock_MHz", "power_clock_exponent")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,20 @@ class GpuProfile:
     #: Exponentials per second of the special function units (the softmax of fused
     #: attention, :mod:`parsearch.cost.softmax`); ``None``: not stated.
     exp_per_s: float | None = None
+    #: Rated board power (W) the peaks are delivered at, and the lowest power limit the
+    #: board accepts; ``None``: not stated (no power-limit variants of this GPU).
+    tdp_W: float | None = None
+    min_power_W: float | None = None
+    #: SM clock (MHz) sustained under dense tensor-core load at ``tdp_W`` (what the
+    #: profile's GEMM efficiency was measured at), and the highest clock the board runs.
+    sustained_clock_MHz: float | None = None
+    max_clock_MHz: float | None = None
+    #: gamma of sustained clock ~ power ** gamma (``None``: the default of
+    #: :mod:`parsearch.topology.power`).
+    power_clock_exponent: float | None = None
+    #: What a variant (:mod:`parsearch.topology.variants`) changed; ``""``: the datasheet
+    #: part.  A variant keeps the base part's ``name`` (the efficiency profiles name it).
+    variant: str = ""
 
 
 def hardware_dir() -> Path:
@@ -125,6 +142,8 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
         large_matmul_fraction=_fractions(where, data.get("large_matmul_fraction")),
         exp_per_s=(None if data.get("exp_Tps") is None else
                    _positive(where, "exp_Tps", data["exp_Tps"]) * _TERA),
+        **{key: (None if data.get(key) is None else _positive(where, key, data[key]))
+           for key in _POWER_FIELDS},
     )
 
 
@@ -145,8 +164,9 @@ def _fractions(where: str, data: object) -> dict[str, float]:
     return out
 
 
-def load_gpu_profile(name: str) -> GpuProfile:
-    """Load a built-in profile by name (e.g. ``"h100-sxm"``) or a YAML file by path."""
+def read_profile_file(name: str) -> tuple[Any, str]:
+    """The parsed YAML of a built-in profile (by name) or a profile file (by path), and
+    where it came from."""
     path = Path(name)
     if not (path.suffix in (".yaml", ".yml") and is_file(path)):
         path = hardware_dir() / f"{name}.yaml"
@@ -154,10 +174,24 @@ def load_gpu_profile(name: str) -> GpuProfile:
         known = ", ".join(list_gpu_profiles())
         raise SpecError(f"unknown GPU model '{name}'; known models: {known}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.safe_load(path.read_text(encoding="utf-8")), str(path)
     except yaml.YAMLError as error:
         raise SpecError(f"{path}: not valid YAML ({error})") from None
-    return gpu_profile_from_dict(data, str(path))
+
+
+def load_gpu_profile(name: str) -> GpuProfile:
+    """Load a built-in profile by name (e.g. ``"h100-sxm"``) or a YAML file by path.
+
+    A variant (a file with ``variant_of``, or ``"h100-sxm@power_limit_W=500"``) is the
+    base part with a power limit, clock lock or other memory applied
+    (:mod:`parsearch.topology.variants`).
+    """
+    data, where = (None, "") if "@" in name else read_profile_file(name)
+    if data is None or (isinstance(data, dict) and "variant_of" in data):
+        from parsearch.topology.variants import load_variant_profile
+
+        return load_variant_profile(name)
+    return gpu_profile_from_dict(data, where)
 
 
 @cache
