@@ -24,6 +24,7 @@ from parsearch.serve.spec import (
     KV_PRECISIONS,
     SERVING_ENGINES,
     SERVING_MODES,
+    SPEC_METHODS,
     WEIGHT_PRECISIONS,
     LengthClass,
     ServingWorkload,
@@ -46,6 +47,13 @@ def _fraction(text: str) -> float:
     value = _positive_number(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"{value:g} must be in (0, 1], a share of GPU memory")
+    return value
+
+
+def _unit_interval(text: str) -> float:
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{value:g} must be in [0, 1]")
     return value
 
 
@@ -126,6 +134,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default 0.9 of total), SGLang --mem-fraction-static (0.79-0.88 by "
                         "GPU count), TensorRT-LLM kv_cache_free_gpu_memory_fraction (0.9 of "
                         "free memory)")
+    parser.add_argument("--spec-decode", choices=SPEC_METHODS, default="none",
+                        help="speculative decoding: mtp (DeepSeek-V3 MTP module), eagle "
+                        "(EAGLE draft head) or draft (separate draft model); default none")
+    parser.add_argument("--spec-tokens", type=positive_int, default=None, metavar="K",
+                        help="draft tokens per verify step (default: mtp 1, eagle 3, draft 4)")
+    parser.add_argument("--acceptance-rate", type=_unit_interval, default=None, metavar="A",
+                        help="chance each draft token is accepted, in [0, 1] (default: mtp "
+                        "0.85, DeepSeek-V3 report; eagle 0.75, EAGLE paper; draft: required)")
+    parser.add_argument("--draft-cost", type=_unit_interval, default=None, metavar="C",
+                        help="one draft forward's time over one target decode step, in [0, 1] "
+                        "(default for mtp/eagle: one layer plus the output head; draft: "
+                        "required)")
+    parser.add_argument("--prefix-cache-hit", type=_unit_interval, default=0.0, metavar="H",
+                        help="share of prompt tokens found in the prefix cache, in [0, 1): "
+                        "prefill computes the rest (default 0)")
     parser.add_argument("--max-batch", type=positive_int, default=1024, metavar="B",
                         help="most requests per instance (vLLM --max-num-seqs; default 1024)")
     parser.add_argument("--sliding-window", type=positive_int, default=None, metavar="W",
@@ -160,7 +183,10 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
               "kv_precision": kv, "mode": args.mode, "concurrency": args.concurrency,
               "request_rate": args.request_rate, "max_batch": args.max_batch,
               "ep_overlap": args.ep_overlap, "max_instance_gpus": args.max_instance_gpus,
-              "engine": args.engine, "memory_fraction": args.memory_fraction}
+              "engine": args.engine, "memory_fraction": args.memory_fraction,
+              "spec_decode": args.spec_decode, "spec_tokens": args.spec_tokens,
+              "acceptance_rate": args.acceptance_rate, "draft_cost": args.draft_cost,
+              "prefix_cache_hit": args.prefix_cache_hit}
     if args.mix is not None:
         if args.isl is not None or args.osl is not None:
             raise SpecError("give either --isl/--osl or --mix, not both")
@@ -250,7 +276,9 @@ def _print(result: ServeResult) -> None:
     if best is not None:
         launch = best.launch
         out.write(f"\nlaunch (best, x{launch.replicas}):\n  {' '.join(launch.vllm)}\n"
-                  f"  {' '.join(launch.sglang)}\n")
+                  f"  {' '.join(launch.sglang)}\n  {' '.join(launch.trtllm)}\n")
+        for line in launch.trtllm_options:
+            out.write(f"    {line}\n")
         if launch.prefill_replicas:
             out.write(f"prefill (x{launch.prefill_replicas}):\n  "
                       f"{' '.join(launch.prefill_vllm)}\n  {' '.join(launch.prefill_sglang)}\n")

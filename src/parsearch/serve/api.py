@@ -205,6 +205,9 @@ def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int
              "engine": workload.engine, "memory_fraction": workload.memory_fraction,
              "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
              "concurrency": workload.concurrency, "request_rate": workload.request_rate,
+             "spec_decode": workload.spec_decode, "spec_tokens": workload.spec_tokens,
+             "acceptance_rate": workload.acceptance_rate, "draft_cost": workload.draft_cost,
+             "prefix_cache_hit": workload.prefix_cache_hit,
              "sliding_window": None if ctx.window is None else
              {"window": ctx.window.window, "windowed_layers": ctx.window.windowed_layers}}
     return ServeResult(query=query, considered=len(layouts),

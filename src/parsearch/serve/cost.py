@@ -19,6 +19,7 @@ from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.moe import expected_touched_share, expert_gemm_time
+from parsearch.serve.prefix_cache import computed_prompt_tokens, mean_prefill_attended
 from parsearch.serve.rates import Rates, gemm_eff, rates_for
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.topology.fabric import Fabric
@@ -241,7 +242,8 @@ def _non_gemm_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tokens_ra
 
 
 def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
-                 counts: ParameterCounts, window: SlidingWindow | None) -> tuple[float, float]:
+                 counts: ParameterCounts, window: SlidingWindow | None,
+                 query_tokens: float = 1.0) -> tuple[float, float]:
     """(weight bytes, KV bytes) one GPU of the heaviest stage reads in one decode pass.
 
     Weights: the stage's linears and output layer (the input embedding is a row lookup);
@@ -276,13 +278,18 @@ def _rank_params(model: ModelSpec, layout: ServingLayout,
 
 def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
                 counts: ParameterCounts, rates: Rates, links: InstanceLinks,
-                window: SlidingWindow | None) -> StepTime:
-    """One decode pass of the heaviest stage over one micro-batch of ``batch / pp`` requests."""
-    b_m = max(1.0, layout.batch / layout.pp)
-    t_rank = max(1.0, b_m / layout.attention_dp)
+                window: SlidingWindow | None, query_tokens: float = 1.0) -> StepTime:
+    """One decode pass of the heaviest stage over one micro-batch of ``batch / pp`` requests,
+    each carrying ``query_tokens`` tokens (1; ``k + 1`` when a speculative verify step checks
+    ``k`` draft tokens: GEMMs, attention FLOPs, expert routing and activations grow with the
+    tokens, the weights and KV cache are read once, Leviathan et al. 2023 arXiv 2211.17192
+    §3-4)."""
+    seqs = max(1.0, layout.batch / layout.pp)
+    b_m = seqs * query_tokens
+    t_rank = max(1.0, seqs / layout.attention_dp) * query_tokens
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
-    weights, kv = decode_bytes(model, workload, layout, counts, window)
+    weights, kv = decode_bytes(model, workload, layout, counts, window, query_tokens)
     ctx = workload.mean_decode_context
     memory = (weights + kv) / rates.hbm_Bps
     # FLOPs on one GPU: 2 per parameter per token; attention, dense MLP and shared experts
@@ -320,8 +327,9 @@ def decode_tpot_s(step: StepTime, pp: int) -> float:
 
 def prefill_packed_tokens(workload: ServingWorkload, layout: ServingLayout) -> float:
     """Prompt tokens one scheduler step packs per attention-DP rank under load: the
-    prompts in flight, up to ``max_num_batched_tokens`` (at least one whole prompt)."""
-    s = float(workload.isl)
+    prompts in flight, up to ``max_num_batched_tokens`` (at least one whole prompt); of a
+    prompt only the tokens missing from the prefix cache count."""
+    s = computed_prompt_tokens(workload.isl, workload.prefix_cache_hit)
     return max(s, min(float(workload.max_num_batched_tokens), s * layout.batch))
 
 
@@ -331,8 +339,10 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
                   tokens_stage: float) -> StepTime:
     """One prefill pass of the heaviest stage with ``tokens_rank`` prompt tokens on the
     busiest attention-DP rank and ``tokens_stage`` on all of them (the routed experts'
-    share); prompts of ``isl`` tokens."""
+    share); prompts of ``isl`` tokens, of which the prefix cache holds a share
+    (:mod:`parsearch.serve.prefix_cache`)."""
     s = float(workload.isl)
+    hit = workload.prefix_cache_hit
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
     attn_params, mlp_params = _rank_params(model, layout, counts)
@@ -343,7 +353,8 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
         dim = (model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim + model.mla.v_head_dim) / 2
     else:
         dim = float(model.head_dim)
-    attended = attention_context_tokens(model, s / 2.0, window)  # mean causal span
+    # mean causal span of a computed token: the cached prefix plus half the computed part
+    attended = attention_context_tokens(model, mean_prefill_attended(s, hit), window)
     core = layers * 4.0 * tokens_rank * attended * heads * dim
     block = s / (s + rates.attention_half_block)
     gemm_rate = rates.peak_flops * max(gemm_eff(rates, 2.0 * tokens_rank * h * h / layout.tp),
@@ -379,10 +390,11 @@ def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     weight reads, collective latencies and kernel overheads are shared by them.
     """
     args = (model, workload, layout, counts, rates, links, window)
-    alone = _prefill_pass(*args, float(workload.isl), float(workload.isl))
+    computed = computed_prompt_tokens(workload.isl, workload.prefix_cache_hit)
+    alone = _prefill_pass(*args, computed, computed)
     packed = prefill_packed_tokens(workload, layout)
     step = _prefill_pass(*args, packed, packed * layout.attention_dp)
-    busy = step.total_s * workload.isl / (packed * layout.attention_dp)
+    busy = step.total_s * computed / (packed * layout.attention_dp)
     return replace(alone, busy_s=busy)
 
 

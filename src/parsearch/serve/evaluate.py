@@ -35,6 +35,7 @@ from parsearch.serve.cost import (
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, kv_bytes_per_token
 from parsearch.serve.memory import GIB, gpu_memory, max_sequences
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
+from parsearch.serve.speculative import Speculation, speculation_for, speculative_tpot_s
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.topology.hardware import GpuProfile
@@ -52,6 +53,7 @@ class ServingContext:
     rates: Rates
     window: SlidingWindow | None
     counts: ParameterCounts = field(init=False)
+    speculation: Speculation | None = field(init=False, default=None)
     _fabrics: dict[int, Fabric] = field(default_factory=dict, init=False)
     _links: dict[tuple[int, int, int, int], InstanceLinks] = field(default_factory=dict,
                                                                    init=False)
@@ -62,6 +64,7 @@ class ServingContext:
 
     def __post_init__(self) -> None:
         self.counts = parameter_counts(self.model)
+        self.speculation = speculation_for(self.model, self.workload, self.counts)
         self._class_workloads = [
             (c.weight, replace(self.workload, isl=c.isl, osl=c.osl, mix=()))
             for c in self.workload.classes
@@ -191,18 +194,24 @@ class InstanceTimes:
     prefill: StepTime       # of the first length class
     ttft_s: float           # request-weighted mean over the length classes
     prefill_busy_s: float   # instance time one request's prefill occupies (pipelined), mean
+    plain_tpot_s: float | None = None  # decode without speculation (None: no speculation)
 
 
 def instance_times(ctx: ServingContext, layout: ServingLayout) -> InstanceTimes:
     links = ctx.links(layout)
     args = (ctx.model, ctx.workload, layout, ctx.counts, ctx.rates, links, ctx.window)
     dec = decode_step(*args)
+    tpot = plain = decode_tpot_s(dec, layout.pp)
+    spec = ctx.speculation
+    if spec is not None:  # a verify pass of k + 1 tokens per sequence, plus k drafts
+        dec = decode_step(*args, query_tokens=spec.query_tokens)
+        tpot = speculative_tpot_s(spec, decode_tpot_s(dec, layout.pp), plain)
     classes = ctx.prefill(layout)
     total = sum(weight for weight, _ in classes)
     ttft = sum(w * prefill_latency_s(p, layout.pp) for w, p in classes) / total
     busy = sum(w * (p.busy_s if p.busy_s is not None else p.total_s) for w, p in classes) / total
-    return InstanceTimes(decode=dec, tpot_decode_s=decode_tpot_s(dec, layout.pp),
-                         prefill=classes[0][1], ttft_s=ttft, prefill_busy_s=busy)
+    return InstanceTimes(decode=dec, tpot_decode_s=tpot, prefill=classes[0][1], ttft_s=ttft,
+                         prefill_busy_s=busy, plain_tpot_s=None if spec is None else plain)
 
 
 def _meets(ctx: ServingContext, ttft_ms: float, tpot_ms: float) -> bool:

@@ -164,6 +164,12 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
               "host_step": STEP_OVERHEAD_S * 1e3, "tpot_decode_only": times.tpot_decode_s * 1e3,
               "prefill_stalls_per_token": cycle_tpot - times.tpot_decode_s * 1e3,
               "tpot": cycle_tpot}
+    if ctx.speculation is not None and times.plain_tpot_s is not None:
+        # the decode parts above are the verify pass (k + 1 tokens per sequence)
+        decode.update(spec_tokens_per_step=ctx.speculation.tokens_per_step,
+                      spec_draft_tokens=float(ctx.speculation.draft_tokens),
+                      spec_draft_cost=ctx.speculation.draft_cost,
+                      tpot_decode_without_speculation=times.plain_tpot_s * 1e3)
     p = times.prefill
     prefill = {"memory": p.memory_s * 1e3, "compute": p.compute_s * 1e3,
                "communication": p.comm_s * 1e3, "kernels_and_non_gemm": p.overhead_s * 1e3,

@@ -9,7 +9,12 @@ Flag names: vLLM engine arguments (``vllm serve --help``: ``--tensor-parallel-si
 DP attention SGLang's ``--tp-size`` is the whole stage width and ``--dp-size`` the
 attention-DP ranks; vLLM runs ``--data-parallel-size`` engines of
 ``--tensor-parallel-size`` each and, with ``--enable-expert-parallel``, spreads the
-experts over all of them (EP = TP * DP).
+experts over all of them (EP = TP * DP).  Speculative decoding: vLLM
+``--speculative-config`` (JSON: ``method``, ``num_speculative_tokens``; docs.vllm.ai
+"Speculative Decoding"), SGLang ``--speculative-algorithm EAGLE`` with
+``--speculative-num-steps`` and ``--speculative-num-draft-tokens`` (the EAGLE path also
+runs DeepSeek MTP); prefix caching: vLLM ``--enable-prefix-caching``, SGLang's radix cache
+is on by default.  TensorRT-LLM's ``trtllm-serve`` line: :mod:`parsearch.serve.launch_trtllm`.
 
 >>> from parsearch.serve.spec import ServingLayout, ServingWorkload
 >>> w = ServingWorkload(isl=1000, osl=1000, precision="fp8", kv_precision="fp8")
@@ -26,10 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from parsearch.serve.launch_trtllm import EXTRA_OPTIONS_FILE, trtllm_launch
 from parsearch.serve.spec import ServingLayout, ServingWorkload
 
 _VLLM_KV = {"bf16": "auto", "fp8": "fp8", "fp4": None}
 _SGLANG_KV = {"bf16": "auto", "fp8": "fp8_e4m3", "fp4": None}
+#: Draft tokens per method when unset (:data:`parsearch.serve.speculative.METHOD_DEFAULTS`).
+_SPEC_TOKENS = {"mtp": 1, "eagle": 3, "draft": 4}
 
 
 @dataclass(frozen=True)
@@ -43,13 +51,19 @@ class ServingLaunch:
     prefill_sglang: tuple[str, ...] = ()
     prefill_replicas: int = 0
     notes: tuple[str, ...] = field(default=())
+    trtllm: tuple[str, ...] = ()
+    trtllm_options: tuple[str, ...] = ()  # lines of the --extra_llm_api_options YAML file
+    prefill_trtllm: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"vllm": " ".join(self.vllm), "sglang": " ".join(self.sglang),
+                               "trtllm": " ".join(self.trtllm),
+                               "trtllm_options": "\n".join(self.trtllm_options),
                                "replicas": self.replicas, "notes": list(self.notes)}
         if self.prefill_replicas:
             out["prefill"] = {"vllm": " ".join(self.prefill_vllm),
                               "sglang": " ".join(self.prefill_sglang),
+                              "trtllm": " ".join(self.prefill_trtllm),
                               "replicas": self.prefill_replicas}
         return out
 
@@ -71,6 +85,13 @@ def _vllm(model: str, layout: ServingLayout, workload: ServingWorkload) -> list[
         args += ["--kv-cache-dtype", kv]
     if workload.engine == "vllm" and workload.memory_fraction is not None:
         args += ["--gpu-memory-utilization", f"{workload.memory_fraction:g}"]
+    if workload.spec_decode != "none":
+        method = {"mtp": "mtp", "eagle": "eagle", "draft": "draft_model"}[workload.spec_decode]
+        tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]
+        args += ["--speculative-config",
+                 f"'{{\"method\": \"{method}\", \"num_speculative_tokens\": {tokens}}}'"]
+    if workload.prefix_cache_hit > 0:
+        args += ["--enable-prefix-caching"]
     return args
 
 
@@ -94,6 +115,10 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
         args += ["--mem-fraction-static", f"{workload.memory_fraction:g}"]
     if workload.ep_overlap and layout.ep > 1:
         args += ["--enable-two-batch-overlap"]
+    if workload.spec_decode in ("mtp", "eagle"):
+        tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]
+        args += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(tokens),
+                 "--speculative-num-draft-tokens", str(tokens + 1)]
     if disaggregation:
         args += ["--disaggregation-mode", disaggregation]
     return args
@@ -110,6 +135,10 @@ def _notes(layout: ServingLayout, workload: ServingWorkload) -> list[str]:
     if _VLLM_KV[workload.kv_precision] is None:
         notes.append("FP4 KV cache: neither vLLM nor SGLang flag above sets it; "
                      "TensorRT-LLM supports NVFP4 KV on Blackwell")
+    if workload.spec_decode == "draft":
+        notes.append("draft-model speculation: name the draft checkpoint in vLLM's "
+                     "--speculative-config (\"model\") and TensorRT-LLM's "
+                     "speculative_model_dir; SGLang takes --speculative-draft-model-path")
     if workload.precision != "bf16":
         notes.append(f"weights in {workload.precision}: load a pre-quantized checkpoint "
                      "(e.g. NVIDIA ModelOpt FP8/NVFP4); both engines read the quantization "
@@ -122,10 +151,15 @@ def launch_settings(model: str, layout: ServingLayout, workload: ServingWorkload
     """vLLM and SGLang command lines for ``layout`` (the decode side when ``prefill`` is given:
     disaggregated serving, SGLang ``--disaggregation-mode prefill|decode``)."""
     notes = _notes(layout, workload)
+    trtllm, options = trtllm_launch(model, layout, workload)
+    if options:
+        notes.append(f"TensorRT-LLM: write the YAML lines under the trtllm-serve line to "
+                     f"{EXTRA_OPTIONS_FILE}")
     if prefill is None:
         return ServingLaunch(vllm=tuple(_vllm(model, layout, workload)),
                              sglang=tuple(_sglang(model, layout, workload, None)),
-                             replicas=layout.replicas, notes=tuple(notes))
+                             replicas=layout.replicas, notes=tuple(notes), trtllm=trtllm,
+                             trtllm_options=options)
     notes.append("disaggregated: vLLM needs a --kv-transfer-config connector (e.g. NIXL) on "
                  "both sides; SGLang pairs the instances through its router")
     return ServingLaunch(
@@ -134,4 +168,5 @@ def launch_settings(model: str, layout: ServingLayout, workload: ServingWorkload
         replicas=layout.replicas,
         prefill_vllm=tuple(_vllm(model, prefill, workload)),
         prefill_sglang=tuple(_sglang(model, prefill, workload, "prefill")),
-        prefill_replicas=prefill.replicas, notes=tuple(notes))
+        prefill_replicas=prefill.replicas, notes=tuple(notes), trtllm=trtllm,
+        trtllm_options=options, prefill_trtllm=trtllm_launch(model, prefill, workload)[0])

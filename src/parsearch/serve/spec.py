@@ -19,6 +19,12 @@ WEIGHT_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 KV_PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 #: Engines whose memory rules are modelled (:mod:`parsearch.serve.memory`).
 SERVING_ENGINES: tuple[str, ...] = ("vllm", "sglang", "trtllm")
+#: Speculative decoding methods priced by :mod:`parsearch.serve.speculative`.
+SPEC_METHODS: tuple[str, ...] = ("none", "mtp", "eagle", "draft")
+#: Most draft tokens per verify step (engines cap their draft length near this: vLLM
+#: ``num_speculative_tokens``, TensorRT-LLM ``max_draft_len``, SGLang
+#: ``--speculative-num-draft-tokens``).
+MAX_SPEC_TOKENS = 16
 
 #: Bytes per stored element.  FP8 (E4M3) is one byte; NVFP4 stores 4-bit values with one
 #: FP8 scale per 16 values, 4.5 bits per value (NVIDIA technical blog "Introducing NVFP4
@@ -90,6 +96,14 @@ class ServingWorkload:
     micro-batch (SGLang ``--enable-two-batch-overlap``).
     ``max_instance_gpus``: the largest serving instance considered (replicas fill the rest
     of the budget; DeepSeek's published decode instances span 144 GPUs, SGLang's 72).
+    ``spec_decode``: speculative decoding (``none``, ``mtp``, ``eagle``, ``draft``) with
+    ``spec_tokens`` draft tokens per verify step, ``acceptance_rate`` the chance that each
+    draft token is accepted (None: the method's cited default) and ``draft_cost`` one draft
+    forward's time as a share of a target decode step (None: the method's default;
+    required for ``draft``); :mod:`parsearch.serve.speculative`.
+    ``prefix_cache_hit``: share of each prompt's tokens found in the prefix cache (vLLM
+    automatic prefix caching, SGLang RadixAttention, TensorRT-LLM KV cache reuse), which
+    prefill does not compute; :mod:`parsearch.serve.prefix_cache`.
     """
 
     isl: int
@@ -108,6 +122,11 @@ class ServingWorkload:
     mix: tuple[LengthClass, ...] = ()
     ep_overlap: bool = False
     max_instance_gpus: int = 128
+    spec_decode: str = "none"
+    spec_tokens: int | None = None
+    acceptance_rate: float | None = None
+    draft_cost: float | None = None
+    prefix_cache_hit: float = 0.0
     _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
@@ -147,11 +166,48 @@ class ServingWorkload:
             raise SpecError(f"{owner}: ep_overlap must be true or false, got {self.ep_overlap!r}")
         object.__setattr__(self, "_classes", self.mix or (LengthClass(self.isl, self.osl, 1.0),))
         require_choice(owner, "engine", self.engine, SERVING_ENGINES)
+        self._check_speculation(owner)
+        hit = self.prefix_cache_hit
+        if (isinstance(hit, bool) or not isinstance(hit, int | float) or not math.isfinite(hit)
+                or not 0 <= hit < 1):
+            raise SpecError(f"{owner}: prefix_cache_hit (--prefix-cache-hit) must be in [0, 1), "
+                            f"got {hit!r} (the share of prompt tokens found in the cache)")
         frac = self.memory_fraction
         if frac is not None and (isinstance(frac, bool) or not isinstance(frac, int | float)
                                  or not 0 < frac <= 1):
             raise SpecError(f"{owner}: memory_fraction must be in (0, 1], got {frac!r} "
                             "(the engine's share of GPU memory, e.g. 0.9)")
+
+    def _check_speculation(self, owner: str) -> None:
+        require_choice(owner, "spec_decode", self.spec_decode, SPEC_METHODS)
+        off = self.spec_decode == "none"
+        if off:
+            given = [name for name in ("spec_tokens", "acceptance_rate", "draft_cost")
+                     if getattr(self, name) is not None]
+            if given:
+                raise SpecError(f"{owner}: {', '.join(given)} given without spec_decode "
+                                "(--spec-decode mtp|eagle|draft)")
+            return
+        n = self.spec_tokens
+        if n is not None:
+            require_positive_int(owner, "spec_tokens", n)
+            if n > MAX_SPEC_TOKENS:
+                raise SpecError(f"{owner}: spec_tokens (--spec-tokens) must be in 1..."
+                                f"{MAX_SPEC_TOKENS}, got {n}")
+        a = self.acceptance_rate
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int | float)
+                              or not math.isfinite(a) or not 0 <= a <= 1):
+            raise SpecError(f"{owner}: acceptance_rate (--acceptance-rate) must be in [0, 1], "
+                            f"got {a!r} (the chance each draft token is accepted)")
+        c = self.draft_cost
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float)
+                              or not math.isfinite(c) or not 0 <= c <= 1):
+            raise SpecError(f"{owner}: draft_cost (--draft-cost) must be in [0, 1], got {c!r} "
+                            "(one draft forward's time over one target decode step)")
+        if self.spec_decode == "draft" and (a is None or c is None):
+            raise SpecError(f"{owner}: spec_decode draft needs acceptance_rate "
+                            "(--acceptance-rate) and draft_cost (--draft-cost): both depend on "
+                            "the draft/target pair, so there is no default")
 
     @property
     def classes(self) -> tuple[LengthClass, ...]:
