@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from parsearch.cost.stages import effective_split, stage_contents
 from parsearch.errors import SpecError
-from parsearch.layout.pipeline import layout_layer_counts, parse_pipeline_layout
+from parsearch.model.pipeline_layout import layout_layer_counts, parse_pipeline_layout
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
 

@@ -50,6 +50,9 @@ PUBLISHED: dict[str, tuple[str, str | None, str]] = {
     # GPT-OSS model card (arXiv 2508.10925, Table 1): its "active" counts the unembedding but not
     # the input embedding, see test_gpt_oss_active_convention.
     "gpt-oss-120b": ("116.83B", None, "gpt-oss-120b model card, arXiv 2508.10925, Table 1"),
+    # zai-org/GLM-4.5 README: "355 billion total parameters with 32 billion active"; its active
+    # count leaves out the input embedding and the output head, see test_glm45_active_convention.
+    "glm-4.5": ("355B", None, "zai-org/GLM-4.5 README (model introduction)"),
     # Kimi K2 tech report (arXiv 2507.20534, Table 2).  The released config gives 1.026T, 1.3%
     # under "1.04T" -- about one MoE layer (17B) -- but inside the rounding-aware tolerance.
     "kimi-k2": ("1.04T", "32.6B", "Kimi K2 Technical Report, arXiv 2507.20534, Table 2"),
@@ -151,6 +154,13 @@ def test_gpt_oss_active_convention() -> None:
     # embedding; parsearch's active counts both, so subtract the embedding to compare.
     counts = parameter_counts(PRESETS["gpt-oss-120b"])
     assert math.isclose(counts.active - counts.embedding, 5.13e9, rel_tol=0.01)
+
+
+def test_glm45_active_convention() -> None:
+    # zai-org/GLM-4.5 README: 32B active.  parsearch's active counts the input embedding and
+    # the untied output head (151552 x 5120 = 0.78B each); without both it is 32.08B.
+    counts = parameter_counts(PRESETS["glm-4.5"])
+    assert math.isclose(counts.active - counts.embedding - counts.output, 32e9, rel_tol=0.01)
 
 
 def test_presets_are_frozen_and_listed() -> None:

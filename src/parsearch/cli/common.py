@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, TextIO
 
+from parsearch.cli.input_checks import finite_float
 from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, SEARCHABLE_FEATURES
 from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
@@ -57,17 +58,6 @@ def non_negative_float(text: str) -> float:
     value = finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def finite_float(text: str) -> float:
-    """argparse type: a finite number (``nan``, ``inf`` and overflowing values refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a finite number")
     return value
 
 

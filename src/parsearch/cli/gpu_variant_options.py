@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from parsearch.cli.common import finite_float
+from parsearch.cli.input_checks import finite_float
 from parsearch.topology.cluster import ClusterSpec
 
 #: option destination -> (variant field, option as the user writes it)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import re
 import tempfile
@@ -82,6 +83,17 @@ STORAGE_DESTS: frozenset[str] = frozenset({"storage"})
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``nan``, ``inf`` and overflowing values refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{short_repr(text)} is not a finite number")
+    return value
 
 
 def check_parser_inputs(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,8 @@
   micro-batch size, sequence parallelism and recompute), its string forms;
 * :mod:`.rules`: the normative layout-space rules (``shared/spec/layout-space.md``);
 * :mod:`.space`: enumeration of every valid layout as a columnar table;
-* :mod:`.pipeline`: Megatron's pipeline layout strings (uneven splits);
+* :mod:`.pipeline`: re-exports :mod:`parsearch.model.pipeline_layout` (Megatron's pipeline
+  layout strings, uneven splits) for old importers;
 * :mod:`.soft_rules`: advisories that do not make a layout invalid.
 """
 

@@ -6,4 +6,5 @@
 * :mod:`.hf_config` and :mod:`.config_text`: Hugging Face ``config.json`` reading;
 * :mod:`.files`: the safe reading of model files (size limits, clear errors);
 * :mod:`.params`: parameter counts, total and active.
+* :mod:`.pipeline_layout`: Megatron's pipeline layout strings (uneven stage splits).
 """

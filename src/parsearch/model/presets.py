@@ -225,6 +225,33 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         ),
         source="moonshotai/Kimi-K2-Instruct config.json",
     ),
+    # zai-org/GLM-4.5 config.json: hidden_size 5120, num_hidden_layers 92, num_attention_heads
+    # 96, num_key_value_heads 8, head_dim 128, intermediate_size 12288 (the first_k_dense_replace
+    # 3 dense layers), moe_intermediate_size 1536, n_routed_experts 160, n_shared_experts 1,
+    # num_experts_per_tok 8, n_group / topk_group 1, vocab_size 151552, attention_bias true,
+    # tie_word_embeddings false, num_nextn_predict_layers 1 (MTP).  Its QK norm (use_qk_norm)
+    # and partial RoPE (partial_rotary_factor 0.5) have no field here (QK norm: 2·128 weights
+    # per layer).
+    ModelSpec(
+        name="glm-4.5",
+        num_layers=92,
+        hidden_size=5120,
+        ffn_hidden_size=12288,
+        num_attention_heads=96,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=151552,
+        qkv_bias=True,
+        moe=MoeSpec(
+            num_experts=160,
+            top_k=8,
+            expert_ffn_hidden_size=1536,
+            shared_expert_ffn_hidden_size=1536,
+            first_k_dense=3,
+        ),
+        mtp_layers=1,
+        source="zai-org/GLM-4.5 config.json",
+    ),
     ModelSpec(
         name="gpt-oss-120b",
         num_layers=36,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from parsearch.errors import SpecError
+from parsearch.model.pipeline_layout import parse_pipeline_layout
 
 MlpActivation = Literal["swiglu", "gelu"]
 NormKind = Literal["rmsnorm", "layernorm"]
@@ -442,8 +443,6 @@ class TrainingSpec:
         if len(set(modules)) != len(modules):
             raise SpecError(f"{owner}: recompute_modules repeats a module: {modules!r}")
         if self.pipeline_layout is not None:  # syntax now; stage/layer counts per layout
-            from parsearch.layout.pipeline import parse_pipeline_layout
-
             parse_pipeline_layout(self.pipeline_layout)
         value = self.activation_offload_layers
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -27,6 +27,10 @@ Rank ``r`` runs on GPU ``r`` (block placement).  Group kinds:
 ``pp``    pipeline: the ranks of one pipeline; neighbours exchange activations
 ========= ================================================================
 
+A layout is anything with the degrees of :class:`ParallelDegrees` (a
+:class:`parsearch.layout.Layout` has them); this module imports nothing above
+``topology``, so ``layout`` can use it.
+
 >>> from parsearch.layout import Layout
 >>> group_ranks(Layout(num_gpus=16, tp=2, cp=2, pp=2), "dp")   # dp=2 x cp=2
 [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
@@ -37,15 +41,40 @@ Rank ``r`` runs on GPU ``r`` (block placement).  Group kinds:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from parsearch.errors import SpecError
-from parsearch.layout import Layout
 from parsearch.topology.fabric import Fabric, GroupLink
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+class ParallelDegrees(Protocol):
+    """What placement reads of a layout (:class:`parsearch.layout.Layout` has it all)."""
+
+    @property
+    def num_gpus(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def cp(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def ep(self) -> int: ...
+    @property
+    def etp(self) -> int: ...
+    @property
+    def dp(self) -> int: ...
+    @property
+    def edp(self) -> int: ...
+    @property
+    def min_gpus(self) -> int: ...
+    def key(self) -> str: ...
+    def to_dict(self, *, moe: bool = True) -> dict[str, Any]: ...
+
 
 #: Orders offered by the CLI.  With ``tp-cp-ep-dp-pp`` and ``tp-pp-cp-ep-dp`` every
 #: group kind is a strided set; with ``tp-cp-ep-pp-dp`` and ``tp-cp-dp-ep-pp`` some
@@ -88,7 +117,7 @@ def parse_order(order: str) -> tuple[str, ...]:
     return tokens
 
 
-def _sizes(layout: Layout, path: str) -> dict[str, int]:
+def _sizes(layout: ParallelDegrees, path: str) -> dict[str, int]:
     if layout.dp == 0 or layout.edp == 0:
         raise SpecError(
             f"layout {layout.key()} does not tile {layout.num_gpus} GPUs: tp*cp*pp="
@@ -101,7 +130,7 @@ def _sizes(layout: Layout, path: str) -> dict[str, int]:
     return {"tp": layout.etp, "cp": 1, "ep": layout.ep, "dp": layout.edp, "pp": layout.pp}
 
 
-def group_rank_array(layout: Layout, kind: str, order: str = DEFAULT_ORDER) -> np.ndarray:
+def group_rank_array(layout: ParallelDegrees, kind: str, order: str = DEFAULT_ORDER) -> np.ndarray:
     """The groups of ``kind`` as a ``(count, size)`` array (Megatron group order)."""
     if kind not in _KIND_TOKENS:
         raise SpecError(f"unknown group kind {kind!r}; use one of {', '.join(_KIND_TOKENS)}")
@@ -109,7 +138,7 @@ def group_rank_array(layout: Layout, kind: str, order: str = DEFAULT_ORDER) -> n
     return _groups(layout, path, masked, order)
 
 
-def _groups(layout: Layout, path: str, masked: frozenset[str], order: str) -> np.ndarray:
+def _groups(layout: ParallelDegrees, path: str, masked: frozenset[str], order: str) -> np.ndarray:
     tokens = parse_order(order)
     sizes = _sizes(layout, path)
     # C-order array whose last axis is the fastest token: A[..., i_1, i_0] = rank.
@@ -124,7 +153,7 @@ def _groups(layout: Layout, path: str, masked: frozenset[str], order: str) -> np
     return ranks.transpose(outer + inner).reshape(-1, group_size)
 
 
-def group_ranks(layout: Layout, kind: str, order: str = DEFAULT_ORDER) -> list[list[int]]:
+def group_ranks(layout: ParallelDegrees, kind: str, order: str = DEFAULT_ORDER) -> list[list[int]]:
     """The process groups of ``kind`` as lists of ranks (pure; Megatron ``RankGenerator``)."""
     return group_rank_array(layout, kind, order).tolist()
 
@@ -213,7 +242,7 @@ class GroupPlacement:
 class Placement:
     """Every process group of a layout on one fabric."""
 
-    layout: Layout
+    layout: ParallelDegrees
     num_gpus: int
     groups: tuple[GroupPlacement, ...]
 
@@ -235,7 +264,7 @@ class Placement:
 
 
 def place(
-    layout: Layout,
+    layout: ParallelDegrees,
     fabric: Fabric,
     order: str = DEFAULT_ORDER,
     *,

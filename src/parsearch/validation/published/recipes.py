@@ -18,7 +18,7 @@ from parsearch.cost.communication import FLEX_DISPATCH_SMS
 from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
-from parsearch.layout.pipeline import layout_layer_counts
+from parsearch.model.pipeline_layout import layout_layer_counts
 from parsearch.model.specs import RECOMPUTE_MODULES, TrainingSpec
 
 SETUP_FILE = "run_setups.csv"
