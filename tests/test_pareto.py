@@ -82,8 +82,7 @@ def test_exhaustive_front_has_best_layout_at_every_gpu_count(exact) -> None:  # 
     assert exact.gpu_counts == (8, 16, 24, 32, 40, 48)
     by_count = {p.num_gpus: p for p in exact.points}
     for n in exact.gpu_counts:
-        # the front holds the fastest layout; search lists ties by headroom, so compare
-        # with the fastest of its whole list
+        # the front holds the fastest layout: the fastest of search's whole list
         result = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=n,
                                 top=100_000)
         if result.best is None:

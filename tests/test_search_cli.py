@@ -22,7 +22,8 @@ def test_search_json_contract() -> None:
     assert doc["considered"] >= doc["valid"] >= doc["feasible"] > 0
     assert len(doc["results"]) == 3
     tokens = [r["tokens_per_s"] for r in doc["results"]]
-    # ties with the best lead by headroom; every result carries its likely range
+    # best first (ties with the best are marked, not reordered); every result carries its
+    # likely range
     assert all(r["tokens_per_s_per_gpu_range"] for r in doc["results"])
     low, high = doc["results"][0]["tokens_per_s_per_gpu_range"]
     assert tokens[0] >= max(tokens) * (1.0 - (high / low - 1.0) / 2.0) * (1 - 1e-9)

@@ -118,10 +118,10 @@ def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
                             on_rows=advance)
     floor = (float(scan.tokens_per_s.max()) * (1.0 - band)
              if band is not None and scan.feasible else None)
-    picks = (rank_feasible(scan, top=top, diverse=diverse, tie_floor=floor) if scan.feasible
+    picks = (rank_feasible(scan, top=top, diverse=diverse) if scan.feasible
              else np.zeros(0, int))
-    # ties (within the error band of the best) lead, most memory headroom first, over the
-    # whole band: the same question names the same first layouts whatever ``top`` is
+    # ties (within the error band of the best) are marked and keep the throughput order:
+    # the same question names the same first layouts whatever ``top`` is
     estimates = estimates_for_rows(cm, table, scan.feasible_rows[picks])
     in_band = ([False] * len(picks) if floor is None
                else (scan.tokens_per_s[picks] >= floor).tolist())
@@ -168,7 +168,7 @@ def tie_note(cm: Any) -> str:
     return (f"~ tie: within {band.relative_halfwidth:.0%} of the best, closer than the tool "
             f"can tell (out of sample, {kind} runs measured {math.exp(-band.high):.2f}-"
             f"{math.exp(-band.low):.2f}x of prediction, 10th-90th percentile{basis}).\n"
-            "  Ties are listed by memory headroom; profile them to choose.")
+            "  Ties keep the order of the point estimate; profile them to choose.")
 
 
 def _smallest_memory_gib(cm: Any, table: Any) -> float:

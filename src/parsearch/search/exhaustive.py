@@ -362,18 +362,18 @@ def shape_codes(columns: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
     return code
 
 
-def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
-                  tie_floor: float | None = None) -> np.ndarray:
+def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False) -> np.ndarray:
     """Positions (into the scan's feasible arrays) of the best ``top`` layouts, best first.
 
-    ``diverse``: at most one layout per (tp, pp, cp, ep, etp) shape -- the first of each in
-    the ranking -- so the list is not ten variants of one layout, and its first entry is
-    the first of the full ranking.  ``tie_floor``:
-    tokens/s from which a layout ties with the best (closer than the prediction can
-    tell); those come first, least memory (most headroom) first, the rest by
-    throughput.  The order of the whole ranking is fixed before the first ``top`` are
-    cut, so a larger ``top`` only appends (the scan must hold every tie:
-    :func:`scan_bounded`'s ``tie_band``).
+    Best is the most predicted tokens/s, then less memory, then :data:`RANK_TIE_BREAK`: a
+    total order fixed before the first ``top`` are cut, so a larger ``top`` only appends.
+    Layouts closer to the best than the prediction can tell (the error band) keep this
+    order too: on the published expert layouts the point estimate names the experts' pick
+    first more often than any reordering of the band (``benchmarks/rank_published_layouts.py``;
+    by memory headroom the first of the list was the experts' shape in 14% of the jobs,
+    by throughput in 33%).  ``diverse``: at most one layout per (tp, pp, cp, ep, etp)
+    shape, the fastest of each, so the list is not ten variants of one layout and its
+    first entry is the first of the full ranking.
     """
     if top < 1:
         raise SpecError(f"search: top must be >= 1, got {top}")
@@ -383,21 +383,15 @@ def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False,
     tokens = scan.tokens_per_s
     if diverse:
         codes = shape_codes(scan.table.columns, scan.feasible_rows)
-        fastest = _shape_best(codes, tokens)
-        # a shape's first layout in the tie order may be any of its ties
-        candidates = np.nonzero(fastest if tie_floor is None
-                                else fastest | (tokens >= tie_floor))[0]
-        ordered = _ties_first(scan, _order(scan, candidates), tie_floor)
+        ordered = _order(scan, np.nonzero(_shape_best(codes, tokens))[0])
         _, first = np.unique(codes[ordered], return_index=True)
         return ordered[np.sort(first)][:top]
     if n > top:
         threshold = np.partition(tokens, n - top)[n - top]
-        if tie_floor is not None:
-            threshold = min(threshold, tie_floor)
         candidates = np.nonzero(tokens >= threshold)[0]
     else:
         candidates = np.arange(n)
-    return _ties_first(scan, _order(scan, candidates), tie_floor)[:top]
+    return _order(scan, candidates)[:top]
 
 
 def _shape_best(codes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -406,17 +400,6 @@ def _shape_best(codes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     best = np.full(len(unique), -np.inf)
     np.maximum.at(best, inverse, tokens)
     return tokens >= best[inverse]
-
-
-def _ties_first(scan: ScanResult, ordered: np.ndarray, tie_floor: float | None) -> np.ndarray:
-    """``ordered`` (best first) with the layouts at or above ``tie_floor`` moved to the front,
-    least peak memory first (stable: equal memory keeps the throughput order)."""
-    if tie_floor is None:
-        return ordered
-    tied = ordered[scan.tokens_per_s[ordered] >= tie_floor]
-    rest = ordered[scan.tokens_per_s[ordered] < tie_floor]
-    tied = tied[np.argsort(scan.memory_bytes[tied], kind="stable")]
-    return np.concatenate([tied, rest])
 
 
 def estimates_for_rows(cm: CostModel, table: LayoutTable, rows: np.ndarray) -> list[Estimate]:
