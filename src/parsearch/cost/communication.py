@@ -430,11 +430,17 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     # Megatron-LM before September 2021 ran them on the compute stream, exposed
     # (``options.tp_async_grad_comm``; Megatron-LM commit 16c90445, 2021-09-02).
     async_ops = blocks * 2.0 * op if options.tp_async_grad_comm else zeros
-    async_block = [np.minimum(per_block * async_ops, compute.tp_gemm * (2.0 / 3.0) * f)
+    # Where the GPU waits for the host to issue kernels (a host-paced unit), the traffic on
+    # its own stream runs through those gaps too (CUDA streams execute concurrently: CUDA C
+    # Programming Guide, "Asynchronous Concurrent Execution"), so the room beside a block
+    # is its GEMMs plus its share of the wait: a slower GEMM then never hides more traffic
+    # than it adds to the unit's time.
+    room = compute.tp_gemm + compute.host_wait
+    async_block = [np.minimum(per_block * async_ops, room * (2.0 / 3.0) * f)
                    for f in shares]
     tp_in_domain = np.asarray(groups.tp.members_per_domain) >= np.asarray(groups.tp.size)
     userbuffers = options.tp_comm_overlap & sp & tp_in_domain
-    ub_block = [np.minimum(per_block * tp_total, compute.tp_gemm * f) for f in shares]
+    ub_block = [np.minimum(per_block * tp_total, room * f) for f in shares]
     # One budget of compute per unit: what hides TP traffic cannot also hide CP or EP.
     budget = compute.total
     tp_hidden = np.minimum(np.where(userbuffers, sum(ub_block), sum(async_block)), budget)
@@ -455,7 +461,8 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
         kv_bytes = mbs * (s / cp) * kv_rank * ACT_BYTES
         cp_time = np.where(cp > 1, 3.0 * (cp - 1.0) * (p2p_time(groups.cp, kv_bytes) + latency),
                            0.0)
-        cp_hidden = np.minimum(np.minimum(cp_time, compute.attention), budget)
+        cp_hidden = np.minimum(np.minimum(cp_time, compute.attention + compute.host_wait),
+                               budget)
         budget = budget - cp_hidden
         cp_exposed = cp_time - cp_hidden
         sm_slowdown = sm_slowdown + share * cp_hidden

@@ -259,7 +259,8 @@ class UnitCompute:
     ``tp_gemm`` is the GEMM time of the TP-sharded linears (what TP overlap
     can hide behind); ``tp_attention_share`` the share of it in the attention block
     (QKV and output projection), the rest being the MLP block's
-    (:func:`attention_block_share`).
+    (:func:`attention_block_share`).  ``host_wait`` is the part of ``overhead`` the GPU
+    idles waiting for the host to issue kernels (0 when the GPU work is the longer).
     """
 
     gemm: np.ndarray
@@ -270,6 +271,7 @@ class UnitCompute:
     overhead: np.ndarray
     tp_gemm: np.ndarray
     tp_attention_share: float = 1.0
+    host_wait: np.ndarray | float = 0.0
 
     @property
     def total(self) -> np.ndarray:
@@ -459,4 +461,5 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     overhead = kernel_time + (paced - gpu_busy)
     return UnitCompute(gemm=gemm, routed=routed, attention=attention, logits=logits,
                        memory_bound=memory_bound, overhead=overhead, tp_gemm=gemm + logits,
-                       tp_attention_share=attention_block_share(model, unit))
+                       tp_attention_share=attention_block_share(model, unit),
+                       host_wait=paced - gpu_busy)
