@@ -4,10 +4,11 @@
 
 The 19 torchtitan rows of ``src/parsearch/data/independent_runs.csv`` ran on
 "HBM2e based lower TDP SXM H100(95GB)" GPUs at 500 W; the validation skips them
-(no hardware profile for the part).  This script predicts each one on
-``dgx-h100`` three ways: the 700 W 80 GB H100 (what issue 33 measured as 1.4-1.5x
+(no hardware profile for the part).  This script predicts each one
+on ``dgx-h100`` three ways, the 700 W 80 GB H100 (what issue 33 measured as 1.4-1.5x
 too fast), the same at a 500 W power limit, and the ``h100-sxm-94gb-500w`` part
-(500 W, 94 GiB, 2.41 TB/s HBM2e).  Each row is read as the validation reads it
+(500 W, 94 GiB, 2.41 TB/s HBM2e); then on ``grand-teton-h100-94gb-500w`` (that GPU on a
+Meta-style RoCE fabric, 16 GPUs per ToR).  Each row is read as the validation reads it
 (``best_reading``: the lightest unstated memory saving that fits) and prints
 predicted tokens/s per GPU, predicted/measured, and whether that reading fits.
 Nothing here is fitted: the variant's numbers come from the cited sources in
@@ -41,6 +42,7 @@ def clusters() -> dict[str, ClusterSpec]:
         "500 W": cluster_variant(base, {"power_limit_W": 500}),
         "h100-sxm-94gb-500w": cluster_variant(
             base, {"power_limit_W": 500, "hbm_capacity_GiB": 94, "hbm_bandwidth_TBps": 2.41}),
+        "grand-teton-h100-94gb-500w": load_cluster("grand-teton-h100-94gb-500w"),
     }
 
 

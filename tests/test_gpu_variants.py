@@ -207,6 +207,9 @@ def test_presets_equal_the_fields_they_name() -> None:
     assert torchtitan.peak_flops["bf16"] == load_gpu_profile("h100-sxm-500w").peak_flops["bf16"]
     pairs = load_cluster("h100-nvl-pairs")
     assert pairs.nvlink_bandwidth_Bps == 300e9 and pairs.nvlink_domain_size == 2
+    teton = load_cluster("grand-teton-h100-94gb-500w")
+    assert teton.gpu == "h100-sxm-94gb-500w" and teton.gpus_per_leaf == 16
+    assert teton.gpus_per_pod == 3072 and teton.spine_oversubscription == 7.0
 
 
 def test_variant_names_compose_and_later_fields_win() -> None:
@@ -319,7 +322,7 @@ def test_new_data_files_ship_in_the_wheel() -> None:
     assert include["cost_models"] == "parsearch/_data/cost_models"
     assert include["topologies"] == "parsearch/_data/topologies"
     assert {"h100-sxm-500w", "h100-nvl", "h100-sxm-94gb-500w"} <= set(list_gpu_profiles())
-    for name in ("dgx-h100-500w", "h100-nvl-pairs"):
+    for name in ("dgx-h100-500w", "h100-nvl-pairs", "grand-teton-h100-94gb-500w"):
         assert (data_dir("topologies") / f"{name}.yaml").is_file()
 
 
