@@ -1,0 +1,99 @@
+"""Issue 33 target: published series where only data parallelism grows, measured vs predicted.
+
+A series is one source's runs of one model, GPU, layout (tp, pp, cp, ep, vpp, mbs),
+sequence and precision at several GPU counts (so only DP changes; the global batch may be
+fixed, leaving fewer micro-batches per replica, or grow with the GPUs).  For each series
+the script prints the measured and predicted throughput per GPU at every count and the
+*spread*: the fall from the smallest to the largest count, as a share of the first.
+Target (issue 33): every series' predicted spread within a factor 1.5 of the measured one
+(ratio 0.67-1.5); series whose measured spread is under 3% (flat, e.g. weak scaling) are
+checked against an absolute 3 points instead.
+
+Rows come from ``published_runs.csv`` (calibration) and ``independent_runs.csv`` (never
+fitted), each read as ``parsearch validate`` reads it (stated setup, the lightest unstated
+memory saving that fits).
+
+    python benchmarks/dp_scaling_series.py
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections import defaultdict
+from importlib import resources
+
+from parsearch.validation.published.published_runs import (
+    DATA_PACKAGE,
+    INDEPENDENT_FILE,
+    PublishedRun,
+    load_published_runs,
+    read_published_runs,
+)
+from parsearch.validation.published.runs import validate_runs
+
+RATIO_BOUND = 1.5
+FLAT = 0.03
+
+
+def _independent() -> list[PublishedRun]:
+    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
+        return read_published_runs(path).runs
+
+
+def _series_key(run: PublishedRun) -> tuple[object, ...]:
+    lay = run.layout
+    return (run.source_tag, run.model, run.gpu, lay.tp, lay.pp, lay.cp, lay.ep, lay.vpp,
+            lay.mbs, run.seq_len, run.precision, run.fp8_recipe, run.source)
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    runs = [*load_published_runs(), *_independent()]
+    rows = {r.id: r for r in validate_runs(runs).rows}
+    # fixed global batch (strong scaling: fewer micro-batches per replica as DP grows) or
+    # fixed batch per GPU (weak scaling)
+    series: dict[tuple[object, ...], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        if run.id in rows:
+            series[(*_series_key(run), "B", run.global_batch)][run.num_gpus].append(run.id)
+            series[(*_series_key(run), "B/GPU", run.global_batch / run.num_gpus)][
+                run.num_gpus].append(run.id)
+    failures = 0
+    checked = 0
+    for key, by_count in sorted(series.items(), key=lambda kv: str(kv[0])):
+        if len(by_count) < 2:
+            continue
+        counts = sorted(by_count)
+        # one row per count: the first id (sources list each variant once per count)
+        ids = [sorted(by_count[n])[0] for n in counts]
+        measured = [rows[i].measured_tokens_per_s_per_gpu for i in ids]
+        predicted = [rows[i].predicted_tokens_per_s_per_gpu for i in ids]
+        m_spread = 1.0 - measured[-1] / measured[0]
+        p_spread = 1.0 - predicted[-1] / predicted[0]
+        if abs(m_spread) < FLAT:
+            ok = abs(p_spread - m_spread) <= FLAT
+            verdict = f"flat: |diff| {abs(p_spread - m_spread):.1%} (<= {FLAT:.0%})"
+        else:
+            ratio = p_spread / m_spread
+            ok = 1.0 / RATIO_BOUND <= ratio <= RATIO_BOUND
+            verdict = f"ratio {ratio:5.2f}"
+        checked += 1
+        failures += not ok
+        tag, model, gpu, tp, pp, cp, ep, vpp, mbs = key[:9]
+        scheme, batch = key[-2:]
+        print(f"{'ok  ' if ok else 'MISS'} {tag:16} {model[:20]:20} {gpu[:14]:14} "
+              f"tp{tp} pp{pp} cp{cp} ep{ep} vpp{vpp} mbs{mbs} {scheme}={batch:g}: "
+              f"GPUs {counts[0]}->{counts[-1]} "
+              f"measured {m_spread:6.1%} predicted {p_spread:6.1%}  {verdict}")
+        print("       " + "  ".join(f"{n}: {m:,.0f}/{p:,.0f}" for n, m, p in
+                                   zip(counts, measured, predicted, strict=True))
+              + "  (measured/predicted tokens/s/GPU)")
+    status = "PASS" if failures == 0 else "FAIL"
+    print(f"{status}: {checked - failures} of {checked} DP-scaling series within a factor "
+          f"{RATIO_BOUND} of the measured spread")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
