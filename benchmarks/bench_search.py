@@ -47,34 +47,34 @@ def run_case(name: str) -> dict[str, Any]:
     """One case in this process: its answer and what it cost."""
     from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
     from parsearch.model.specs import TrainingSpec
+    from parsearch.query import Query
     from parsearch.search import pareto_front, search_layouts
 
     # as the CLI runs them: MoE features chosen with each layout (no effect on dense models)
     features = CostOptions(search_features=SEARCHABLE_FEATURES)
     wall, cpu = time.perf_counter(), time.process_time()
     if name == "search-dsv3":
-        r = search_layouts(model="deepseek-v3", cluster="dgx-h100", num_gpus=1024, top=10,
-                           training=TrainingSpec(seq_len=4096, global_batch=8192),
-                           options=features)
+        r = search_layouts(Query("deepseek-v3", TrainingSpec(seq_len=4096, global_batch=8192),
+                                 "dgx-h100", options=features), num_gpus=1024, top=10)
         detail = f"{r.valid:,} valid, {r.examined:,} examined; best {r.best.layout.key()}"
     elif name == "search-llama":
-        r = search_layouts(model="llama3-70b", cluster="dgx-h100", num_gpus=256, top=10,
-                           training=TrainingSpec(seq_len=8192, global_batch=512))
+        r = search_layouts(Query("llama3-70b", TrainingSpec(seq_len=8192, global_batch=512),
+                                 "dgx-h100"), num_gpus=256, top=10)
         detail = f"{r.valid:,} valid, {r.examined:,} examined; best {r.best.layout.key()}"
     else:
-        query: dict[str, Any] = {
-            "pareto-llama": dict(model="llama3-70b", cluster="dgx-h100", min_gpus=8,
-                                 max_gpus=16384, method="exhaustive",
-                                 training=TrainingSpec(seq_len=8192, global_batch=512)),
-            "pareto-dsv3": dict(model="deepseek-v3", cluster="dgx-h100", min_gpus=64,
-                                max_gpus=16384, method="exhaustive",
-                                training=TrainingSpec(seq_len=4096, global_batch=8192)),
-            "gb200": dict(model="deepseek-v3", cluster="gb200-nvl72", min_gpus=256,
-                          max_gpus=1024, method="auto",
-                          training=TrainingSpec(seq_len=4096, global_batch=4096,
-                                                precision="fp8")),
+        query, knobs = {
+            "pareto-llama": (Query("llama3-70b", TrainingSpec(seq_len=8192, global_batch=512),
+                                   "dgx-h100", options=features),
+                             dict(min_gpus=8, max_gpus=16384, method="exhaustive")),
+            "pareto-dsv3": (Query("deepseek-v3", TrainingSpec(seq_len=4096, global_batch=8192),
+                                  "dgx-h100", options=features),
+                            dict(min_gpus=64, max_gpus=16384, method="exhaustive")),
+            "gb200": (Query("deepseek-v3", TrainingSpec(seq_len=4096, global_batch=4096,
+                                                        precision="fp8"),
+                            "gb200-nvl72", options=features),
+                      dict(min_gpus=256, max_gpus=1024, method="auto")),
         }[name]
-        p = pareto_front(**query, options=features)
+        p = pareto_front(query, **knobs)
         top = max(p.points, key=lambda q: q.tokens_per_s)
         detail = (f"method {p.method}, exact {p.exact}; {len(p.gpu_counts)} GPU counts, "
                   f"{p.valid:,} valid, {p.examined:,} examined; best {top.tokens_per_s:,.0f} "
@@ -104,14 +104,14 @@ def measure(name: str, repeats: int) -> bool:
 
 def optuna_target(seeds: list[int], n_trials: int) -> bool:
     from parsearch.model.specs import TrainingSpec
+    from parsearch.query import Query
     from parsearch.search import pareto_front
 
-    query: dict[str, Any] = {"model": "llama3-8b", "cluster": "dgx-h100", "max_gpus": 256,
-                             "training": TrainingSpec(seq_len=8192, global_batch=256)}
-    exact = pareto_front(**query, method="exhaustive")
+    query = Query("llama3-8b", TrainingSpec(seq_len=8192, global_batch=256), "dgx-h100")
+    exact = pareto_front(query, max_gpus=256, method="exhaustive")
     ok = True
     for seed in seeds:
-        res = pareto_front(**query, method="optuna", n_trials=n_trials, seed=seed)
+        res = pareto_front(query, max_gpus=256, method="optuna", n_trials=n_trials, seed=seed)
         ratio = res.hypervolume / exact.hypervolume
         ok &= ratio >= 0.99
         print(f"{'PASS' if ratio >= 0.99 else 'FAIL'} optuna seed {seed}: hypervolume "

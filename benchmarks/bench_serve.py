@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _timing import best_of, report
 
 from parsearch.model.files import resolve_model
+from parsearch.query import Query
 from parsearch.serve import ServingWorkload, serve_layouts
 
 CASES = (
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, model, cluster, gpus, workload, target in CASES:
         spec = resolve_model(model)
         seconds, result = best_of(args.repeats, lambda s=spec, c=cluster, g=gpus, w=workload:
-                                  serve_layouts(model=s, cluster=c, num_gpus=g, workload=w))
+                                  serve_layouts(Query(s, clusters=c), num_gpus=g,
+                                                workload=w))
         best = result.best.estimate
         ok &= report(label, seconds, target,
                      f"({result.considered} layouts; best {best.layout.label()}, "

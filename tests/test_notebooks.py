@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PUBLIC_MODULES = {"parsearch.search", "parsearch.model.specs", "parsearch.model.files",
-                  "parsearch.serve"}
+                  "parsearch.serve", "parsearch.query"}
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 

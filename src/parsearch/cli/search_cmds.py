@@ -34,6 +34,7 @@ from parsearch.cli.signals import sigterm_as_interrupt
 from parsearch.cost.coverage import coverage_note
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.files import is_file
+from parsearch.query import Query
 from parsearch.search.api import METHODS
 from parsearch.search.results import ParetoResult, SearchResult
 
@@ -140,9 +141,9 @@ def run_search(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     training = training_from_args(args)
     cluster, profile, options = _cost_inputs(args, model, training, args.gpus)
-    result = search_layouts(model=model, training=training, cluster=cluster,
-                            num_gpus=args.gpus, top=args.top, diverse=args.diverse,
-                            profile=profile, options=options, progress=_progress(args))
+    query = Query(model, training, cluster, options=options, profile=profile)
+    result = search_layouts(query, num_gpus=args.gpus, top=args.top, diverse=args.diverse,
+                            progress=_progress(args))
     result = with_launch_choices(result, model, training, cluster, options, args)
     if not result.entries:
         raise ParsearchError(
@@ -276,14 +277,14 @@ def run_pareto(args: argparse.Namespace) -> int:
                                      max_gpus=args.max_gpus, min_gpus=args.min_gpus,
                                      gpu_step=args.gpu_step))
         cluster, profile, options = _cost_inputs(args, model, training, counts[0])
+    query = Query(model, training, cluster, options=options, profile=profile)
     try:
         with sigterm_as_interrupt():
             result = pareto_front(
-                model=model, training=training, cluster=cluster, max_gpus=args.max_gpus,
-                min_gpus=args.min_gpus, gpu_step=args.gpu_step, method=args.method,
-                n_trials=args.n_trials, seed=args.seed, storage=args.storage,
-                study_name=args.study_name, sampler=args.sampler, profile=profile,
-                options=options, progress=_progress(args), stop_after=args.stop_after)
+                query, max_gpus=args.max_gpus, min_gpus=args.min_gpus, gpu_step=args.gpu_step,
+                method=args.method, n_trials=args.n_trials, seed=args.seed,
+                storage=args.storage, study_name=args.study_name, sampler=args.sampler,
+                progress=_progress(args), stop_after=args.stop_after)
     except KeyboardInterrupt:
         if args.storage:
             from parsearch.search.storage import redact  # imports optuna: only here

@@ -18,6 +18,7 @@ from parsearch.cli.common import (
 )
 from parsearch.cli.gpu_variant_options import cluster_from_args
 from parsearch.errors import SpecError
+from parsearch.query import Query
 from parsearch.serve.api import ServeResult, serve_layouts
 from parsearch.serve.explain import ServingExplanation, explain_serving, parse_serving_layout
 from parsearch.serve.spec import (
@@ -202,9 +203,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_layout(args, model)
     if args.batch is not None:
         raise SpecError("--batch goes with --layout (the search chooses the batch itself)")
-    result = serve_layouts(model=model, cluster=cluster_from_args(args), num_gpus=args.gpus,
-                           workload=workload_from_args(args), window=_window(args),
-                           top=args.top)
+    query = Query(model, clusters=cluster_from_args(args))
+    result = serve_layouts(query, num_gpus=args.gpus, workload=workload_from_args(args),
+                           window=_window(args), top=args.top)
     if args.format == "json":
         print_json(result.to_dict())
     else:

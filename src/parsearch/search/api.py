@@ -7,21 +7,24 @@ keyword-only functions returning frozen dataclasses
 :mod:`~parsearch.search.arguments`; a front's best layout per GPU count is
 found by :mod:`~parsearch.search.front_methods`:
 
+Both take the question as a :class:`~parsearch.query.Query` (model, training setup,
+cluster(s), cost options, efficiency profile) and their own knobs as keywords:
+
 >>> from parsearch.model.specs import ModelSpec, TrainingSpec
+>>> from parsearch.query import Query
 >>> toy = ModelSpec("toy-1b", 16, 2048, 8192, 16, 8, 128, 32000)
 >>> setup = TrainingSpec(seq_len=2048, global_batch=64, micro_batch_sizes=(1, 2))
->>> result = search_layouts(model=toy, training=setup, cluster="dgx-h100", num_gpus=8, top=3)
+>>> result = search_layouts(Query(toy, setup, "dgx-h100"), num_gpus=8, top=3)
 >>> len(result.entries), result.entries[0].rank
 (3, 1)
->>> front = pareto_front(model=toy, training=setup, cluster="dgx-h100", max_gpus=32)
+>>> front = pareto_front(Query(toy, setup, "dgx-h100"), max_gpus=32)
 >>> [p.num_gpus for p in front.front][:1]
 [8]
 
 Several clusters: a front per cluster and one over all of them (which
 cluster, and how many GPUs):
 
->>> both = pareto_front(model=toy, training=setup, cluster=["dgx-h100", "dgx-a100"],
-...                     max_gpus=16)
+>>> both = pareto_front(Query(toy, setup, ["dgx-h100", "dgx-a100"]), max_gpus=16)
 >>> both.clusters, sorted({p.cluster for p in both.points})
 (('dgx-h100', 'dgx-a100'), ['dgx-a100', 'dgx-h100'])
 """
@@ -43,14 +46,14 @@ from parsearch.cost.analytic import (
     wide_columns,
 )
 from parsearch.cost.coverage import uncovered_features
-from parsearch.cost.efficiency import EfficiencyProfile, band_for
+from parsearch.cost.efficiency import band_for
 from parsearch.errors import SpecError
 from parsearch.launch import launch_for_cluster
 from parsearch.layout.soft_rules import soft_rule_flags
 from parsearch.layout.space import require_layouts
 from parsearch.model.specs import ModelSpec, TrainingSpec
+from parsearch.query import Query
 from parsearch.search.arguments import (
-    ClusterLike,
     as_cluster,
     as_clusters,
     as_model,
@@ -92,19 +95,24 @@ DEFAULT_EXHAUSTIVE_LIMIT: int | None = None
 # --- search -------------------------------------------------------------------------------------
 
 
-def search_layouts(*, model: ModelSpec | str, training: TrainingSpec,
-                   cluster: ClusterSpec | str, num_gpus: int, top: int = 10,
-                   diverse: bool = False, profile: EfficiencyProfile | None = None,
-                   options: CostOptions | None = None, progress: bool = False) -> SearchResult:
+def search_layouts(query: Query | None = None, /, *, num_gpus: int, top: int = 10,
+                   diverse: bool = False, progress: bool = False,
+                   **legacy: Any) -> SearchResult:
     """The ``top`` feasible layouts on exactly ``num_gpus`` GPUs, best predicted tokens/s first.
 
+    ``query`` names the model, training setup, one cluster, cost options and profile.
     Exhaustive and exact: every valid layout is scored.  ``diverse`` keeps
     one layout (the best) per (tp, pp, cp, ep, etp) shape.  When nothing
     fits, ``entries`` is empty and ``smallest_memory_gib`` says how much the
-    leanest valid layout needs per GPU.
+    leanest valid layout needs per GPU.  The keywords ``model=, training=, cluster=,
+    profile=, options=`` of earlier versions still build the query
+    (:meth:`Query.of <parsearch.query.Query.of>`).
     """
     start = time.perf_counter()
-    model, cluster = as_model(model), as_cluster(cluster)
+    query = Query.of(query, legacy, "search_layouts")
+    training, profile, options = (query.require_training("search_layouts"), query.profile,
+                                  query.options)
+    model, cluster = as_model(query.model), as_cluster(query.cluster)
     positive("num_gpus", num_gpus)
     positive("top", top)
     check_size(cluster, num_gpus, "--gpus")
@@ -184,16 +192,19 @@ def _smallest_memory_gib(cm: Any, table: Any) -> float:
 # --- pareto -------------------------------------------------------------------------------------
 
 
-def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
-                 cluster: ClusterLike | Sequence[ClusterLike], max_gpus: int,
+def pareto_front(query: Query | None = None, /, *, max_gpus: int,
                  min_gpus: int | None = None, gpu_step: int | None = None,
                  method: Method | str = "auto", n_trials: int | None = None,
                  seed: int | None = None, storage: str | None = None,
                  study_name: str | None = None, sampler: str = "nsga2",
-                 profile: EfficiencyProfile | None = None, options: CostOptions | None = None,
                  exhaustive_limit: int | None = DEFAULT_EXHAUSTIVE_LIMIT,
-                 progress: bool = False, stop_after: int | None = None) -> ParetoResult:
+                 progress: bool = False, stop_after: int | None = None,
+                 **legacy: Any) -> ParetoResult:
     """Best throughput at each GPU count and the front of tokens/s against GPUs.
+
+    ``query`` names the model, training setup, cluster(s), cost options and profile
+    (the keywords ``model=, training=, cluster=, profile=, options=`` of earlier
+    versions still build it: :meth:`Query.of <parsearch.query.Query.of>`).
 
     ``method``: ``exhaustive`` finds the best layout of every GPU count
     exactly (shapes whose throughput bound is below the best found are
@@ -207,7 +218,7 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
     together have more valid layouts than that: then optuna, with a ``note``
     saying so.
 
-    ``cluster``: one cluster, or a sequence of clusters.  Several clusters
+    ``query.clusters``: one cluster, or several.  Several clusters
     each get their own GPU counts (:func:`gpu_counts_by_cluster`); the
     result holds the front of each (``per_cluster``) and the overall front
     over all of them, every point naming its cluster.  ``exhaustive`` scans
@@ -217,7 +228,10 @@ def pareto_front(*, model: ModelSpec | str, training: TrainingSpec,
     applies to every cluster.
     """
     start = time.perf_counter()
-    model, clusters = as_model(model), as_clusters(cluster)
+    query = Query.of(query, legacy, "pareto_front")
+    training, profile, options = (query.require_training("pareto_front"), query.profile,
+                                  query.options)
+    model, clusters = as_model(query.model), as_clusters(list(query.clusters))
     if method not in METHODS:
         raise SpecError(f"--method must be one of {', '.join(METHODS)}; got {method!r}")
     if len(clusters) == 1:

@@ -1,10 +1,9 @@
 """Public serving API beside :func:`parsearch.search.api.search_layouts`.
 
->>> from parsearch.model.presets import get_preset
+>>> from parsearch.query import Query
 >>> from parsearch.serve.spec import ServingWorkload
 >>> w = ServingWorkload(isl=1000, osl=1000, precision="fp8", kv_precision="fp8", tpot_ms=50)
->>> r = serve_layouts(model=get_preset("llama3-70b"), cluster="dgx-h100", num_gpus=8,
-...                   workload=w, top=3)
+>>> r = serve_layouts(Query("llama3-70b", clusters="dgx-h100"), num_gpus=8, workload=w, top=3)
 >>> len(r.entries) <= 3, r.best.estimate.tpot_ms <= 50, r.best.estimate.gpus <= 8
 (True, True, True)
 """
@@ -18,6 +17,7 @@ from typing import Any
 from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu, load_efficiency_profile
 from parsearch.errors import NoValidLayoutError, SpecError
 from parsearch.model.specs import ModelSpec
+from parsearch.query import Query
 from parsearch.serve.context import context_window
 from parsearch.serve.cost import rates_for
 from parsearch.serve.evaluate import (
@@ -166,16 +166,29 @@ def require_context_fits(model: ModelSpec, workload: ServingWorkload) -> None:
             f"of at most {window:,} tokens")
 
 
-def serve_layouts(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: int,
-                  workload: ServingWorkload, window: SlidingWindow | None = None, top: int = 10,
-                  efficiency: EfficiencyProfile | str | None = None,
-                  model_id: str | None = None) -> ServeResult:
-    """The best serving layouts of ``model`` on up to ``num_gpus`` GPUs of ``cluster``.
+def _model_spec(model: ModelSpec | str) -> ModelSpec:
+    """A model spec, or a preset name / model file resolved to one."""
+    if isinstance(model, ModelSpec):
+        return model
+    from parsearch.model.files import resolve_model
 
-    Raises :class:`NoValidLayoutError` (one line, saying why) when no layout fits or none
-    meets the latency targets.
+    return resolve_model(model)
+
+
+def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
+                  workload: ServingWorkload, window: SlidingWindow | None = None, top: int = 10,
+                  model_id: str | None = None, **legacy: Any) -> ServeResult:
+    """The best serving layouts of ``query.model`` on up to ``num_gpus`` GPUs of its cluster.
+
+    ``query``: the model, one cluster and the efficiency profile (``query.training`` and
+    ``query.options`` are not used: the workload says what is served).  The keywords
+    ``model=, cluster=, efficiency=`` of earlier versions still build it
+    (:meth:`Query.of <parsearch.query.Query.of>`).  Raises :class:`NoValidLayoutError`
+    (one line, saying why) when no layout fits or none meets the latency targets.
     """
     start = time.perf_counter()
+    query = Query.of(query, legacy, "serve_layouts")
+    model, cluster, efficiency = _model_spec(query.model), query.cluster, query.profile
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
         raise SpecError(f"num_gpus must be a positive integer, got {num_gpus!r}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:

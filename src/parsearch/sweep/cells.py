@@ -15,6 +15,7 @@ from typing import Any
 
 from parsearch.errors import ParsearchError
 from parsearch.model.specs import ModelSpec, TrainingSpec
+from parsearch.query import Query
 from parsearch.sweep.grid import Cell, SweepGrid
 
 GIB = float(1 << 30)
@@ -52,6 +53,14 @@ class CellSolver:
                             recompute_modes=self.grid.recompute,
                             precision=self.grid.precision)
 
+    def query(self, cell: Cell) -> Query:
+        """The question of ``cell``, as ``parsearch search`` asks it by default (MoE
+        features chosen with each layout)."""
+        from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+
+        return Query(self.model(cell.model), self.training(cell), self.cluster(cell.cluster),
+                     options=CostOptions(search_features=SEARCHABLE_FEATURES))
+
     def check(self) -> None:
         """Resolve every model and cluster now: a bad name fails before any work starts."""
         for name in self.grid.models:
@@ -61,16 +70,11 @@ class CellSolver:
 
     def solve(self, cell: Cell) -> dict[str, Any]:
         """The answer to ``cell`` (never raises for a question the model refuses)."""
-        from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
         from parsearch.launch.plan import priced_features
         from parsearch.search.api import search_layouts
 
         try:
-            # as `parsearch search` by default: MoE features chosen with each layout
-            result = search_layouts(model=self.model(cell.model), training=self.training(cell),
-                                    cluster=self.cluster(cell.cluster), num_gpus=cell.gpus,
-                                    top=self.grid.top,
-                                    options=CostOptions(search_features=SEARCHABLE_FEATURES))
+            result = search_layouts(self.query(cell), num_gpus=cell.gpus, top=self.grid.top)
         except ParsearchError as error:
             return {"status": "invalid", "reason": str(error).splitlines()[0]}
         base: dict[str, Any] = {"valid": result.valid, "feasible": result.feasible,
