@@ -42,6 +42,7 @@ def test_query_is_a_frozen_value_with_clusters_as_a_tuple() -> None:
 def test_of_builds_from_the_old_keywords_and_refuses_both_or_unknown() -> None:
     q = Query("llama3-8b", TRAINING, "dgx-h100")
     assert Query.of(q, {}, "f") is q
+    assert Query.of(None, {"query": q}, "f") is q
     built = Query.of(None, {"model": "llama3-8b", "training": TRAINING,
                             "cluster": "dgx-h100"}, "f")
     assert built == q

@@ -78,7 +78,11 @@ class Query:
     def of(cls, query: Query | None, keywords: Mapping[str, Any], entry: str) -> Query:
         """``query``, or one built from the keywords ``entry`` took before the query object
         (``model=, training=, cluster=, options=, profile=``; ``efficiency=``, a profile
-        or its name, for serving).  Not both, and no other keyword."""
+        or its name, for serving).  Not both, and no other keyword (``query=`` is the
+        query given by name)."""
+        if "query" in keywords and query is None:
+            keywords = dict(keywords)
+            query = keywords.pop("query")
         unknown = sorted(set(keywords) - set(LEGACY_KEYWORDS))
         if unknown:
             raise TypeError(f"{entry}() got an unexpected keyword argument {unknown[0]!r}")
