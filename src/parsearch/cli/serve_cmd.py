@@ -125,6 +125,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ep-overlap", action="store_true",
                         help="overlap MoE all-to-alls with a second micro-batch's compute "
                         "(SGLang --enable-two-batch-overlap)")
+    parser.add_argument("--eplb", action="store_true",
+                        help="MoE experts placed by an expert-parallel load balancer (vLLM/"
+                        "SGLang --enable-eplb): no EP load imbalance")
     parser.add_argument("--max-instance-gpus", type=positive_int, default=128, metavar="G",
                         help="largest serving instance to consider (default 128)")
     parser.add_argument("--engine", choices=SERVING_ENGINES, default="vllm",
@@ -187,7 +190,7 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
               "engine": args.engine, "memory_fraction": args.memory_fraction,
               "spec_decode": args.spec_decode, "spec_tokens": args.spec_tokens,
               "acceptance_rate": args.acceptance_rate, "draft_cost": args.draft_cost,
-              "prefix_cache_hit": args.prefix_cache_hit}
+              "prefix_cache_hit": args.prefix_cache_hit, "eplb": args.eplb}
     if args.mix is not None:
         if args.isl is not None or args.osl is not None:
             raise SpecError("give either --isl/--osl or --mix, not both")

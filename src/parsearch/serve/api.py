@@ -220,7 +220,7 @@ def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
              "concurrency": workload.concurrency, "request_rate": workload.request_rate,
              "spec_decode": workload.spec_decode, "spec_tokens": workload.spec_tokens,
              "acceptance_rate": workload.acceptance_rate, "draft_cost": workload.draft_cost,
-             "prefix_cache_hit": workload.prefix_cache_hit,
+             "prefix_cache_hit": workload.prefix_cache_hit, "eplb": workload.eplb,
              "sliding_window": None if ctx.window is None else
              {"window": ctx.window.window, "windowed_layers": ctx.window.windowed_layers}}
     return ServeResult(query=query, considered=len(layouts),

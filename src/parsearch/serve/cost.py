@@ -18,7 +18,7 @@ from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
-from parsearch.serve.moe import expected_touched_share, expert_gemm_time
+from parsearch.serve.moe import ep_imbalance, expected_touched_share, expert_gemm_time
 from parsearch.serve.prefix_cache import computed_prompt_tokens, mean_prefill_attended
 from parsearch.serve.rates import Rates, gemm_eff, rates_for
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
@@ -168,7 +168,8 @@ def _stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
 
 
 def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,
-                tokens_rank: float, tokens_stage: float) -> tuple[float, float, float]:
+                tokens_rank: float, tokens_stage: float,
+                imbalance: float = 1.0) -> tuple[float, float, float]:
     """(communication of a dense layer, of an MoE layer, the MoE layer's all-to-alls
     alone) for one pass.
 
@@ -179,7 +180,8 @@ def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, r
     and the outputs reduce-scattered (priced as one all-reduce of the stage's tokens),
     without it one all-reduce over tp.  With ep > 1: FP8 dispatch + BF16 combine
     all-to-alls of the tokens each GPU owns over the EP group, an all-reduce over the
-    expert-TP slices, and one over tp for the shared experts' partial sums.
+    expert-TP slices, and one over tp for the shared experts' partial sums.  The busiest
+    EP rank receives ``imbalance`` times the mean routed tokens (:func:`ep_imbalance`).
     """
     h = model.hidden_size
     attn = serving_all_reduce(links.tp, tokens_rank * h * _ACT, rates)
@@ -191,7 +193,7 @@ def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, r
             gathered = serving_all_reduce(links.width, tokens_stage * h * _ACT, rates)
             return dense, attn + gathered, 0.0
         return dense, dense, 0.0
-    per_gpu = tokens_stage / layout.stage_width * model.moe.top_k * h
+    per_gpu = tokens_stage / layout.stage_width * model.moe.top_k * h * imbalance
     a2a = (_alltoall(links.ep, per_gpu * DISPATCH_BYTES, rates)
            + _alltoall(links.ep, per_gpu * COMBINE_BYTES, rates))
     etp = serving_all_reduce(links.etp, tokens_stage / layout.ep * h * _ACT, rates)
@@ -299,8 +301,10 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     attended = attention_context_tokens(model, ctx, window)
     core = t_rank * layers * attention_flops_per_token_layer(model, attended) / layout.tp
     dense_eff = gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
+    # one token of each of the ``seqs`` sequences goes to the experts per query position
+    imbalance = ep_imbalance(model, layout, b_m, seqs, workload.eplb)
     gemm_s = (gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
-              + expert_gemm_time(model, layout, counts, rates, b_m, b_m))
+              + expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance))
     attention_s = core / (rates.bf16_flops * rates.attention)
     compute = gemm_s + attention_s
     # The GEMMs (bound by weight reads or FLOPs) and the attention kernels (bound by KV
@@ -308,7 +312,8 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     # 2009 apply it per kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv
     # 2402.16363 §3): a compute-bound GEMM does not hide a memory-bound attention.
     kernels = (max(weights / rates.hbm_Bps, gemm_s) + max(kv / rates.hbm_Bps, attention_s))
-    dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m)
+    dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m,
+                                            imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
     overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
         model, layout, rates, t_rank, b_m)
@@ -359,12 +364,17 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
     block = s / (s + rates.attention_half_block)
     gemm_rate = rates.peak_flops * max(gemm_eff(rates, 2.0 * tokens_rank * h * h / layout.tp),
                                        1e-6)
+    # whole prompts go to the experts: the pass routes tokens_stage / (computed tokens of a
+    # prompt) sequences
+    imbalance = ep_imbalance(model, layout, tokens_stage,
+                             tokens_stage / computed_prompt_tokens(s, hit), workload.eplb)
     compute = (gemm_flops / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
-               + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage))
+               + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage,
+                                  imbalance))
     prec = ELEMENT_BYTES[workload.precision]
     memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,
-                                            tokens_stage)
+                                            tokens_stage, imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
     overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
         model, layout, rates, tokens_rank, tokens_stage)

@@ -92,6 +92,8 @@ def _vllm(model: str, layout: ServingLayout, workload: ServingWorkload) -> list[
                  f"'{{\"method\": \"{method}\", \"num_speculative_tokens\": {tokens}}}'"]
     if workload.prefix_cache_hit > 0:
         args += ["--enable-prefix-caching"]
+    if workload.eplb and layout.ep > 1:
+        args += ["--enable-eplb"]
     return args
 
 
@@ -115,6 +117,8 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
         args += ["--mem-fraction-static", f"{workload.memory_fraction:g}"]
     if workload.ep_overlap and layout.ep > 1:
         args += ["--enable-two-batch-overlap"]
+    if workload.eplb and layout.ep > 1:
+        args += ["--enable-eplb"]
     if workload.spec_decode in ("mtp", "eagle"):
         tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]
         args += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(tokens),

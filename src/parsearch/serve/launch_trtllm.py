@@ -52,6 +52,10 @@ def trtllm_options(layout: ServingLayout, workload: ServingWorkload) -> tuple[st
         kv.append("  enable_block_reuse: true")
     if kv:
         lines += ["kv_cache_config:", *kv]
+    if workload.eplb and layout.ep > 1:
+        # TensorRT-LLM's online EPLB (moe_config.load_balancer, MoeLoadBalancerConfig)
+        lines += ["moe_config:", "  load_balancer:",
+                  "    num_slots: <experts plus redundant slots, a multiple of ep_size>"]
     if workload.spec_decode != "none":
         kind, key = _SPEC_YAML[workload.spec_decode]
         tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]

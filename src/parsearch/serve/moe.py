@@ -1,5 +1,11 @@
 """Routed experts in a serving step: which experts a batch touches and their grouped GEMMs.
 
+Engines run all experts of a layer in one fused grouped kernel per projection (vLLM/SGLang
+``fused_moe``: tokens sorted by expert, "moe_align_block_size" pads each expert's rows to the
+kernel's block and gives an expert with no token no block; TensorRT-LLM's CUTLASS MoE
+grouped GEMM likewise), so a step pays for the touched experts' rows, padded to the MMA
+tile, at the GEMM rate of the kernel; not a fixed launch time per expert.
+
 >>> round(expected_touched_share(8, 128, 1), 4)     # one token touches its top-8 of 128
 0.0625
 >>> round(expected_touched_share(8, 128, 64), 3)    # 64 tokens touch most experts
@@ -8,11 +14,23 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from parsearch.cost.routing import trained_imbalance
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.kv_cache import moe_layer_count, stage_layers
-from parsearch.serve.rates import Rates, gemm_eff
+from parsearch.serve.rates import Rates
 from parsearch.serve.spec import ServingLayout
+
+#: Rows of one MMA tile: an expert's rows are padded up to a multiple of it.  Hopper's
+#: warpgroup MMA has M = 64 (PTX ISA, ``wgmma.mma_async`` shapes m64nNk16), the smallest
+#: M tile of the CUTLASS grouped GEMMs TensorRT-LLM's MoE runs (64/128) and of vLLM's
+#: fused_moe block sizes for large batches (``BLOCK_SIZE_M`` 64 in ``get_default_config``).
+TILE_ROWS = 64
+#: GEMMs per expert and layer: gate/up (fused into one) and down, launched once per layer
+#: for all experts (one grouped kernel each).
+EXPERT_GEMMS = 2
 
 
 def expected_touched_share(top_k: int, experts: int, tokens: float) -> float:
@@ -25,35 +43,54 @@ def expected_touched_share(top_k: int, experts: int, tokens: float) -> float:
     return 1.0 - (1.0 - top_k / experts) ** tokens
 
 
+def ep_imbalance(model: ModelSpec, layout: ServingLayout, tokens_stage: float,
+                 sequences: float, balanced: bool = False) -> float:
+    """max / mean routed tokens per EP rank in one pass (1 without EP): the trained-router
+    model of :func:`parsearch.cost.routing.trained_imbalance` (per-sequence expert skew,
+    measured on Qwen3-30B-A3B, averaged over the ``sequences`` the pass routes, plus the
+    multinomial sampling of the rank's routed copies).  The busiest rank sets the MoE
+    layer's time (formulas.md §5.3).  A decode pass routes one token of each sequence, a
+    prefill pass whole prompts.  ``balanced``: an EP load balancer (EPLB) replicates and
+    places the hot experts so that every rank gets the mean (DeepSeek-V3 report §3.4,
+    redundant experts "to achieve load balancing among different GPUs"): 1."""
+    if model.moe is None or layout.ep <= 1 or balanced:
+        return 1.0
+    copies = tokens_stage * model.moe.top_k / layout.ep
+    return float(trained_imbalance(model, np.array([float(layout.ep)]), np.array([copies]),
+                                   np.array([max(1.0, sequences)]))[0])
+
+
+def padded_rows(rows: float) -> float:
+    """Expected rows a touched expert's tiles hold for ``rows`` routed rows on average: at
+    least one tile, and above that the rows plus half a tile (an expert's row count varies
+    from step to step, so the unused part of its last tile is spread evenly over
+    ``[0, TILE_ROWS)``)."""
+    return max(float(TILE_ROWS), rows + TILE_ROWS / 2.0)
+
+
 def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
-                     rates: Rates, tokens_stage: float, rows_tokens: float) -> float:
-    """Routed-expert GEMM time on one GPU for ``tokens_stage`` tokens of the stage.
+                     rates: Rates, tokens_stage: float, rows_tokens: float,
+                     imbalance: float = 1.0) -> float:
+    """Routed-expert grouped-GEMM time on one GPU for ``tokens_stage`` tokens of the stage.
 
-    Each token runs top_k experts (``2 * top_k * expert params`` FLOPs, spread over the
-    stage width); an expert's grouped-GEMM slice has ``rows_tokens * top_k / E`` rows, whose
-    size sets the GEMM efficiency (``eta(F)`` of the profile times its grouped-GEMM factor).
-
-    Known gap (issue 34 item 3): engines run all experts of a layer in one fused grouped
-    kernel per projection (vLLM/SGLang ``fused_moe``, TensorRT-LLM CUTLASS MoE), so charging
-    ``F_half`` per expert over-prices small batches (Qwen3-235B TP8 on H100 at batch 8: TPOT
-    93 ms here, 10.5 ms with one fused call whose rows are padded to the kernel's 16/64-row
-    tiles).  That fused model was measured on benchmarks/validate_serving.py: MoE MAPE
-    41% -> 82%, overall 19.4% -> 32.3%, every large-batch MoE row (TensorRT-LLM attention-DP
-    + EP, Qwen3-30B on one GPU) predicted up to 2x too fast.  A grouped kernel whose rate
-    follows the rows per expert, ``r / (r + 100)`` (DeepGEMM README's masked-layout table on
-    H800: 0.72-0.95 of the large-M rate at 256-1,024 rows), measured MoE MAPE 77%.  So the
-    per-expert charge stands in for a large-batch MoE cost the model does not have yet
-    (candidates: EP load imbalance, the KV dtype of those checkpoints; with BF16 KV for the
-    Qwen3 rows the fused model measures 32%, overall 16.6%), and it stays until that cost
-    is found.
+    ``rows_tokens`` tokens choose ``top_k`` of ``E`` experts; the GPU holds ``E / ep``
+    experts, each sliced ``expert_tp`` ways, of which the expected touched share has work
+    (:func:`expected_touched_share`).  A touched expert gets ``rows_tokens * top_k / E``
+    rows over the touched share, padded up to :data:`TILE_ROWS`; its FLOPs are
+    ``2 * padded rows * expert params / expert_tp``, run at the profile's large-GEMM rate
+    times its grouped-GEMM factor (one fused kernel per projection, so no per-expert launch
+    time), plus one kernel launch per grouped GEMM and layer.  ``imbalance``: the busiest
+    EP rank's routed tokens over the mean (:func:`ep_imbalance`).
     """
-    if model.moe is None:
+    if model.moe is None or rows_tokens <= 0:
         return 0.0
     moe = model.moe
     per_expert = counts.routed_experts_per_layer / moe.num_experts
     n_moe = moe_layer_count(model) * stage_layers(model, layout.pp) / model.num_layers
-    flops = 2.0 * tokens_stage * moe.top_k * per_expert * n_moe / layout.stage_width
-    rows = max(1.0, rows_tokens * moe.top_k / moe.num_experts)
-    per_gemm = 2.0 * rows * per_expert / layout.expert_tp / 3.0  # gate, up, down GEMMs
-    eff = gemm_eff(rates, per_gemm) * rates.grouped_gemm
-    return flops / (rates.peak_flops * max(eff, 1e-6))
+    local = moe.num_experts / layout.ep
+    share = expected_touched_share(moe.top_k, moe.num_experts, rows_tokens)
+    rows = rows_tokens * moe.top_k / moe.num_experts / share * imbalance
+    padded = padded_rows(rows)
+    flops = 2.0 * padded * share * local * per_expert / layout.expert_tp * n_moe
+    launches = EXPERT_GEMMS * n_moe * rates.kernel_s
+    return flops / (rates.peak_flops * rates.gemm * rates.grouped_gemm) + launches

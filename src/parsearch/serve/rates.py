@@ -43,10 +43,10 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
         # GEMMs at this GPU's measured large-matmul ceiling relative to its generation's
         peak_flops=gpu.peak_flops[compute] * matmul_scale(gpu, profile, compute),
         gemm=profile.gemm_efficiency.get(compute, profile.gemm_efficiency["bf16"]),
-        # Known gap: training prices every precision with BF16's fixed time per call
-        # (cost.compute.gemm_half_flops); serving keeps the profile's F_half for all, since
-        # its expert GEMMs carry that time per expert, a proxy for MoE costs it does not
-        # model yet (see serve.moe.expert_gemm_time for what a fused call measures).
+        # The profile's F_half for every precision (training prices each precision with
+        # BF16's fixed time per call, cost.compute.gemm_half_flops).  Dense GEMMs only: the
+        # routed experts run as one fused grouped kernel per projection
+        # (serve.moe.expert_gemm_time), without a fixed time per expert.
         gemm_half_flops=profile.gemm_half_flops,
         grouped_gemm=profile.grouped_gemm_efficiency,
         bf16_flops=gpu.peak_flops["bf16"],

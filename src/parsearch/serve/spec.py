@@ -101,6 +101,10 @@ class ServingWorkload:
     draft token is accepted (None: the method's cited default) and ``draft_cost`` one draft
     forward's time as a share of a target decode step (None: the method's default;
     required for ``draft``); :mod:`parsearch.serve.speculative`.
+    ``eplb``: experts placed by an expert-parallel load balancer (DeepSeek EPLB; vLLM and
+    SGLang ``--enable-eplb``, TensorRT-LLM ``moe_config.load_balancer``), which evens the
+    routed tokens over the EP ranks; without it the busiest rank sets the MoE layer's time
+    (:func:`parsearch.serve.moe.ep_imbalance`).
     ``prefix_cache_hit``: share of each prompt's tokens found in the prefix cache (vLLM
     automatic prefix caching, SGLang RadixAttention, TensorRT-LLM KV cache reuse), which
     prefill does not compute; :mod:`parsearch.serve.prefix_cache`.
@@ -127,6 +131,7 @@ class ServingWorkload:
     acceptance_rate: float | None = None
     draft_cost: float | None = None
     prefix_cache_hit: float = 0.0
+    eplb: bool = False
     _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
@@ -162,6 +167,8 @@ class ServingWorkload:
         require_choice(owner, "precision", self.precision, WEIGHT_PRECISIONS)
         require_choice(owner, "kv_precision", self.kv_precision, KV_PRECISIONS)
         require_choice(owner, "mode", self.mode, SERVING_MODES)
+        if not isinstance(self.eplb, bool):
+            raise SpecError(f"{owner}: eplb must be true or false, got {self.eplb!r}")
         if not isinstance(self.ep_overlap, bool):
             raise SpecError(f"{owner}: ep_overlap must be true or false, got {self.ep_overlap!r}")
         object.__setattr__(self, "_classes", self.mix or (LengthClass(self.isl, self.osl, 1.0),))
