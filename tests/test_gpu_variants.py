@@ -27,6 +27,7 @@ from parsearch.topology.power import POWER_CLOCK_EXPONENT, compute_speed
 from parsearch.topology.summary import fabric_from_spec
 from parsearch.topology.variants import (
     VARIANT_FIELDS,
+    apply_variant,
     cluster_variant,
     load_variant_profile,
     parse_variant_spec,
@@ -219,6 +220,10 @@ def test_variant_names_compose_and_later_fields_win() -> None:
     assert nvl350.peak_flops["bf16"] / 1e12 == pytest.approx(
         989.4 * (350 / 700) ** POWER_CLOCK_EXPONENT, rel=1e-6)
     assert nvl350.hbm_bytes == pytest.approx(93.6 * 2**30)  # kept from the file
+    # a derived part states the power and clock its peaks are at: the law composes
+    again = apply_variant(load_gpu_profile("h100-nvl"), {"power_limit_W": 350.0})
+    assert again.peak_flops["bf16"] == pytest.approx(nvl350.peak_flops["bf16"], rel=1e-12)
+    assert load_gpu_profile("h100-nvl").tdp_W == 400
     assert parse_variant_spec("power_limit_W=500, hbm_capacity_GiB=94") == {
         "power_limit_W": 500.0, "hbm_capacity_GiB": 94.0}
     assert variant_name("h100-sxm@power_limit_W=500", {"power_limit_W": 600.0}) == (

@@ -202,8 +202,12 @@ def apply_variant(gpu: GpuProfile, fields: dict[str, float], label: str = "",
     if "hbm_bandwidth_TBps" in fields:
         changes["hbm_bandwidth_Bps"] = fields["hbm_bandwidth_TBps"] * _TERA
         notes.append(f"{fields['hbm_bandwidth_TBps']:g} TB/s HBM")
-    if "max_power_W" in fields:
-        changes["tdp_W"] = min(fields["max_power_W"], gpu.tdp_W or math.inf)
+    if power is not None or lock is not None:
+        # the derived part delivers its (scaled) peaks at this clock and power, so the
+        # power law applied to it again composes (it is scale-free)
+        changes["sustained_clock_MHz"] = sustained_clock_MHz(gpu, power, lock)
+    if power is not None:
+        changes["tdp_W"] = power
     if "max_clock_MHz" in fields:
         changes["max_clock_MHz"] = fields["max_clock_MHz"]
     variant = "; ".join(notes)
