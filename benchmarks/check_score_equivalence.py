@@ -77,7 +77,7 @@ def cases() -> list[tuple[str, ModelSpec, int, TrainingSpec, CostOptions]]:
          TrainingSpec(seq_len=4096, global_batch=1024, micro_batch_sizes=(1,), precision="fp8",
                       fsdp=True, activation_offload_layers=2,
                       recompute_modules=("mla_up_proj", "core_attn")),
-         CostOptions(memory=MemoryOptions(fp8_param_gather=True, moe_imbalance=1.3))),
+         CostOptions(moe_imbalance=1.3, memory=MemoryOptions(fp8_param_gather=True))),
         ("gpt3-korthikanti-no-logits", get_preset("gpt3-175b"), 256,
          TrainingSpec(seq_len=2048, global_batch=1536, micro_batch_sizes=mbs124),
          CostOptions(memory=MemoryOptions(activation_model="korthikanti", fp32_logits=False))),

@@ -84,6 +84,9 @@ NOT_LAUNCH_SETTINGS = {
     "pipeline_split": "candidate mode; the layout's split is launched as a layout string",
     "sequence_parallel": "candidate mode; the layout's sp is launched",
     "max_vpp": "candidate cap; the layout's vpp is launched",
+    "max_cp": "candidate cap (or a stack without CP); the layout's cp is launched",
+    "moe_dispatchers_available": "what the software stack offers the search; the chosen "
+                                 "dispatcher is launched",
     "seq_len": "always launched (--seq-length, dataset.seq_length)",
     "global_batch": "always launched (--global-batch-size, train.global_batch_size)",
     "optimizer": "launched as --optimizer when not adam",

@@ -99,6 +99,38 @@ def test_trained_routing_is_never_faster_than_forced_balance(gpus: int, dispatch
     assert np.any(t[~no_ep] > b[~no_ep])
 
 
+@settings(max_examples=10, deadline=None)
+@given(st.sampled_from([8, 16, 32]), st.sampled_from([None, 1.25]))
+def test_memory_holds_the_busiest_ranks_tokens_as_time_prices_them(
+        gpus: int, capacity: float | None) -> None:
+    """One router for time and memory: under trained routing a layout with EP needs at
+    least the memory of forced balance, more where its expert activations grow with the
+    busiest rank's share; without EP (or for a dense model) nothing changes; a capacity
+    factor caps it."""
+    training = TrainingSpec(seq_len=4096, global_batch=256, micro_batch_sizes=(1, 2))
+    table = enumerate_layouts(QWEN, training, gpus)
+    fabric = build_fabric(load_cluster("dgx-h100"), gpus)
+    trained = CostOptions(moe_capacity_factor=capacity)
+    assert trained.memory.routing == "trained"
+    assert trained.memory.moe_capacity_factor == capacity
+    mem = {}
+    for name, options in (("trained", trained),
+                          ("balanced", replace(trained, routing="balanced"))):
+        cm = build_cost_model(QWEN, training, fabric, options=options)
+        mem[name] = np.asarray(score_columns(cm, table.columns)["mem_activations"])
+    no_ep = table.columns["ep"] == 1
+    assert np.all(mem["trained"] >= mem["balanced"] * (1 - 1e-12))
+    assert np.allclose(mem["trained"][no_ep], mem["balanced"][no_ep], rtol=1e-12)
+    assert np.any(mem["trained"][~no_ep] > mem["balanced"][~no_ep])
+    if capacity is not None:
+        capped = build_cost_model(QWEN, training, fabric,
+                                  options=replace(trained, moe_imbalance=capacity))
+        fixed = np.asarray(score_columns(capped, table.columns)["mem_activations"])
+        assert np.all(mem["trained"] <= fixed * (1 + 1e-12))
+    # a fixed imbalance is fixed for memory too
+    assert CostOptions(moe_imbalance=1.4).memory.moe_imbalance == 1.4
+
+
 def _flags(routing: str, **extra: object) -> tuple[str, ...]:
     training = TrainingSpec(seq_len=4096, global_batch=256)
     layout = Layout(num_gpus=16, ep=16, mbs=1)

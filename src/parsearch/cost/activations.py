@@ -41,6 +41,7 @@ from parsearch.cost.memory_options import (
     Num,
     gemm_input_bytes,
 )
+from parsearch.cost.routing import routing_imbalance
 from parsearch.errors import SpecError
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
@@ -211,7 +212,7 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
                          _korthikanti_layer(model, deg, s, "core_attn" in modules), full)
         return dict.fromkeys(kinds, kor)
     gemm_b = gemm_input_bytes(training.precision)
-    imb = options.moe_imbalance
+    imb = _expert_load(model, training, deg, options) if any(kinds) else 1.0
     # The attention half is the same in dense and MoE layers: computed once per variant.
     attn_none = _attention_bytes(model, tokens, deg, gemm_b, frozenset())
     attn_sel = _attention_bytes(model, tokens, deg, gemm_b, modules)
@@ -225,6 +226,24 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
             sel = _dense_mlp_bytes(model, tokens, deg, gemm_b, modules)
         out[is_moe] = LayerBytes(attn_none + none, attn_sel + sel, full)
     return out
+
+
+def _expert_load(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
+                 options: MemoryOptions) -> Num:
+    """max/mean routed tokens on the busiest EP rank, per layout: the imbalance the time
+    model prices (:func:`~parsearch.cost.routing.priced_imbalance`: same copies per rank
+    and sequences per dispatch), so a layout's expert activations are those of the rank
+    that holds the most tokens."""
+    if model.moe is None:
+        return 1.0
+    sequences_per_rank = deg.mbs / (deg.tp * deg.cp)
+    return routing_imbalance(
+        model, routing=options.routing,
+        fixed=options.moe_imbalance if options.moe_imbalance != 1.0 else None,
+        capacity_factor=options.moe_capacity_factor,
+        pad_to_capacity=options.moe_pad_to_capacity, ep=deg.ep,
+        copies_per_rank=sequences_per_rank * training.seq_len * model.moe.top_k,
+        sequences=deg.ep * sequences_per_rank)
 
 
 def layer_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool, deg: ActDegrees,

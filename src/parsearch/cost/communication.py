@@ -446,7 +446,8 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     tp_hidden = np.minimum(np.where(userbuffers, sum(ub_block), sum(async_block)), budget)
     budget = budget - tp_hidden
     tp_exposed = tp_total - tp_hidden
-    sm_slowdown = share * tp_hidden
+    # the SMs the collectives hold slow the GEMMs they run beside, not the host's gaps
+    sm_slowdown = share * np.minimum(tp_hidden, compute.tp_gemm)
 
     # --- CP (p2p ring of K/V blocks beside the attention) --------------------------------
     cp_exposed = zeros
@@ -465,7 +466,7 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
                                budget)
         budget = budget - cp_hidden
         cp_exposed = cp_time - cp_hidden
-        sm_slowdown = sm_slowdown + share * cp_hidden
+        sm_slowdown = sm_slowdown + share * np.minimum(cp_hidden, compute.attention)
 
     # --- EP / ETP ----------------------------------------------------------------------
     ep_exposed, network_bytes = zeros, zeros

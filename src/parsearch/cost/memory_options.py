@@ -42,7 +42,13 @@ class MemoryOptions:
       (formulas.md §5.4 last bullet); 3 GiB is our guess.
     * ``fp8_param_gather``: FP8 primary weights (``--fp8-param-gather``)
       drop the BF16 weight copy of GEMM weights (§7.7).
-    * ``moe_imbalance``: max/mean tokens per expert rank (§5.3 MoE, §7.5).
+    * ``moe_imbalance``: max/mean tokens per expert rank (§5.3 MoE, §7.5), fixed for every
+      layout when not 1.
+    * ``routing``, ``moe_capacity_factor``, ``moe_pad_to_capacity``: how the router loads
+      the experts, as :class:`~parsearch.cost.options.CostOptions` prices it in time (which
+      sets them here): under ``"trained"`` routing the busiest EP rank holds more tokens
+      than the mean, so its expert activations are larger
+      (:func:`~parsearch.cost.routing.routing_imbalance`, per layout).
     * ``fp32_logits``: an unfused cross-entropy keeps fp32 logits
       (``s·b·V·4/(t·c)`` bytes, §5.4) for the micro-batch in backward.
     * ``extra_in_flight``: chunk forwards an interleaved schedule adds to its warm-up (1
@@ -56,6 +62,9 @@ class MemoryOptions:
     moe_imbalance: float = 1.0
     fp32_logits: bool = True
     extra_in_flight: int = 0
+    routing: str = "balanced"
+    moe_capacity_factor: float | None = None
+    moe_pad_to_capacity: bool = False
 
     def __post_init__(self) -> None:
         if self.activation_model not in ("flash", "korthikanti"):
@@ -70,6 +79,9 @@ class MemoryOptions:
             )
         if self.moe_imbalance < 1.0:
             raise SpecError(f"memory: moe_imbalance must be >= 1, got {self.moe_imbalance!r}")
+        if self.routing not in ("balanced", "trained"):
+            raise SpecError(f"memory: routing must be balanced or trained, got "
+                            f"{self.routing!r}")
         if self.extra_in_flight not in (0, 1):
             raise SpecError(f"memory: extra_in_flight must be 0 or 1, got "
                             f"{self.extra_in_flight!r}")

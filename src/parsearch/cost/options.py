@@ -207,6 +207,22 @@ class CostOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise SpecError(f"{name} must be a positive number of bytes, got {value!r}")
+        self._route_memory()
+
+    def _route_memory(self) -> None:
+        """Give the memory model the routing the time model prices: one router loads the
+        experts for both (a trained router's busiest EP rank holds more tokens, in time
+        and in activation memory; a fixed ``moe_imbalance`` is fixed for both)."""
+        memory = self.memory
+        fixed = self.moe_imbalance
+        routed = replace(
+            memory, routing="balanced" if fixed is not None else self.routing,
+            moe_imbalance=(fixed if fixed is not None
+                           else memory.moe_imbalance if self.routing == "balanced" else 1.0),
+            moe_capacity_factor=self.moe_capacity_factor,
+            moe_pad_to_capacity=self.moe_pad_to_capacity)
+        if routed != memory:
+            object.__setattr__(self, "memory", routed)
 
     def resolved(self, profile: EfficiencyProfile) -> CostOptions:
         """The options with every ``None`` the profile decides filled in from ``profile``
