@@ -28,7 +28,7 @@ import numpy as np
 
 from parsearch.cost.analytic import build_cost_model, score_columns
 from parsearch.cost.memory import memory_arrays
-from parsearch.cost.memory_options import MemoryOptions
+from parsearch.cost.memory.options import MemoryOptions
 from parsearch.cost.options import CostOptions
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.presets import get_preset

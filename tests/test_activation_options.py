@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.activations import in_flight_chunk_microbatches
 from parsearch.cost.memory import (
     estimate_memory,
     in_flight_microbatches,
     layer_activation_bytes,
     memory_arrays,
 )
+from parsearch.cost.memory.activations import in_flight_chunk_microbatches
 from parsearch.cost.stages import stage_contents
 from parsearch.errors import SpecError
 from parsearch.layout import Layout

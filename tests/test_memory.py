@@ -381,7 +381,7 @@ def test_memory_arrays_equal_scalar_with_options(name: str, settings: dict,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """memory_arrays == estimate_memory on every row, exactly; also with rows grouped by
     all degrees but vpp (``degree_rows``) and in blocks far smaller than the splits."""
-    from parsearch.cost import memory_rows
+    from parsearch.cost.memory import rows as memory_rows
 
     monkeypatch.setattr(memory_rows, "BLOCK_ROWS", 7)
     model = _interleaved_moe() if name == "interleaved" else get_preset(name)

@@ -33,7 +33,7 @@ from parsearch.cost.analytic import (
     build_cost_model,
     estimate,
 )
-from parsearch.cost.memory_options import GIB
+from parsearch.cost.memory.options import GIB
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN
 from parsearch.layout import Layout
 from parsearch.layout.rules import check_layout

@@ -23,7 +23,7 @@ Preconditions, as Megatron-LM ``arguments.py`` ``validate_args`` and Megatron-Co
   compute capability >= 9.0).
 
 With an interleaved pipeline the all-to-all overlap also holds one more warm-up chunk of
-activations (:func:`~parsearch.cost.activations.chunk_in_flight`), so its memory is priced
+activations (:func:`~parsearch.cost.memory.activations.chunk_in_flight`), so its memory is priced
 too.
 """
 

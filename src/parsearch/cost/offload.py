@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from parsearch.cost.activations import ActDegrees, layer_bytes
 from parsearch.cost.memory import MemoryOptions
+from parsearch.cost.memory.activations import ActDegrees, layer_bytes
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile
 

@@ -29,7 +29,7 @@ PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven")
 SequenceParallelMode = Literal["both", "on", "off"]
 SEQUENCE_PARALLEL_MODES: tuple[str, ...] = ("both", "on", "off")
 #: Megatron-Core ``--recompute-modules`` names (``transformer_config.py::recompute_modules``)
-#: that parsearch models; what each drops is in :mod:`parsearch.cost.activations`.
+#: that parsearch models; what each drops is in :mod:`parsearch.cost.memory.activations`.
 RECOMPUTE_MODULES: tuple[str, ...] = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
 )

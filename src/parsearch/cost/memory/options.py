@@ -1,7 +1,7 @@
 """Constants and options shared by the memory model's modules.
 
-The memory model is split by job: :mod:`parsearch.cost.memory_states`
-(weights, gradients, optimizer state), :mod:`parsearch.cost.activations`
+The memory model is split by job: :mod:`parsearch.cost.memory.states`
+(weights, gradients, optimizer state), :mod:`parsearch.cost.memory.activations`
 (activations per layer and per stage, recompute and offload) and
 :mod:`parsearch.cost.memory` (the public entry: a stage's total, the peak
 stage, scalar and vectorised fronts).
@@ -53,7 +53,7 @@ class MemoryOptions:
       (``s·b·V·4/(t·c)`` bytes, §5.4) for the micro-batch in backward.
     * ``extra_in_flight``: chunk forwards an interleaved schedule adds to its warm-up (1
       under the merged forward-backward schedule of MoE all-to-all overlap:
-      :func:`~parsearch.cost.activations.chunk_in_flight`).
+      :func:`~parsearch.cost.memory.activations.chunk_in_flight`).
     """
 
     activation_model: ActivationModel = "flash"

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsearch.cost.memory_options import LOW_PRECISION_BYTES, MemoryOptions, Num
+from parsearch.cost.memory.options import LOW_PRECISION_BYTES, MemoryOptions, Num
 from parsearch.cost.stages import StageContent
 from parsearch.model.params import ParameterCounts, parameter_counts
 from parsearch.model.specs import ModelSpec, TrainingSpec

@@ -5,11 +5,11 @@ can hold the peak (:func:`peak_candidates`) depend on the layout's pipeline
 split ``(pp, vpp)``; this module evaluates every layout's candidates without a
 Python loop over splits or stages:
 
-* model state (:func:`~parsearch.cost.memory_states.stage_params`,
-  :func:`~parsearch.cost.memory_states.stage_model_state`) depends on a
+* model state (:func:`~parsearch.cost.memory.states.stage_params`,
+  :func:`~parsearch.cost.memory.states.stage_model_state`) depends on a
   stage's layer counts and on ``pp, tp, ep, etp, dp, cp, edp``: it is
   evaluated once per distinct pair of the two and looked up;
-* activations are a sum of terms (:mod:`parsearch.cost.activation_terms`):
+* activations are a sum of terms (:mod:`parsearch.cost.memory.activation_terms`):
   per-term bytes (once per distinct degree row) times copies held (once per
   candidate stage and distinct micro-batch count);
 * layouts are ordered by their split's number of candidates, so the ``k``-th
@@ -28,11 +28,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsearch.cost.activation_terms import HELD_TERMS, LAYER_KINDS, stage_terms, term_bytes
-from parsearch.cost.activations import ActDegrees, chunk_in_flight, num_microbatches
-from parsearch.cost.memory_options import MemoryOptions
-from parsearch.cost.memory_rows import RowOrder, Tables, Term, carve, score_rows
-from parsearch.cost.memory_states import StageCounts, stage_model_state, stage_params
+from parsearch.cost.memory.activation_terms import HELD_TERMS, LAYER_KINDS, stage_terms, term_bytes
+from parsearch.cost.memory.activations import ActDegrees, chunk_in_flight, num_microbatches
+from parsearch.cost.memory.options import MemoryOptions
+from parsearch.cost.memory.rows import RowOrder, Tables, Term, carve, score_rows
+from parsearch.cost.memory.states import StageCounts, stage_model_state, stage_params
 from parsearch.cost.stages import StageContent, effective_split, stage_contents
 from parsearch.model.specs import ModelSpec, TrainingSpec
 
@@ -64,7 +64,7 @@ def _dominance_key(model: ModelSpec, content: StageContent) -> tuple[object, ...
 
     Two ranks with the same key hold the same model state and the same bytes per
     micro-batch in each chunk; the micro-batches in flight per chunk never grow with
-    the rank (:func:`~parsearch.cost.activations.chunk_in_flight`: ``min(m, p - r)``,
+    the rank (:func:`~parsearch.cost.memory.activations.chunk_in_flight`: ``min(m, p - r)``,
     and the interleaved warm-up window shrinks with ``r``), so the lower rank's total
     is at least the higher one's and wins the tie: the higher rank can never be the
     peak and need not be evaluated.

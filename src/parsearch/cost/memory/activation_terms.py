@@ -1,12 +1,12 @@
 """A pipeline stage's activations, assembled from per-layer bytes and copies in flight.
 
 A stage's activation bytes per GPU are a sum of *terms*: per-layer byte arrays
-(:mod:`parsearch.cost.activations`, which depend on the layout degrees) times
+(:mod:`parsearch.cost.memory.activations`, which depend on the layout degrees) times
 how many copies the stage holds (which depend on the stage's layers and the
 micro-batches in flight only).  :func:`stage_terms` gives the counts of one
 stage, :func:`term_bytes` the byte arrays of some layouts, and
 :func:`stage_activations` their sum; the vectorised peak search
-(:mod:`parsearch.cost.memory_peak`) evaluates the same sum, term by term in the
+(:mod:`parsearch.cost.memory.peak`) evaluates the same sum, term by term in the
 same order, for many layouts and stages at once.
 
 Sources (``shared/reference/formulas.md`` §5.3, §5.4):
@@ -19,7 +19,7 @@ Sources (``shared/reference/formulas.md`` §5.3, §5.4):
   to host memory (Megatron ``--cpu-offloading-num-layers``,
   ``fine_grained_activation_offload.py``); HBM keeps one such layer in flight;
 * the rest is held once per micro-batch in flight in its chunk
-  (:func:`~parsearch.cost.activations.chunk_in_flight`);
+  (:func:`~parsearch.cost.memory.activations.chunk_in_flight`);
 * the MTP block (last chunk of the last rank, MCORE), the KOR22 embedding
   inputs (first chunk of rank 0) likewise; the output layer's inputs and fp32
   logits are held by the micro-batch in backward only.
@@ -32,14 +32,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from parsearch.cost.activations import (
+from parsearch.cost.memory.activations import (
     FULL,
     ActDegrees,
     LayerBytes,
     in_flight_chunk_microbatches,
     stage_layer_bytes,
 )
-from parsearch.cost.memory_options import (
+from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     FP32_BYTES,
     MemoryOptions,
@@ -156,7 +156,7 @@ def term_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees, code: 
                ) -> TermBytes:
     """The bytes of each term under the degrees ``deg`` and recompute code(s) ``code``.
 
-    ``layers``: :func:`~parsearch.cost.activations.stage_layer_bytes` of ``deg``
+    ``layers``: :func:`~parsearch.cost.memory.activations.stage_layer_bytes` of ``deg``
     when the caller has it.
     """
     kinds = layers if layers is not None else stage_layer_bytes(model, training, deg, options)

@@ -1,5 +1,5 @@
 """Peak-stage search over rows, block by block: the inner loop of
-:mod:`parsearch.cost.memory_peak`.
+:mod:`parsearch.cost.memory.peak`.
 
 Rows are taken in the order of :class:`RowOrder` (by pipeline split, splits by
 falling number of candidate stages), so candidate ``k`` of every row that has
@@ -10,7 +10,7 @@ arrays the size of the input are the results, and buffers and results are
 each carved from one huge-page-backed arena (:func:`carve`).
 
 Per candidate: activations are the terms of
-:func:`~parsearch.cost.activation_terms.stage_activations`, in its order
+:func:`~parsearch.cost.memory.activation_terms.stage_activations`, in its order
 (copies held × bytes per copy), model state is looked up, and the total is
 ``weights + gradients + optimizer + activations + other`` as in
 :class:`~parsearch.cost.memory.MemoryBreakdown`; the strictly larger total
@@ -131,7 +131,7 @@ def _spans(rows: RowOrder, term: Term, k: int) -> tuple[int, int] | None:
 
 def score_rows(tables: Tables, rows: RowOrder, row_rep: np.ndarray | None,
                n_cands: int, out: dict[str, np.ndarray]) -> None:
-    """Write each row's peak stage (``out``: the :data:`~parsearch.cost.memory_peak.PEAK_FIELDS`
+    """Write each row's peak stage (``out``: the :data:`~parsearch.cost.memory.peak.PEAK_FIELDS`
     and ``peak_stage``, indexed by row) block by block."""
     n = rows.order.size
     slots = int(rows.count[0])

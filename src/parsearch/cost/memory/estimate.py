@@ -3,16 +3,16 @@
 The public entry of the memory model.  Everything is in bytes per GPU.
 Sources (``shared/reference/formulas.md``) and the jobs, one module each:
 
-* :mod:`parsearch.cost.memory_states` — weights, gradients (``grad_bytes``:
+* :mod:`parsearch.cost.memory.states` — weights, gradients (``grad_bytes``:
   fp32 or BF16 main gradients) and optimizer state, §5.1/§5.2, FP8 §7.7;
-* :mod:`parsearch.cost.activations` — activations per layer (§5.3, KOR22 or
+* :mod:`parsearch.cost.memory.activations` — activations per layer (§5.3, KOR22 or
   the FlashAttention form), micro-batches in flight per model chunk (§5.4),
   per-module (selective) recompute;
-* :mod:`parsearch.cost.activation_terms` — a stage's activations as terms
+* :mod:`parsearch.cost.memory.activation_terms` — a stage's activations as terms
   (per-layer bytes × copies held), partial (block) recompute, host offload;
-* :mod:`parsearch.cost.memory_peak` / :mod:`parsearch.cost.memory_rows` —
+* :mod:`parsearch.cost.memory.peak` / :mod:`parsearch.cost.memory.rows` —
   the peak stage of many layouts at once (:func:`memory_arrays`);
-* :mod:`parsearch.cost.memory_options` — constants and :class:`MemoryOptions`.
+* :mod:`parsearch.cost.memory.options` — constants and :class:`MemoryOptions`.
 
 Every pipeline stage is evaluated and the most loaded one is reported.
 The arithmetic core (:func:`stage_memory_core`) is elementwise: the layout
@@ -28,8 +28,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from parsearch.cost.activation_terms import stage_activations
-from parsearch.cost.activations import (
+from parsearch.cost.memory.activation_terms import stage_activations
+from parsearch.cost.memory.activations import (
     ActDegrees,
     LayerBytes,
     in_flight_chunk_microbatches,
@@ -37,7 +37,7 @@ from parsearch.cost.activations import (
     layer_activation_bytes,
     num_microbatches,
 )
-from parsearch.cost.memory_options import (
+from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     DEFAULT_MEMORY_OPTIONS,
     FP32_BYTES,
@@ -47,8 +47,8 @@ from parsearch.cost.memory_options import (
     MemoryOptions,
     Num,
 )
-from parsearch.cost.memory_peak import PEAK_FIELDS, RepDegrees, peak_memory
-from parsearch.cost.memory_states import (
+from parsearch.cost.memory.peak import PEAK_FIELDS, RepDegrees, peak_memory
+from parsearch.cost.memory.states import (
     ModelStateBytes,
     model_state_bytes,
     stage_model_state,
@@ -228,7 +228,7 @@ def stage_memory_core(
     """Memory of one GPU of ``content``'s stage, elementwise over the degrees.
 
     ``layers``: the per-layer activation bytes of these degrees
-    (:func:`~parsearch.cost.activations.stage_layer_bytes`), when known.
+    (:func:`~parsearch.cost.memory.activations.stage_layer_bytes`), when known.
     """
     d = _prepare(model, training, tp=tp, cp=cp, ep=ep, etp=etp, mbs=mbs, dp=dp, edp=edp,
                  recompute_code=recompute_code, sp=sp, layers=layers)
@@ -301,7 +301,7 @@ def memory_arrays(
     """Peak memory per GPU for many layouts at once (elementwise over the arrays).
 
     Every stage that can hold a layout's peak is evaluated
-    (:func:`~parsearch.cost.memory_peak.peak_memory`, the arithmetic of
+    (:func:`~parsearch.cost.memory.peak.peak_memory`, the arithmetic of
     :func:`stage_memory_core`) and the largest total wins (the first such stage
     on ties, as in :func:`estimate_memory`).  ``offloaded_bytes`` is that of
     the peak stage.

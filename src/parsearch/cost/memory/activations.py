@@ -1,7 +1,7 @@
 """Activation memory per GPU: per layer, and micro-batches in flight per model chunk.
 
 A whole stage (chunks, block recompute, offload) is assembled in
-:mod:`parsearch.cost.activation_terms`.
+:mod:`parsearch.cost.memory.activation_terms`.
 
 Sources (``shared/reference/formulas.md``):
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parsearch.cost.memory_options import (
+from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     DEFAULT_MEMORY_OPTIONS,
     FP32_BYTES,
