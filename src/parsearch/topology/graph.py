@@ -36,7 +36,7 @@ import networkx as nx
 
 from parsearch.errors import TopologyError
 from parsearch.model.specs import short_repr
-from parsearch.topology.cluster import MAX_GPUS, ClusterSpec
+from parsearch.topology.cluster_spec import MAX_GPUS, ClusterSpec
 
 NODE_KINDS: tuple[str, ...] = ("gpu", "nvswitch", "nic", "leaf", "spine", "core")
 

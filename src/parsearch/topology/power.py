@@ -43,7 +43,7 @@ that, and the fitted range of the law is 300-700 W.
 from __future__ import annotations
 
 from parsearch.errors import SpecError
-from parsearch.topology.hardware import GpuProfile
+from parsearch.topology.gpu_profile import GpuProfile
 
 #: gamma of ``f ~ P ** gamma``: the H100 SXM / H100 NVL datasheet pair (0.3026), rounded.
 POWER_CLOCK_EXPONENT = 0.30

@@ -37,8 +37,8 @@ import math
 from typing import Any
 
 from parsearch.errors import SpecError
-from parsearch.topology.cluster import ClusterSpec
-from parsearch.topology.hardware import (
+from parsearch.topology.cluster_spec import ClusterSpec
+from parsearch.topology.gpu_profile import (
     GpuProfile,
     gpu_profile_from_dict,
     read_profile_file,
