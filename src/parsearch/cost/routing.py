@@ -86,6 +86,15 @@ def _expected_max(n: float) -> float:
 def expected_max_standard_normal(n: np.ndarray) -> np.ndarray:
     """Expected largest of ``n`` independent standard normals, elementwise (0 for n = 1)."""
     n = np.asarray(n, dtype=np.float64)
+    whole = n.astype(np.int64)
+    if n.size and np.array_equal(whole, n) and 0 <= whole.min() and whole.max() <= 1 << 20:
+        # EP degrees: small integers, looked up in a table without sorting the layouts
+        present = np.zeros(int(whole.max()) + 1, dtype=bool)
+        present[whole.ravel()] = True
+        table = np.zeros(len(present))
+        for v in np.flatnonzero(present):
+            table[v] = _expected_max(float(v))
+        return table[whole]
     values, inverse = np.unique(n, return_inverse=True)
     table = np.array([_expected_max(float(v)) for v in values])
     return table[inverse].reshape(n.shape)

@@ -117,27 +117,31 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     sets to choose from (``cm.variants``), the smallest floor over them: whichever a layout
     keeps, its time is above it.
     """
+    n = len(cols["tp"])
+    none = np.full(n, RECOMPUTE_CODES["none"], dtype=np.int64)
+    cols = {**cols, "recompute": none, "vpp": np.ones(n, dtype=np.int64)}
+    # the groups and recompute shares depend on the layouts only: one of each for every
+    # feature set
+    shares = recompute_shares(cm.model, cm.training, none, pp=cols["pp"], vpp=cols["vpp"],
+                              tp=cols["tp"], sp=cols["sp"])
+    groups = process_groups(cm.fabric, cols)
     if cm.variants:
         cache: dict[tuple[object, ...], Any] = {}  # compute differs by dispatcher only
         # with no compute beside it nothing is hidden, so the overlaps leave the floor as
         # it is: one feature set per dispatcher gives every distinct floor
         per_dispatcher = {v.moe_dispatcher: v for v in reversed(cm.variants)}
-        floors = [_unit_time_floor(replace(cm, options=v, variants=()), cols, cache)
+        floors = [_unit_time_floor(replace(cm, options=v, variants=()), cols, cache,
+                                   shares, groups)
                   for v in per_dispatcher.values()]
         return {unit: np.minimum.reduce([f[unit] for f in floors]) for unit in floors[0]}
-    return _unit_time_floor(cm, cols, None)
+    return _unit_time_floor(cm, cols, None, shares, groups)
 
 
 def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
-                     cache: dict[tuple[object, ...], Any] | None
+                     cache: dict[tuple[object, ...], Any] | None, shares: Any, groups: Any
                      ) -> dict[str, np.ndarray]:
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
-    none = np.full(n, RECOMPUTE_CODES["none"], dtype=np.int64)
-    cols = {**cols, "recompute": none, "vpp": np.ones(n, dtype=np.int64)}
-    shares = recompute_shares(model, training, none, pp=cols["pp"], vpp=cols["vpp"],
-                              tp=cols["tp"], sp=cols["sp"])
-    groups = process_groups(cm.fabric, cols)
     share = float(cm.profile.comm_sm_share)
     zero = np.zeros(n)
     idle = UnitCompute(gemm=zero, routed=zero, attention=zero, logits=zero,
