@@ -11,10 +11,14 @@ For every row of ``src/parsearch/data/serving_runs.csv`` (provenance in SERVING_
 * rank of the published layout among all instance shapes on the same GPU budget (each
   shape at its best batch, ranked by whole-group throughput): is it in the top 5?
 
-No parameter of the serving model is fitted to these rows, so every error is out of
-sample, with one exception stated with the numbers: the KV-cache dtype of the Qwen3
-checkpoints, which their sources do not state (:data:`CHECKPOINT_KV`); ``--unstated-kv fp8``
-prices every unstated TensorRT-LLM row with FP8 KV instead, for comparison.
+One parameter of the serving model is fitted to these rows: TensorRT-LLM's fused-MoE
+grouped-GEMM factor (:data:`parsearch.serve.engines.MOE_KERNEL_EFFICIENCY`, inside a cited
+range), on its 47 MoE rows; ``benchmarks/fit_serving_moe.py`` gives its in-sample and
+leave-one-model/GPU-generation-out errors.  The dense rows and the SGLang rows fit nothing,
+so their errors are out of sample.  One choice was made while looking at the errors: the
+KV-cache dtype of the Qwen3 checkpoints, which their sources do not state
+(:data:`CHECKPOINT_KV`); ``--unstated-kv fp8`` prices every unstated TensorRT-LLM row with
+FP8 KV instead, for comparison.
 Usage: ``python benchmarks/validate_serving.py [--json] [--unstated-kv checkpoint|fp8]``.
 """
 

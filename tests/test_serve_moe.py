@@ -11,6 +11,7 @@ from parsearch.serve.api import _context
 from parsearch.serve.cost import _ACT, decode_bytes, decode_step, serving_all_reduce
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.moe import (
+    SMALL_TILE_ROWS,
     TILE_ROWS,
     ep_imbalance,
     expected_touched_share,
@@ -95,7 +96,8 @@ def test_one_token_pays_for_its_top_k_experts_only() -> None:
     # tiles, not a launch per expert of the layer (128 here)
     model, _w, ctx, lay = _qwen235(1)
     per_expert = ctx.counts.routed_experts_per_layer / model.moe.num_experts
-    tiles = 2 * TILE_ROWS * model.moe.top_k * per_expert / lay.expert_tp * model.num_layers
+    # one token: fewer tokens than experts, so 16-row tiles (vLLM fused_moe's small block)
+    tiles = 2 * SMALL_TILE_ROWS * model.moe.top_k * per_expert / lay.expert_tp * model.num_layers
     rate = ctx.rates.peak_flops * ctx.rates.gemm * ctx.rates.grouped_gemm
     launches = 2 * model.num_layers * ctx.rates.kernel_s
     assert _expert_s(1) == pytest.approx(tiles / rate + launches)
@@ -115,9 +117,10 @@ def test_small_batch_tp8_decode_stays_near_the_weight_read() -> None:
 @settings(max_examples=200, deadline=None)
 @given(rows=st.floats(0.0, 1e5))
 def test_padded_rows_hold_the_rows(rows) -> None:
-    padded = padded_rows(rows)
-    assert padded >= max(rows, TILE_ROWS)
-    assert padded <= max(rows, TILE_ROWS) + TILE_ROWS / 2
+    for tile in (SMALL_TILE_ROWS, TILE_ROWS):
+        padded = padded_rows(rows, tile)
+        assert padded >= max(rows, tile)
+        assert padded <= max(rows, tile) + tile / 2
 
 
 @settings(max_examples=60, deadline=None)
@@ -148,3 +151,31 @@ def test_eplb_workload_removes_the_imbalance_from_decode() -> None:
 
     assert step(True).compute_s < step(False).compute_s
     assert step(True).comm_s < step(False).comm_s
+
+
+def test_engine_moe_factors_stay_inside_the_cited_range() -> None:
+    from parsearch.serve.engines import (
+        MIN_MOE_KERNEL_EFFICIENCY,
+        MOE_KERNEL_EFFICIENCY,
+        moe_kernel_efficiency,
+    )
+    from parsearch.serve.spec import SERVING_ENGINES
+    for engine in SERVING_ENGINES:
+        assert MIN_MOE_KERNEL_EFFICIENCY <= moe_kernel_efficiency(engine) <= 1.0
+    assert set(MOE_KERNEL_EFFICIENCY) == set(SERVING_ENGINES)
+
+
+def test_a_slower_moe_kernel_slows_prefill_more_than_memory_bound_decode() -> None:
+    model = get_preset("qwen3-30b-a3b")
+    lay = ServingLayout(1, 1, 1, 1, 64)
+
+    def times(engine: str):
+        w = ServingWorkload(isl=4000, osl=200, precision="fp8", kv_precision="fp8",
+                            engine=engine)
+        ctx = _context(model, load_cluster("dgx-h100"), w, None, None)
+        from parsearch.serve.evaluate import instance_times
+        return instance_times(ctx, lay)
+
+    fast, slow = times("sglang"), times("trtllm")   # factors 1.0 and 0.3
+    assert slow.prefill_busy_s > 1.3 * fast.prefill_busy_s
+    assert slow.tpot_decode_s < 1.3 * fast.tpot_decode_s

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_time, p2p_time
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
+from parsearch.serve.engines import moe_kernel_efficiency
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.moe import ep_imbalance, expected_touched_share, expert_gemm_time
@@ -304,7 +305,8 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     # one token of each of the ``seqs`` sequences goes to the experts per query position
     imbalance = ep_imbalance(model, layout, b_m, seqs, workload.eplb)
     gemm_s = (gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
-              + expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance))
+              + expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance,
+                                 moe_kernel_efficiency(workload.engine)))
     attention_s = core / (rates.bf16_flops * rates.attention)
     compute = gemm_s + attention_s
     # The GEMMs (bound by weight reads or FLOPs) and the attention kernels (bound by KV
@@ -370,7 +372,7 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
                              tokens_stage / computed_prompt_tokens(s, hit), workload.eplb)
     compute = (gemm_flops / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
                + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage,
-                                  imbalance))
+                                  imbalance, moe_kernel_efficiency(workload.engine)))
     prec = ELEMENT_BYTES[workload.precision]
     memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,

@@ -23,11 +23,13 @@ from parsearch.serve.kv_cache import moe_layer_count, stage_layers
 from parsearch.serve.rates import Rates
 from parsearch.serve.spec import ServingLayout
 
-#: Rows of one MMA tile: an expert's rows are padded up to a multiple of it.  Hopper's
-#: warpgroup MMA has M = 64 (PTX ISA, ``wgmma.mma_async`` shapes m64nNk16), the smallest
-#: M tile of the CUTLASS grouped GEMMs TensorRT-LLM's MoE runs (64/128) and of vLLM's
-#: fused_moe block sizes for large batches (``BLOCK_SIZE_M`` 64 in ``get_default_config``).
+#: Rows of one MMA tile: an expert's rows are padded up to a multiple of it.  vLLM's
+#: fused_moe picks ``BLOCK_SIZE_M`` 64 once the tokens outnumber the experts and 16 below
+#: (``get_default_config`` in vllm/model_executor/layers/fused_moe/fused_moe.py); 64 is also
+#: Hopper's warpgroup MMA M (PTX ISA ``wgmma.mma_async`` m64nNk16) and the smallest M tile
+#: of the CUTLASS grouped GEMMs TensorRT-LLM's MoE runs; 16 the M of ``mma.sync`` m16n8k16.
 TILE_ROWS = 64
+SMALL_TILE_ROWS = 16
 #: GEMMs per expert and layer: gate/up (fused into one) and down, launched once per layer
 #: for all experts (one grouped kernel each).
 EXPERT_GEMMS = 2
@@ -60,27 +62,35 @@ def ep_imbalance(model: ModelSpec, layout: ServingLayout, tokens_stage: float,
                                    np.array([max(1.0, sequences)]))[0])
 
 
-def padded_rows(rows: float) -> float:
+def tile_rows(tokens: float, experts: int) -> int:
+    """M tile of the grouped GEMM: 16 rows while the tokens are no more than the experts,
+    else 64 (:data:`TILE_ROWS`)."""
+    return SMALL_TILE_ROWS if tokens <= experts else TILE_ROWS
+
+
+def padded_rows(rows: float, tile: int = TILE_ROWS) -> float:
     """Expected rows a touched expert's tiles hold for ``rows`` routed rows on average: at
     least one tile, and above that the rows plus half a tile (an expert's row count varies
     from step to step, so the unused part of its last tile is spread evenly over
-    ``[0, TILE_ROWS)``)."""
-    return max(float(TILE_ROWS), rows + TILE_ROWS / 2.0)
+    ``[0, tile)``)."""
+    return max(float(tile), rows + tile / 2.0)
 
 
 def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
                      rates: Rates, tokens_stage: float, rows_tokens: float,
-                     imbalance: float = 1.0) -> float:
+                     imbalance: float = 1.0, kernel_efficiency: float = 1.0) -> float:
     """Routed-expert grouped-GEMM time on one GPU for ``tokens_stage`` tokens of the stage.
 
     ``rows_tokens`` tokens choose ``top_k`` of ``E`` experts; the GPU holds ``E / ep``
     experts, each sliced ``expert_tp`` ways, of which the expected touched share has work
     (:func:`expected_touched_share`).  A touched expert gets ``rows_tokens * top_k / E``
-    rows over the touched share, padded up to :data:`TILE_ROWS`; its FLOPs are
+    rows over the touched share, padded up to the M tile (:func:`tile_rows`); its FLOPs are
     ``2 * padded rows * expert params / expert_tp``, run at the profile's large-GEMM rate
     times its grouped-GEMM factor (one fused kernel per projection, so no per-expert launch
     time), plus one kernel launch per grouped GEMM and layer.  ``imbalance``: the busiest
-    EP rank's routed tokens over the mean (:func:`ep_imbalance`).
+    EP rank's routed tokens over the mean (:func:`ep_imbalance`); ``kernel_efficiency``:
+    the engine's fused-MoE kernel rate over that GEMM rate
+    (:func:`parsearch.serve.engines.moe_kernel_efficiency`).
     """
     if model.moe is None or rows_tokens <= 0:
         return 0.0
@@ -90,7 +100,8 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     local = moe.num_experts / layout.ep
     share = expected_touched_share(moe.top_k, moe.num_experts, rows_tokens)
     rows = rows_tokens * moe.top_k / moe.num_experts / share * imbalance
-    padded = padded_rows(rows)
+    padded = padded_rows(rows, tile_rows(rows_tokens, moe.num_experts))
     flops = 2.0 * padded * share * local * per_expert / layout.expert_tp * n_moe
     launches = EXPERT_GEMMS * n_moe * rates.kernel_s
-    return flops / (rates.peak_flops * rates.gemm * rates.grouped_gemm) + launches
+    rate = rates.peak_flops * rates.gemm * rates.grouped_gemm * kernel_efficiency
+    return flops / rate + launches

@@ -1,0 +1,39 @@
+"""Per-engine kernel efficiencies the datasheet and the efficiency profile do not carry.
+
+Fused MoE grouped GEMMs.  The efficiency profile's GEMM rate is that of large dense GEMMs
+(MAMF sweeps) times its grouped-GEMM factor (Megatron grouped GEMMs in training).  Serving
+engines run the routed experts as fused grouped kernels over a few hundred rows per expert
+or fewer, whose achieved rate depends on the kernel library and spans a wide measured
+range: the CUTLASS NVFP4 grouped MoE GEMM of FlashInfer/TensorRT-LLM at ~147 rows per
+expert keeps the tensor pipe 28% busy (flashinfer-ai/flashinfer issue #4990, ncu profile);
+SGLang's Marlin W4A16 MoE GEMM reaches 25.7% of H100 BF16 peak in a 16k-token prefill
+(sgl-project/sglang PR #38884, nsys capture); DeepGEMM's grouped FP8 GEMMs reach up to 1550
+TFLOPS on H800, 78% of peak (deepseek-ai/DeepGEMM README, 2025.04.18).  Against a dense
+large-GEMM rate of ~50-60% of peak, that is a factor of about 0.2 to 1.3; the factor of
+each engine is fitted on its published serving rows inside ``[MIN, 1]``
+(benchmarks/fit_serving_moe.py, which reports it in and out of sample).
+
+* ``trtllm``: fitted on the 47 TensorRT-LLM Qwen3 MoE throughput rows of
+  data/serving_runs.csv (TensorRT-LLM v1.0 perf overview, CUTLASS MoE backend).
+* ``vllm``: no vLLM MoE row in the serving set; vLLM's fused MoE kernels (Triton
+  ``fused_moe`` and CUTLASS grouped GEMMs, within 5% of each other in vLLM PR #19983's
+  blocked-FP8 benchmark) are of the kind TensorRT-LLM runs, so it takes TensorRT-LLM's value.
+* ``sglang``: 1.0, the profile's rate: its rows run DeepGEMM (LMSYS large-scale EP blog),
+  whose grouped GEMMs reach dense-GEMM rates (above).
+
+>>> moe_kernel_efficiency("sglang")
+1.0
+"""
+
+from __future__ import annotations
+
+#: Lower end of the fitted range: 0.2 of the dense large-GEMM rate, ~10% of peak (the
+#: FlashInfer CUTLASS grouped MoE GEMM above).
+MIN_MOE_KERNEL_EFFICIENCY = 0.2
+#: Fused MoE grouped-GEMM rate over the profile's (dense large-GEMM x grouped) rate.
+MOE_KERNEL_EFFICIENCY: dict[str, float] = {"trtllm": 0.3, "vllm": 0.3, "sglang": 1.0}
+
+
+def moe_kernel_efficiency(engine: str) -> float:
+    """The engine's fused-MoE grouped-GEMM factor (1 for an engine without one)."""
+    return MOE_KERNEL_EFFICIENCY.get(engine, 1.0)
