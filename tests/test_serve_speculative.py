@@ -85,8 +85,10 @@ def test_spec_off_is_unchanged() -> None:
     assert _times(8).plain_tpot_s is None
 
 
-def test_mtp_speeds_up_a_memory_bound_small_batch() -> None:
-    plain, spec = _times(1), _times(1, spec_decode="mtp")
+def test_one_draft_speeds_up_a_memory_bound_small_batch() -> None:
+    # one draft token at the MTP default acceptance (Llama has no MTP module: an EAGLE head)
+    plain = _times(1)
+    spec = _times(1, spec_decode="eagle", spec_tokens=1, acceptance_rate=0.85)
     assert spec.plain_tpot_s == pytest.approx(plain.tpot_decode_s)
     # weights read once for two tokens: close to the 1.85x of the token count, less drafts
     assert 1.5 < plain.tpot_decode_s / spec.tpot_decode_s < 1.85
@@ -110,8 +112,8 @@ def test_gain_shrinks_when_the_verify_pass_is_compute_bound() -> None:
 @given(batch=st.sampled_from([1, 16, 128]), low=st.floats(0.0, 1.0), high=st.floats(0.0, 1.0))
 def test_higher_acceptance_never_slower(batch, low, high) -> None:
     low, high = sorted((low, high))
-    slow = _times(batch, spec_decode="mtp", acceptance_rate=low).tpot_decode_s
-    fast = _times(batch, spec_decode="mtp", acceptance_rate=high).tpot_decode_s
+    slow = _times(batch, spec_decode="eagle", acceptance_rate=low).tpot_decode_s
+    fast = _times(batch, spec_decode="eagle", acceptance_rate=high).tpot_decode_s
     assert fast <= slow * (1 + 1e-12)
 
 
@@ -210,12 +212,12 @@ def test_cli_flags_reach_the_result() -> None:
     import json
     out = run_cli("serve", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8",
                   "--isl", "1000", "--osl", "200", "--precision", "fp8", "--spec-decode",
-                  "mtp", "--acceptance-rate", "0.9", "--prefix-cache-hit", "0.5", "--format",
+                  "eagle", "--acceptance-rate", "0.9", "--prefix-cache-hit", "0.5", "--format",
                   "json", "--top", "1")
     assert out.code == 0, out.err
     data = json.loads(out.out)
     q = data["query"]
-    assert (q["spec_decode"], q["acceptance_rate"], q["prefix_cache_hit"]) == ("mtp", 0.9, 0.5)
+    assert (q["spec_decode"], q["acceptance_rate"], q["prefix_cache_hit"]) == ("eagle", 0.9, 0.5)
     assert data["results"][0]["launch"]["trtllm"].startswith("trtllm-serve")
 
 
@@ -256,3 +258,20 @@ def test_deepseek_v3_mtp_speedup_matches_the_report() -> None:
             lay = ServingLayout(8, 1, 1, 1, batch)
             tpot.append(instance_times(ctx, lay).tpot_decode_s)
         assert tpot[0] / tpot[1] == pytest.approx(1.8, rel=0.15)
+
+
+def test_mtp_needs_a_model_with_an_mtp_module() -> None:
+    w = ServingWorkload(isl=100, osl=100, spec_decode="mtp")
+    with pytest.raises(SpecError, match="has no multi-token-prediction module"):
+        _context(get_preset("qwen3-30b-a3b"), _cluster(), w, None, None)
+
+
+def test_explain_ttft_parts_add_up_with_speculation() -> None:
+    from parsearch.serve.explain import explain_serving
+    w = ServingWorkload(isl=1000, osl=200, precision="fp8", kv_precision="fp8",
+                        spec_decode="eagle", concurrency=32)
+    r = explain_serving(model=_LLAMA, cluster="dgx-h100", num_gpus=8, workload=w,
+                        layout="tp=4")
+    p = r.prefill
+    assert p["ttft"] == pytest.approx(p["queue"] + p["ttft_alone"] + p["wait_for_running_step"],
+                                      rel=1e-6)

@@ -295,7 +295,9 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     replicas = _replicas_for(ctx, layout, completions, num_gpus)
     placed = layout if replicas == layout.replicas else replace(layout, replicas=replicas)
     # waits for a slot, then for the step running when it arrives, then prefills
-    ttft_ms = (queue_s + t.ttft_s + step_residual_s(run_layout.batch, t.tpot_decode_s)) * 1e3
+    per_step = ctx.speculation.tokens_per_step if ctx.speculation is not None else 1.0
+    step_s = t.tpot_decode_s * per_step  # a decode step (verify + drafts) emits per_step
+    ttft_ms = (queue_s + t.ttft_s + step_residual_s(run_layout.batch, step_s)) * 1e3
     carries = placed.gpus <= num_gpus
     return ServingEstimate(
         layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas,

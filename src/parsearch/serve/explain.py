@@ -171,12 +171,13 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
                       spec_draft_cost=ctx.speculation.draft_cost,
                       tpot_decode_without_speculation=times.plain_tpot_s * 1e3)
     p = times.prefill
+    per_step = ctx.speculation.tokens_per_step if ctx.speculation is not None else 1.0
     prefill = {"memory": p.memory_s * 1e3, "compute": p.compute_s * 1e3,
                "communication": p.comm_s * 1e3, "kernels_and_non_gemm": p.overhead_s * 1e3,
                "stage_pass": p.total_s * 1e3, "ttft_alone": times.ttft_s * 1e3,
                "busy_per_request_under_load": times.prefill_busy_s * 1e3,
                "wait_for_running_step": step_residual_s(running.batch,
-                                                        times.tpot_decode_s) * 1e3,
+                                                        times.tpot_decode_s * per_step) * 1e3,
                "queue": est.queue_ms, "ttft": est.ttft_ms}
     queue = {"in_flight_per_instance": float(lay.batch),
              "running_per_instance": float(running.batch),

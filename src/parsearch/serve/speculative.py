@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parsearch.errors import SpecError
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.spec import ServingWorkload
@@ -103,6 +104,9 @@ def speculation_for(model: ModelSpec, workload: ServingWorkload,
     method = workload.spec_decode
     if method == "none":
         return None
+    if method == "mtp" and model.mtp_layers == 0:
+        raise SpecError(f"--spec-decode mtp: {model.name} has no multi-token-prediction module "
+                        "(mtp_layers 0 in its config); use --spec-decode eagle or draft")
     tokens, alpha = METHOD_DEFAULTS[method]
     cost = workload.draft_cost
     if cost is None:
