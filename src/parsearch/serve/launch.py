@@ -33,11 +33,10 @@ from typing import Any
 
 from parsearch.serve.launch_trtllm import EXTRA_OPTIONS_FILE, trtllm_launch
 from parsearch.serve.spec import ServingLayout, ServingWorkload
+from parsearch.serve.speculative import draft_tokens
 
 _VLLM_KV = {"bf16": "auto", "fp8": "fp8", "fp4": None}
 _SGLANG_KV = {"bf16": "auto", "fp8": "fp8_e4m3", "fp4": None}
-#: Draft tokens per method when unset (:data:`parsearch.serve.speculative.METHOD_DEFAULTS`).
-_SPEC_TOKENS = {"mtp": 1, "eagle": 3, "draft": 4}
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def _vllm(model: str, layout: ServingLayout, workload: ServingWorkload) -> list[
         args += ["--gpu-memory-utilization", f"{workload.memory_fraction:g}"]
     if workload.spec_decode != "none":
         method = {"mtp": "mtp", "eagle": "eagle", "draft": "draft_model"}[workload.spec_decode]
-        tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]
+        tokens = draft_tokens(workload)
         args += ["--speculative-config",
                  f"'{{\"method\": \"{method}\", \"num_speculative_tokens\": {tokens}}}'"]
     if workload.prefix_cache_hit > 0:
@@ -120,7 +119,7 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
     if workload.eplb and layout.ep > 1:
         args += ["--enable-eplb"]
     if workload.spec_decode in ("mtp", "eagle"):
-        tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]
+        tokens = draft_tokens(workload)
         args += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(tokens),
                  "--speculative-num-draft-tokens", str(tokens + 1)]
     if disaggregation:

@@ -31,13 +31,12 @@ parallel, and ``--max_batch_size`` / ``--max_num_tokens`` are per attention-DP r
 from __future__ import annotations
 
 from parsearch.serve.spec import ServingLayout, ServingWorkload
+from parsearch.serve.speculative import draft_tokens
 
 #: File name the command line gives for the YAML options (written beside it by the user).
 EXTRA_OPTIONS_FILE = "extra.yaml"
 _SPEC_YAML = {"mtp": ("MTP", "num_nextn_predict_layers"), "eagle": ("Eagle", "max_draft_len"),
               "draft": ("DraftTarget", "max_draft_len")}
-#: Draft tokens per method when the workload leaves them unset (speculative.METHOD_DEFAULTS).
-_SPEC_TOKENS = {"mtp": 1, "eagle": 3, "draft": 4}
 
 
 def trtllm_options(layout: ServingLayout, workload: ServingWorkload) -> tuple[str, ...]:
@@ -58,7 +57,7 @@ def trtllm_options(layout: ServingLayout, workload: ServingWorkload) -> tuple[st
                   "    num_slots: <experts plus redundant slots, a multiple of ep_size>"]
     if workload.spec_decode != "none":
         kind, key = _SPEC_YAML[workload.spec_decode]
-        tokens = workload.spec_tokens or _SPEC_TOKENS[workload.spec_decode]
+        tokens = draft_tokens(workload)
         lines += ["speculative_config:", f"  decoding_type: {kind}", f"  {key}: {tokens}"]
         if workload.spec_decode != "mtp":
             lines.append("  speculative_model_dir: <draft model path>")

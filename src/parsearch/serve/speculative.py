@@ -82,6 +82,11 @@ class Speculation:
                 "tokens_per_step": round(self.tokens_per_step, 4)}
 
 
+def draft_tokens(workload: ServingWorkload) -> int:
+    """Draft tokens per step: the workload's, else the method's default."""
+    return workload.spec_tokens or METHOD_DEFAULTS[workload.spec_decode][0]
+
+
 def expected_tokens_per_step(alpha: float, draft_tokens: int) -> float:
     """Tokens a verify step emits on average: ``sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) /
     (1 - alpha)`` (Leviathan et al. 2023, eq. 1); ``k + 1`` when every draft is accepted."""
@@ -107,14 +112,14 @@ def speculation_for(model: ModelSpec, workload: ServingWorkload,
     if method == "mtp" and model.mtp_layers == 0:
         raise SpecError(f"--spec-decode mtp: {model.name} has no multi-token-prediction module "
                         "(mtp_layers 0 in its config); use --spec-decode eagle or draft")
-    tokens, alpha = METHOD_DEFAULTS[method]
+    alpha = METHOD_DEFAULTS[method][1]
     cost = workload.draft_cost
     if cost is None:
         cost = head_draft_cost(model, counts)
     acceptance = workload.acceptance_rate if workload.acceptance_rate is not None else alpha
     if acceptance is None:  # spec.py refuses a draft model without one; kept for type checks
         raise ValueError("draft speculation needs an acceptance rate")
-    return Speculation(method=method, draft_tokens=workload.spec_tokens or tokens,
+    return Speculation(method=method, draft_tokens=draft_tokens(workload),
                        acceptance=float(acceptance), draft_cost=float(cost))
 
 
