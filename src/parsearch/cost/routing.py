@@ -87,7 +87,7 @@ def expected_max_standard_normal(n: np.ndarray) -> np.ndarray:
     """Expected largest of ``n`` independent standard normals, elementwise (0 for n = 1)."""
     n = np.asarray(n, dtype=np.float64)
     whole = n.astype(np.int64)
-    if n.size and np.array_equal(whole, n) and 0 <= whole.min() and whole.max() <= 1 << 20:
+    if n.size and np.array_equal(whole, n) and whole.min() >= 0 and whole.max() <= 1 << 20:
         # EP degrees: small integers, looked up in a table without sorting the layouts
         present = np.zeros(int(whole.max()) + 1, dtype=bool)
         present[whole.ravel()] = True
