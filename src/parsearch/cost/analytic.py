@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.compute import ACT_BYTES, is_moe_unit
+from parsearch.cost.cost_model import CostModel
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
 from parsearch.cost.feature_search import (
     cheapest_unit_prices,
@@ -87,19 +88,6 @@ MEMORY_KEYS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activation
                                 "total")
 # Units a stage holds, in this order (the columns of a stage's feature row).
 UNITS: tuple[str, ...] = ("dense", "moe", "mtp", "embedding", "output")
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Everything the scorer needs besides the layouts: workload, fabric, profile, options."""
-
-    model: ModelSpec
-    training: TrainingSpec
-    fabric: Fabric
-    profile: EfficiencyProfile
-    options: CostOptions
-    #: feature sets each layout is also priced with (:mod:`parsearch.cost.feature_search`)
-    variants: tuple[CostOptions, ...] = ()
 
 
 def build_cost_model(

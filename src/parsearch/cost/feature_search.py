@@ -32,16 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import product
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from parsearch.cost.cost_model import CostModel
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.layout.rules import RECOMPUTE_CODES
 from parsearch.model.specs import ModelSpec
-
-if TYPE_CHECKING:
-    from parsearch.cost.analytic import CostModel
 
 #: Compute capability from which the flex dispatcher's kernels run (DeepEP: Hopper).
 FLEX_MIN_CAPABILITY = 9.0

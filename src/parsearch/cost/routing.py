@@ -39,14 +39,11 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from parsearch.model.specs import ModelSpec, TrainingSpec
-
-if TYPE_CHECKING:
-    from parsearch.cost.options import CostOptions
 
 #: Routing the cost model prices: a trained router's, or forced uniform (benchmarks).
 ROUTING_MODES: tuple[str, ...] = ("trained", "balanced")
@@ -143,9 +140,24 @@ def routing_imbalance(model: ModelSpec, *, routing: str, fixed: float | None,
     return base
 
 
-def priced_imbalance(model: ModelSpec, training: TrainingSpec, options: CostOptions,
+class RoutingOptions(Protocol):
+    """The routing choices :func:`priced_imbalance` reads (what
+    :class:`parsearch.cost.options.CostOptions` holds; that module builds on this one)."""
+
+    @property
+    def routing(self) -> str: ...
+    @property
+    def moe_imbalance(self) -> float | None: ...
+    @property
+    def moe_capacity_factor(self) -> float | None: ...
+    @property
+    def moe_pad_to_capacity(self) -> bool: ...
+
+
+def priced_imbalance(model: ModelSpec, training: TrainingSpec, options: RoutingOptions,
                      cols: dict[str, np.ndarray]) -> np.ndarray:
-    """:func:`routing_imbalance` of every layout in ``cols`` under ``options``.
+    """:func:`routing_imbalance` of every layout in ``cols`` under ``options`` (a
+    :class:`parsearch.cost.options.CostOptions`).
 
     Routed copies per EP rank: the ``mbs * s / (tp * cp)`` tokens one rank feeds into the
     MoE (SP layout, formulas.md §5.3), times top-k, which the rank receives back on
@@ -167,6 +179,7 @@ def priced_imbalance(model: ModelSpec, training: TrainingSpec, options: CostOpti
 __all__ = [
     "ROUTING_MODES",
     "TRAINED_SEQUENCE_LOAD_CV",
+    "RoutingOptions",
     "expected_max_standard_normal",
     "priced_imbalance",
     "routing_imbalance",

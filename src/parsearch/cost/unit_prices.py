@@ -10,13 +10,14 @@ and optimizer step need.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from parsearch.cost.collectives import LinkArrays, all_gather_time, p2p_time
 from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit, unit_compute
+from parsearch.cost.cost_model import CostModel
 from parsearch.cost.offload import offload_exposed
 from parsearch.cost.options import CostOptions
 from parsearch.cost.recompute import LayerShares, RecomputeShares
@@ -26,10 +27,6 @@ from parsearch.model.params import parameter_counts
 from parsearch.model.specs import ModelSpec
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.placement import group_strides
-
-if TYPE_CHECKING:
-    from parsearch.cost.analytic import CostModel
-
 
 # The embedding and the output layer are never recomputed (Megatron checkpoints layers).
 _NO_RECOMPUTE = LayerShares(*(np.zeros(()) for _ in range(6)))
