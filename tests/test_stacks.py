@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -147,3 +148,23 @@ def test_cli_max_cp_caps_context_parallelism(capsys: pytest.CaptureFixture[str])
     lines = capsys.readouterr().out.strip().splitlines()
     cp_at = lines[0].split(",").index("cp")
     assert lines[1:] and all(int(line.split(",")[cp_at]) <= 2 for line in lines[1:])
+
+
+def test_output_names_a_non_default_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    """explain and search say which stack bounded them and what it lacks; the default
+    stack adds nothing."""
+    explain = ["explain", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16",
+               "--layout", "ep=16,mbs=1", "--global-batch", "256", "--seq-len", "4096"]
+    assert main([*explain, "--stack", "mcore-0.11"]) == 0
+    out = capsys.readouterr().out
+    assert "software stack mcore-0.11" in out and "the flex (DeepEP) dispatcher" in out
+    assert main(explain) == 0
+    assert "software stack" not in capsys.readouterr().out
+    assert main([*explain, "--stack", "mcore-0.11", "--format", "json"]) == 0
+    assert "mcore-0.11" in json.loads(capsys.readouterr().out)["software_stack"]
+    assert main(["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "64",
+                 "--global-batch", "64", "--seq-len", "2048", "--top", "2",
+                 "--stack", "megatron-lm-2022"]) == 0
+    out = capsys.readouterr().out
+    assert "software stack megatron-lm-2022" in out and "MoE layers" in out
+    assert "HybridEP" not in out  # no MoE features listed for a stack without MoE

@@ -364,6 +364,18 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
                             options=_stack_bounded(args, options))
 
 
+def stack_note(args: argparse.Namespace) -> str:
+    """One line naming a non-default ``--stack`` and what it leaves out ("" by default)."""
+    from parsearch.cost.stacks import DEFAULT_STACK, get_stack
+
+    name = getattr(args, "stack", None)
+    if not name or name == DEFAULT_STACK:
+        return ""
+    stack = get_stack(name)
+    missing = ", ".join(stack.missing()) or "nothing"
+    return f"  software stack {stack.name} ({stack.source}): without {missing}"
+
+
 def _stack_bounded(args: argparse.Namespace, options):  # type: ignore[no-untyped-def]
     """``options`` bounded to what ``--stack`` can run; a feature flag the stack lacks errs."""
     from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_options

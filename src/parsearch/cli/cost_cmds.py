@@ -18,6 +18,7 @@ from parsearch.cli.common import (
     positive_int,
     print_json,
     print_table,
+    stack_note,
     training_from_args,
 )
 from parsearch.cost.coverage import coverage_note
@@ -113,6 +114,8 @@ def run_explain(args: argparse.Namespace) -> int:
                     if f.startswith(("trained-router", "forced-balance", "capacity")) else f
                     for f in features]
     document["priced_features"] = features
+    if stack_note(args):
+        document["software_stack"] = stack_note(args)
     document["outside_calibration"] = list(uncovered_features(model, cm.profile.coverage))
     if args.format == "json":
         print_json(document)
@@ -140,6 +143,8 @@ def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:
         print("  " + coverage_note(tuple(d["outside_calibration"])))
     if d.get("priced_features"):
         print("  priced with: " + ", ".join(d["priced_features"]))
+    if d.get("software_stack"):
+        print(d["software_stack"])
     total = d["step_time_s"]
     print_table(("time per step", "seconds", "share"),
                 [(k, f"{v:.4f}", f"{v / total:.1%}") for k, v in d["time_s"].items()])

@@ -18,6 +18,7 @@ from parsearch.cli.common import (
     positive_int,
     print_json,
     print_table,
+    stack_note,
     training_from_args,
 )
 from parsearch.cli.search_output import (
@@ -161,6 +162,8 @@ def run_search(args: argparse.Namespace) -> int:
         write_jsonl(result, sys.stdout)
     else:
         _search_table(result, show_launch=args.launch, precision=training.precision)
+        if stack_note(args):
+            print(stack_note(args).strip())
     print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s,
                    examined=result.examined),
           file=sys.stderr)

@@ -58,7 +58,9 @@ class SoftwareStack:
                  ("moe_a2a_overlap", "the MoE all-to-all overlap"),
                  ("moe_shared_expert_overlap", "the shared-expert overlap"),
                  ("hybridep", "HybridEP"))
-        out = [words for field_name, words in names if not getattr(self, field_name)]
+        moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep"}
+        out = [words for field_name, words in names if not getattr(self, field_name)
+               and (self.moe_dispatchers or field_name not in moe_only)]
         if not self.moe_dispatchers:
             out.append("MoE layers")
         elif "flex" not in self.moe_dispatchers:
