@@ -76,6 +76,16 @@ def _register_calibrate(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run_calibrate)
 
 
+def _candidates_value(text: str) -> int | str:
+    """``--candidates``: a count of shapes (a positive integer) or a runnable-layouts file."""
+    if text.strip().lstrip("+-").isdigit():
+        return positive_int(text)
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a number of shapes nor a file of runnable layouts")
+    return text
+
+
 def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan-profiling", help="the layouts worth measuring next, with launch files",
@@ -93,8 +103,11 @@ def _register_plan(subparsers: argparse._SubParsersAction) -> None:
     add_cost_options(parser)
     parser.add_argument("--k", type=positive_int, default=5, metavar="K",
                         help="layouts to measure (default 5)")
-    parser.add_argument("--candidates", type=positive_int, default=None, metavar="M",
-                        help="shapes considered from the top of the ranking (default 30)")
+    parser.add_argument("--candidates", type=_candidates_value, default=None,
+                        metavar="M|FILE",
+                        help="shapes considered from the top of the ranking (default 30), "
+                        "or a file of the layouts you can run, one per line (tp=8,pp=4,... or "
+                        "a layout key): the plan then chooses only among those")
     parser.add_argument("--measurements", nargs="+", default=(), metavar="FILE",
                         help="runs already measured (logs or tables) on this cluster: the "
                         "plan conditions on them (pass those a --efficiency profile was "
@@ -270,8 +283,15 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.measurements:
         rows, _ = _load_rows(args, cm.profile)
         measured = [r for r in rows if r.generation == cm.profile.name]
-    plan = plan_profiling(cm, k=args.k, measured=measured,
-                          candidates=args.candidates or CANDIDATES)
+    runnable = None
+    count = args.candidates or CANDIDATES
+    if isinstance(args.candidates, str):
+        from parsearch.validation.planning.runnable import read_runnable_layouts
+
+        runnable = read_runnable_layouts(args.candidates, args.gpus)
+        count = CANDIDATES
+    plan = plan_profiling(cm, k=args.k, measured=measured, candidates=count,
+                          runnable=runnable)
     written = []
     if args.launch_dir:
         folder = Path(args.launch_dir)
@@ -293,6 +313,10 @@ def run_plan(args: argparse.Namespace) -> int:
                 [(p.order, p.layout.key(), p.predicted_rank, p.tokens_per_s_per_gpu,
                   p.step_time_s, p.iterations, p.minutes, "; ".join(p.reasons[:-1]))
                  for p in plan.picks])
+    if plan.runnable_source:
+        print(f"chosen among the runnable layouts of {plan.runnable_source}"
+              + (f"; not valid for this job, left out: {', '.join(plan.not_valid)}"
+                 if plan.not_valid else ""))
     print(f"\nexpected misordered pairs among the top {min(TOP_PAIRS, plan.candidates)}: "
           f"{plan.misordered_before:.2f} -> {plan.misordered_after:.2f} after these "
           f"{len(plan.picks)} measurement(s); {plan.candidates} shapes considered")

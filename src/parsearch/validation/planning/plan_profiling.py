@@ -78,6 +78,7 @@ from parsearch.validation.planning.plan_errors import (  # re-exported: the plan
     misordered_pairs,
 )
 from parsearch.validation.planning.plan_launch import PlannedRun, short_run_launch
+from parsearch.validation.planning.runnable import RunnableLayouts, runnable_rows
 from parsearch.validation.user.user_calibration import factor_limit, range_effects, threshold
 
 #: Pairs among this many best-predicted candidates count toward the ranking uncertainty.
@@ -109,10 +110,14 @@ class ProfilingPlan:
     misordered_before: float
     misordered_after: float
     exchange_complete: bool = True  # False: stopped at MAX_EVALUATIONS
+    runnable_source: str | None = None  # the runnable-layouts file the plan was bound to
+    not_valid: tuple[str, ...] = ()  # its layouts that are no valid layout of the job
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "candidates": self.candidates,
+            "runnable_layouts_file": self.runnable_source,
+            "runnable_layouts_not_valid": list(self.not_valid),
             "expected_misordered_pairs_before": self.misordered_before,
             "expected_misordered_pairs_after": self.misordered_after,
             "top_pairs_of": TOP_PAIRS,
@@ -206,19 +211,35 @@ def _candidate_rows(scan: Any, count: int) -> np.ndarray:
 
 def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (),
                    candidates: int = CANDIDATES, fit_weight: float = FIT_WEIGHT,
-                   network: bool = True) -> ProfilingPlan:
+                   network: bool = True,
+                   runnable: RunnableLayouts | None = None) -> ProfilingPlan:
     """The ``k`` layouts (on ``cm``'s fabric) worth measuring next, in the order to run them.
 
     ``network=False``: the calibration will not fit the cluster's bandwidth (its
-    uncertainty still counts, as error no measurement removes).
+    uncertainty still counts, as error no measurement removes).  ``runnable``: only these
+    layouts can be launched on the user's setup; the plan chooses among them (and counts
+    its ranking over them), and names those that are no valid layout of the job.
     """
     if k < 1:
         raise SpecError(f"k must be >= 1 layouts to measure, got {k}")
     model, training = cm.model, cm.training
     table = require_layouts(model, training, cm.fabric.num_gpus)
+    not_valid: tuple[str, ...] = ()
+    if runnable is not None:
+        rows_ok, missing = runnable_rows(table, runnable.layouts)
+        not_valid = tuple(layout.key() for layout in missing)
+        if not len(rows_ok):
+            raise SpecError(f"--candidates {runnable.source}: none of its "
+                            f"{len(runnable.layouts)} layouts is a valid layout of this job "
+                            f"({model.name}, {cm.fabric.num_gpus} GPUs, global batch "
+                            f"{training.global_batch}); `parsearch check --layout ...` says "
+                            "which rule each breaks")
+        table = table.select(rows_ok)
     scan = scan_table(cm, table)
     if not scan.feasible:
-        raise SpecError(f"no layout fits in memory on {cm.fabric.num_gpus} GPUs; nothing to "
+        where = (f"among the {len(table)} valid layouts of {runnable.source}"
+                 if runnable is not None else f"on {cm.fabric.num_gpus} GPUs")
+        raise SpecError(f"no layout fits in memory {where}; nothing to "
                         "measure (`parsearch search` says how much the leanest one needs)")
     positions = _candidate_rows(scan, max(candidates, TARGET_SHAPES))
     targets = scan.feasible_rows[positions]
@@ -297,7 +318,8 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
             launch=short_run_launch(cm, layout)))
     sd_after = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
     return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current,
-                         complete)
+                         complete, runnable_source=runnable.source if runnable else None,
+                         not_valid=not_valid)
 
 
 def _ordering_evaluations(k: int) -> int:
