@@ -168,3 +168,15 @@ def test_output_names_a_non_default_stack(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert "software stack megatron-lm-2022" in out and "MoE layers" in out
     assert "HybridEP" not in out  # no MoE features listed for a stack without MoE
+
+
+def test_a_stack_without_moe_refuses_a_moe_model() -> None:
+    from parsearch.cost.stacks import require_model_support
+
+    with pytest.raises(SpecError, match="MoE layers"):
+        require_model_support(get_stack("megatron-lm-2022"), get_preset("mixtral-8x7b"))
+    require_model_support(get_stack("megatron-lm-2022"), get_preset("gpt3-175b"))
+    require_model_support(get_stack("mcore-0.11"), get_preset("mixtral-8x7b"))
+    assert main(["pareto", "--model", "mixtral-8x7b", "--cluster", "dgx-h100",
+                 "--max-gpus", "64", "--global-batch", "256", "--seq-len", "4096",
+                 "--stack", "megatron-lm-2021"]) == 2

@@ -361,7 +361,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
                              moe_imbalance=args.moe_imbalance or 1.0),
     )
     return build_cost_model(model, training, fabric, profile=profile,
-                            options=_stack_bounded(args, options))
+                            options=_stack_bounded(args, options, model))
 
 
 def stack_note(args: argparse.Namespace) -> str:
@@ -376,14 +376,22 @@ def stack_note(args: argparse.Namespace) -> str:
     return f"  software stack {stack.name} ({stack.source}): without {missing}"
 
 
-def _stack_bounded(args: argparse.Namespace, options):  # type: ignore[no-untyped-def]
-    """``options`` bounded to what ``--stack`` can run; a feature flag the stack lacks errs."""
-    from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_options
+def _stack_bounded(args: argparse.Namespace, options,  # type: ignore[no-untyped-def]
+                   model: ModelSpec):
+    """``options`` bounded to what ``--stack`` can run; a feature flag the stack lacks errs,
+    and so does a model it cannot build."""
+    from parsearch.cost.stacks import (
+        DEFAULT_STACK,
+        get_stack,
+        require_model_support,
+        stack_options,
+    )
 
+    stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
+    require_model_support(stack, model)
     explicit = frozenset(name for name in (*SEARCHABLE_FEATURES, "moe_flex_backend")
                          if getattr(args, name, None) not in (None, "auto"))
-    return stack_options(get_stack(getattr(args, "stack", None) or DEFAULT_STACK), options,
-                         explicit=explicit)
+    return stack_options(stack, options, explicit=explicit)
 
 
 def layout_from_args(args: argparse.Namespace) -> Layout:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
-from parsearch.model.specs import TrainingSpec
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,13 @@ def get_stack(name: str) -> SoftwareStack:
 
 def _refuse(stack: SoftwareStack, what: str, fix: str) -> SpecError:
     return SpecError(f"--stack {stack.name} does not have {what} ({stack.source}); {fix}")
+
+
+def require_model_support(stack: SoftwareStack, model: ModelSpec) -> None:
+    """Refuse a model whose layers the stack cannot build (MoE before Megatron-Core)."""
+    if model.moe is not None and not stack.moe_dispatchers:
+        raise _refuse(stack, f"MoE layers ({model.name} has experts)",
+                      "choose a Megatron-Core stack (mcore-0.11 or later)")
 
 
 def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
