@@ -44,7 +44,8 @@ def test_questions_follow_the_published_layout():
     assert q["model_path"] == "Qwen/Qwen3-235B-A22B-FP8" and q["system"] == "h200_sxm"
     assert q["max_batch"] > 0 and q["ctx_tokens"] >= q["isl"]
     q, _ = compare.question(rows["s0148"])  # a latency row: concurrency 1 as the batch
-    assert q["batch"] == 1 and q["layouts"] == [{"tp": 4, "pp": 1, "attention_dp": 1}]
+    assert q["batch"] == 1 and q["mode"] == "static"
+    assert q["layouts"] == [{"tp": 4, "pp": 1, "attention_dp": 1}]
 
 
 @pytest.mark.skipif(not os.environ.get("PARSEARCH_AIC_PYTHON"),
