@@ -44,9 +44,32 @@ How each row is asked of AIConfigurator (its ``cli_estimate``, the programmatic 
 * prefill-only / decode-only rows: AIConfigurator's ``static_ctx`` / ``static_gen`` step at
   the published batch (decode: batch / TPOT; prefill: ``max_num_tokens`` per rank / TTFT).
 
-Measured 2026-12-06 on the 2-core development machine, AIConfigurator 0.12.0 (databases
-trtllm 1.3.0rc20, sglang 0.5.14), parsearch at this commit: see the summary lines below
-(filled in from the run) and docs/serving.md.
+Measured 2026-12-06 on the 2-core development machine (``--jobs 2``), AIConfigurator 0.12.0
+(aiconfigurator-core 0.12.0; its default databases, trtllm 1.3.0rc20 and sglang 0.5.14),
+parsearch at commit 057e668.  AIConfigurator priced 149 of the 153 rows; both tools on
+the 148 throughput rows (all TensorRT-LLM)::
+
+                                MAPE   median   within ±25%
+    all (148)   parsearch       11.5%   9.3%    95%
+                AIConfigurator  15.0%  10.3%    79%
+    dense (101) parsearch        9.3%   8.6%   100%
+                AIConfigurator   9.3%   8.2%    96%
+    MoE (47)    parsearch       16.0%  10.1%    83%   (in sample: its one fitted factor)
+                AIConfigurator  27.2%  25.9%    43%
+
+Per model (parsearch / AIConfigurator MAPE): Llama 3 70B 7.9% / 10.5%, Llama 3.1 405B
+10.0% / 8.9%, Llama 3 8B 10.9% / 7.6%, Qwen3-235B-A22B 9.8% / 24.6% (AIConfigurator
+0.5-0.75x the measured on H100/H200), Qwen3-30B-A3B 24.4% / 30.8% (both 2.2-2.5x on the
+GB200 128/128 row).  parsearch's MoE figure is in sample: TensorRT-LLM's fused-MoE factor
+is fitted on these 47 rows (out of sample, leaving the model out: 16.7%, docs/serving.md);
+nothing of AIConfigurator is fitted to them.  The latency row s0148 (concurrency 1):
+TTFT measured 147.6 ms, parsearch 169.6 (15%), AIConfigurator 137.6 (7%); TPOT 14.7 ms,
+parsearch 17.2 (17%), AIConfigurator 15.7 (7%).  Not priced by AIConfigurator: the four
+SGLang DeepSeek-V3 phase rows (s0150-s0153, EP 32 and 72 on H100), "Cross-node EP requires
+DeepEP A2A data" (its sglang database has none for H100 across nodes).  Wall time per
+question (median): parsearch 0.10 s (every layout on the row's GPUs enumerated and
+ranked), AIConfigurator 9.7 s (0.8-25 s; its batch sweep of 1-10 estimates, about 1-1.5 s
+each once its database is loaded); 30 s and 1,536 s for all rows.
 
 Usage: ``python benchmarks/compare_aiconfigurator.py [--aic-python PY] [--jobs N]
 [--rows s0001,s0002] [--json] [--save FILE]``.
