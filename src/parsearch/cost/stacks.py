@@ -68,71 +68,57 @@ class SoftwareStack:
         return tuple(out)
 
 
-_MOE_ALL = ("alltoall", "allgather", "flex")
+# Each stack is the one before it plus what its release introduced.
+_MEGATRON_2021 = SoftwareStack(
+    # NAR21 (arXiv 2104.04473) and its sc21 scripts (August 2021): TP, PP with the
+    # interleaved schedule, DP; activation checkpointing of whole layers only; the
+    # optimizer state replicated over DP (ZeRO is compared in §5.2 as another system);
+    # attention as batched GEMMs with a fused softmax (FlashAttention is arXiv 2205.14135,
+    # May 2022); the backward TP all-reduce ran exposed until Megatron-LM commit 16c90445
+    # (2021-09-02).
+    name="megatron-lm-2021", released="2021-08",
+    source="Narayanan et al. 2021, arXiv 2104.04473 (Megatron-LM sc21 scripts)",
+    context_parallel=False, sequence_parallel=False, selective_recompute=False,
+    distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
+    tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
+    moe_shared_expert_overlap=False, hybridep=False)
+# KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective recompute (§4.2,
+# §5); still no fused attention, no context parallelism, and its memory analysis (§4.1)
+# keeps the optimizer state unsharded.
+_MEGATRON_2022 = replace(
+    _MEGATRON_2021, name="megatron-lm-2022", released="2022-05",
+    source="Korthikanti et al. 2022, arXiv 2205.05198",
+    sequence_parallel=True, selective_recompute=True, tp_async_grad_comm=True)
+# Megatron-Core 0.11 (early 2025; MoE Parallel Folding, arXiv 2504.14960, and its ModelZoo
+# recipes of 2025-04-03): context parallelism (0.4.0), the distributed optimizer, fused
+# attention, TE's TP overlap, all-to-all and all-gather dispatchers, the shared-expert
+# overlap (0.9.0); DeepEP only from 0.12.0, the EP all-to-all overlap later.
+_MCORE_011 = replace(
+    _MEGATRON_2022, name="mcore-0.11", released="2025-02",
+    source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
+    context_parallel=True, distributed_optimizer=True, flash_attention=True,
+    tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
+    moe_shared_expert_overlap=True)
+# Megatron-Core 0.12.0: "DeepEP support, compatible with all the parallelisms".
+_MCORE_012 = replace(
+    _MCORE_011, name="mcore-0.12", released="2025-04",
+    source="Megatron-LM CHANGELOG.md (Megatron Core 0.12.0, MoE features)",
+    moe_dispatchers=("alltoall", "allgather", "flex"))
+# Megatron-Core 0.14 / Megatron-Bridge 0.1.0rc3 (NeMo 25.09): the EP all-to-all overlap
+# (--overlap-moe-expert-parallel-comm) in 1F1B and interleaved schedules.
+_MCORE_014 = replace(
+    _MCORE_012, name="mcore-0.14", released="2025-09",
+    source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
+    moe_a2a_overlap=True)
+# Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the cost
+# model prices.
+_MCORE_CURRENT = replace(
+    _MCORE_014, name="mcore-current", released="2025-12",
+    source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0)", hybridep=True)
 
 #: The stacks parsearch knows, oldest first; the last is the default.
-STACKS: tuple[SoftwareStack, ...] = (
-    SoftwareStack(
-        # NAR21 (arXiv 2104.04473) and its sc21 scripts (August 2021): TP, PP with the
-        # interleaved schedule, DP; activation checkpointing of whole layers only; the
-        # optimizer state replicated over DP (ZeRO is compared in §5.2 as another
-        # system); attention as batched GEMMs with a fused softmax (FlashAttention is
-        # arXiv 2205.14135, May 2022); the backward TP all-reduce ran exposed until
-        # Megatron-LM commit 16c90445 (2021-09-02).
-        name="megatron-lm-2021", released="2021-08",
-        source="Narayanan et al. 2021, arXiv 2104.04473 (Megatron-LM sc21 scripts)",
-        context_parallel=False, sequence_parallel=False, selective_recompute=False,
-        distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
-        tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
-        moe_shared_expert_overlap=False, hybridep=False),
-    SoftwareStack(
-        # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective
-        # recompute (§4.2, §5); still no fused attention, no context parallelism, and its
-        # memory analysis (§4.1) keeps the optimizer state unsharded.
-        name="megatron-lm-2022", released="2022-05",
-        source="Korthikanti et al. 2022, arXiv 2205.05198",
-        context_parallel=False, sequence_parallel=True, selective_recompute=True,
-        distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
-        tp_async_grad_comm=True, moe_dispatchers=(), moe_a2a_overlap=False,
-        moe_shared_expert_overlap=False, hybridep=False),
-    SoftwareStack(
-        # Megatron-Core 0.11 (early 2025; MoE Parallel Folding, arXiv 2504.14960, and its
-        # ModelZoo recipes of 2025-04-03): all-to-all and all-gather dispatchers, the
-        # shared-expert overlap (0.9.0); DeepEP only from 0.12.0, the EP all-to-all
-        # overlap later.
-        name="mcore-0.11", released="2025-02",
-        source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
-        context_parallel=True, sequence_parallel=True, selective_recompute=True,
-        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
-        tp_async_grad_comm=True, moe_dispatchers=("alltoall", "allgather"),
-        moe_a2a_overlap=False, moe_shared_expert_overlap=True, hybridep=False),
-    SoftwareStack(
-        # Megatron-Core 0.12.0: "DeepEP support, compatible with all the parallelisms".
-        name="mcore-0.12", released="2025-04",
-        source="Megatron-LM CHANGELOG.md (Megatron Core 0.12.0, MoE features)",
-        context_parallel=True, sequence_parallel=True, selective_recompute=True,
-        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
-        tp_async_grad_comm=True, moe_dispatchers=_MOE_ALL, moe_a2a_overlap=False,
-        moe_shared_expert_overlap=True, hybridep=False),
-    SoftwareStack(
-        # Megatron-Core 0.14 / Megatron-Bridge 0.1.0rc3 (NeMo 25.09): the EP all-to-all
-        # overlap (--overlap-moe-expert-parallel-comm) in 1F1B and interleaved schedules.
-        name="mcore-0.14", released="2025-09",
-        source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
-        context_parallel=True, sequence_parallel=True, selective_recompute=True,
-        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
-        tp_async_grad_comm=True, moe_dispatchers=_MOE_ALL, moe_a2a_overlap=True,
-        moe_shared_expert_overlap=True, hybridep=False),
-    SoftwareStack(
-        # Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the
-        # cost model prices.
-        name="mcore-current", released="2025-12",
-        source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0)",
-        context_parallel=True, sequence_parallel=True, selective_recompute=True,
-        distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
-        tp_async_grad_comm=True, moe_dispatchers=_MOE_ALL, moe_a2a_overlap=True,
-        moe_shared_expert_overlap=True, hybridep=True),
-)
+STACKS: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MCORE_011, _MCORE_012,
+                                     _MCORE_014, _MCORE_CURRENT)
 
 STACKS_BY_NAME: dict[str, SoftwareStack] = {s.name: s for s in STACKS}
 DEFAULT_STACK = STACKS[-1].name
