@@ -13,27 +13,30 @@ One subpackage of :mod:`parsearch.cost`, one job per module:
 * :mod:`~parsearch.cost.memory.options` — constants and :class:`MemoryOptions`.
 """
 
+from parsearch.cost.memory.activations import (
+    in_flight_chunk_microbatches,
+    in_flight_microbatches,
+    layer_activation_bytes,
+    num_microbatches,
+)
 from parsearch.cost.memory.estimate import (
+    MemoryArrays,
+    MemoryBreakdown,
+    MemoryEstimate,
+    estimate_memory,
+    memory_arrays,
+    stage_memory,
+    stage_memory_core,
+)
+from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     FP32_BYTES,
     GIB,
     LOW_PRECISION_BYTES,
     ActivationModel,
-    MemoryArrays,
-    MemoryBreakdown,
-    MemoryEstimate,
     MemoryOptions,
-    ModelStateBytes,
-    estimate_memory,
-    in_flight_chunk_microbatches,
-    in_flight_microbatches,
-    layer_activation_bytes,
-    memory_arrays,
-    model_state_bytes,
-    num_microbatches,
-    stage_memory,
-    stage_memory_core,
 )
+from parsearch.cost.memory.states import ModelStateBytes, model_state_bytes
 
 __all__ = [
     "ACTIVATION_BYTES",

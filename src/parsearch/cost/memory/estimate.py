@@ -32,53 +32,22 @@ from parsearch.cost.memory.activation_terms import stage_activations
 from parsearch.cost.memory.activations import (
     ActDegrees,
     LayerBytes,
-    in_flight_chunk_microbatches,
-    in_flight_microbatches,
-    layer_activation_bytes,
     num_microbatches,
 )
 from parsearch.cost.memory.options import (
-    ACTIVATION_BYTES,
     DEFAULT_MEMORY_OPTIONS,
-    FP32_BYTES,
     GIB,
-    LOW_PRECISION_BYTES,
-    ActivationModel,
     MemoryOptions,
     Num,
 )
 from parsearch.cost.memory.peak import PEAK_FIELDS, RepDegrees, peak_memory
 from parsearch.cost.memory.states import (
-    ModelStateBytes,
-    model_state_bytes,
     stage_model_state,
     stage_params,
 )
 from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
 from parsearch.layout import Layout
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
-
-__all__ = [
-    "ACTIVATION_BYTES",
-    "FP32_BYTES",
-    "GIB",
-    "LOW_PRECISION_BYTES",
-    "ActivationModel",
-    "MemoryArrays",
-    "MemoryBreakdown",
-    "MemoryEstimate",
-    "MemoryOptions",
-    "ModelStateBytes",
-    "estimate_memory",
-    "in_flight_chunk_microbatches",
-    "in_flight_microbatches",
-    "layer_activation_bytes",
-    "memory_arrays",
-    "model_state_bytes",
-    "num_microbatches",
-    "stage_memory",
-    "stage_memory_core",
-]
 
 
 @dataclass(frozen=True)
