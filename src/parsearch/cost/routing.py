@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -157,22 +157,29 @@ class RoutingOptions(Protocol):
 def priced_imbalance(model: ModelSpec, training: TrainingSpec, options: RoutingOptions,
                      cols: dict[str, np.ndarray]) -> np.ndarray:
     """:func:`routing_imbalance` of every layout in ``cols`` under ``options`` (a
-    :class:`parsearch.cost.options.CostOptions`).
+    :class:`parsearch.cost.options.CostOptions`): :func:`layout_imbalance` of its degrees."""
+    return layout_imbalance(model, training.seq_len, options, fixed=options.moe_imbalance,
+                            tp=cols["tp"], cp=cols["cp"], ep=cols["ep"], mbs=cols["mbs"])
+
+
+def layout_imbalance(model: ModelSpec, seq_len: int, options: RoutingOptions, *,
+                     fixed: float | None, tp: Any, cp: Any, ep: Any, mbs: Any) -> Any:
+    """:func:`routing_imbalance` of layouts given by their degrees (numbers or arrays), the
+    one count the time model and the memory model share.
 
     Routed copies per EP rank: the ``mbs * s / (tp * cp)`` tokens one rank feeds into the
     MoE (SP layout, formulas.md §5.3), times top-k, which the rank receives back on
-    average from its EP group.
+    average from its EP group; sequences per dispatch: those tokens' sequences over EP.
     """
-    ep = cols["ep"].astype(np.float64)
+    ep = np.asarray(ep, dtype=np.float64)
     if model.moe is None:
         return np.ones_like(ep)
-    sequences_per_rank = (cols["mbs"].astype(np.float64)
-                          / (cols["tp"].astype(np.float64) * cols["cp"].astype(np.float64)))
-    return routing_imbalance(model, routing=options.routing, fixed=options.moe_imbalance,
+    sequences_per_rank = (np.asarray(mbs, dtype=np.float64)
+                          / (np.asarray(tp, dtype=np.float64) * np.asarray(cp, dtype=np.float64)))
+    return routing_imbalance(model, routing=options.routing, fixed=fixed,
                              capacity_factor=options.moe_capacity_factor,
                              pad_to_capacity=options.moe_pad_to_capacity, ep=ep,
-                             copies_per_rank=sequences_per_rank * training.seq_len
-                             * model.moe.top_k,
+                             copies_per_rank=sequences_per_rank * seq_len * model.moe.top_k,
                              sequences=ep * sequences_per_rank)
 
 
@@ -181,6 +188,7 @@ __all__ = [
     "TRAINED_SEQUENCE_LOAD_CV",
     "RoutingOptions",
     "expected_max_standard_normal",
+    "layout_imbalance",
     "priced_imbalance",
     "routing_imbalance",
     "trained_imbalance",

@@ -41,7 +41,7 @@ from parsearch.cost.memory.options import (
     Num,
     gemm_input_bytes,
 )
-from parsearch.cost.routing import routing_imbalance
+from parsearch.cost.routing import layout_imbalance
 from parsearch.errors import SpecError
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
@@ -234,16 +234,11 @@ def _expert_load(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
     model prices (:func:`~parsearch.cost.routing.priced_imbalance`: same copies per rank
     and sequences per dispatch), so a layout's expert activations are those of the rank
     that holds the most tokens."""
-    if model.moe is None:
-        return 1.0
-    sequences_per_rank = deg.mbs / (deg.tp * deg.cp)
-    return routing_imbalance(
-        model, routing=options.routing,
+    # 1.0 is "not fixed" in MemoryOptions (CostOptions' None)
+    return layout_imbalance(
+        model, training.seq_len, options,
         fixed=options.moe_imbalance if options.moe_imbalance != 1.0 else None,
-        capacity_factor=options.moe_capacity_factor,
-        pad_to_capacity=options.moe_pad_to_capacity, ep=deg.ep,
-        copies_per_rank=sequences_per_rank * training.seq_len * model.moe.top_k,
-        sequences=deg.ep * sequences_per_rank)
+        tp=deg.tp, cp=deg.cp, ep=deg.ep, mbs=deg.mbs)
 
 
 def layer_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool, deg: ActDegrees,
