@@ -114,8 +114,9 @@ def run_explain(args: argparse.Namespace) -> int:
                     if f.startswith(("trained-router", "forced-balance", "capacity")) else f
                     for f in features]
     document["priced_features"] = features
-    if stack_note(args):
-        document["software_stack"] = stack_note(args)
+    note = stack_note(args)
+    if note:
+        document["software_stack"] = note
     document["outside_calibration"] = list(uncovered_features(model, cm.profile.coverage))
     if args.format == "json":
         print_json(document)

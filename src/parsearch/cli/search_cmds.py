@@ -162,8 +162,9 @@ def run_search(args: argparse.Namespace) -> int:
         write_jsonl(result, sys.stdout)
     else:
         _search_table(result, show_launch=args.launch, precision=training.precision)
-        if stack_note(args):
-            print(stack_note(args).strip())
+        note = stack_note(args)
+        if note:
+            print(note.strip())
     print(_summary(result.considered, result.valid, result.feasible, result.elapsed_s,
                    examined=result.examined),
           file=sys.stderr)
