@@ -28,7 +28,7 @@ import numpy as np
 from parsearch.validation.fit.calibration import prepare_rows
 from parsearch.validation.fit.crossval import cross_validate
 from parsearch.validation.published.published_runs import load_published_runs
-from parsearch.validation.published.ranking import run_stack
+from parsearch.validation.published.run_conventions import stack_of_source
 
 TARGET = 0.10
 MIN_RUNS = 5
@@ -37,7 +37,7 @@ MIN_RUNS = 5
 def main() -> int:
     warnings.filterwarnings("ignore")
     runs = load_published_runs()
-    stack_of = {run.id: run_stack(run) for run in runs}
+    stack_of = {run.id: stack_of_source(run.source) for run in runs}
     rows = prepare_rows(runs)
     failures = 0
     for by in ("family", "source"):

@@ -38,14 +38,7 @@ from parsearch.search.exhaustive import rank_feasible, scan_table, shape_codes
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.published.published_runs import PublishedRun, dedupe, dev_rows, group_key
-from parsearch.validation.published.run_conventions import (
-    FOLD,
-    KOR22,
-    NAR21,
-    NEMO_LONGSEQ,
-    release_of,
-    source_tag,
-)
+from parsearch.validation.published.run_conventions import stack_of_source
 from parsearch.validation.published.runs import best_reading, run_cost_model
 
 MATCH_AXES: tuple[str, ...] = ("tp", "pp", "cp", "ep", "etp", "vpp", "mbs")
@@ -108,34 +101,15 @@ def _expert_pick(runs: list[PublishedRun]) -> PublishedRun:
     return max(runs, key=lambda r: (r.measured_tokens_per_s_per_gpu or 0.0, r.id))
 
 
-#: The software stack each source's runs used (:mod:`parsearch.cost.stacks`): the papers'
-#: Megatron-LM of their year, MoE Parallel Folding's Megatron-Core (recipes of 2025-04-03,
-#: before DeepEP reached a release), NeMo 25.04's Megatron-Core 0.12.
-_SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm-2022",
-                                  FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12"}
-
-
-def run_stack(run: PublishedRun) -> str:
-    """The software stack ``run`` was measured with: by source, and for Megatron-Bridge's
-    tables by NeMo container (25.09 shipped Megatron-Core 0.14, later ones 0.15+)."""
-    tag = source_tag(run.source)
-    if tag in _SOURCE_STACKS:
-        return _SOURCE_STACKS[tag]
-    release = release_of(run.source)
-    if release is not None and release < (25, 11):
-        return "mcore-0.14"
-    return DEFAULT_STACK
-
-
 def rank_group(run: PublishedRun, options: CostOptions, *, by_stack: bool = True) -> GroupRank:
     """Rank ``run``'s layout among all feasible layouts of its job.
 
     With ``by_stack`` the layouts and searched features are those the run's software
-    stack could run (:func:`run_stack`), as a user who names ``--stack`` would search.
+    stack could run (:func:`stack_of_source`), as a user who names ``--stack`` would search.
     """
     assert run.model_spec is not None and run.cluster is not None
     fabric = build_fabric(load_cluster(run.cluster), run.num_gpus)
-    stack = get_stack(run_stack(run) if by_stack else DEFAULT_STACK)
+    stack = get_stack(stack_of_source(run.source) if by_stack else DEFAULT_STACK)
     options = stack_options(stack, options)
     reading = best_reading(run, fabric, options)
     mbs = tuple(sorted({1, 2, 4, 8, run.layout.mbs}))

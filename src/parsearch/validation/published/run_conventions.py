@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from parsearch.cost.stacks import DEFAULT_STACK
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.specs import ModelSpec
@@ -130,6 +131,30 @@ def release_of(source: str) -> tuple[int, ...] | None:
     if match is None:
         return None
     return tuple(int(part) for part in match.group(1).split("."))
+
+
+#: The software stack each source's runs used (:mod:`parsearch.cost.stacks`): the papers'
+#: Megatron-LM of their year, MoE Parallel Folding's Megatron-Core (recipes of 2025-04-03,
+#: before DeepEP reached a release), NeMo 25.04's Megatron-Core 0.12.
+_SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm-2022",
+                                  FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12"}
+
+
+def stack_of_source(source: str) -> str:
+    """The software stack a run of ``source`` was measured with: by source, and for
+    Megatron-Bridge's tables by NeMo container (25.09 shipped Megatron-Core 0.14, later
+    ones 0.15+).
+
+    >>> stack_of_source("Megatron-Bridge perf summary (NeMo 25.09 container)")
+    'mcore-0.14'
+    """
+    tag = source_tag(source)
+    if tag in _SOURCE_STACKS:
+        return _SOURCE_STACKS[tag]
+    release = release_of(source)
+    if release is not None and release < (25, 11):
+        return "mcore-0.14"
+    return DEFAULT_STACK
 
 
 # --------------------------------------------------------------------------- FLOPs
