@@ -115,16 +115,21 @@ import numpy as np
 import yaml
 
 from parsearch.cost.analytic import CostModel, build_cost_model, score_columns
-from parsearch.cost.efficiency import efficiency_for_gpu
+from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
 from parsearch.layout.space import require_layouts
 from parsearch.model.files import resolve_model
 from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
+from parsearch.topology.hardware import load_gpu_profile
 from parsearch.validation.fit.calibration import PreparedRow, calibrate, predict, prepare_rows
 from parsearch.validation.fit.joint_fit import FactorFit
-from parsearch.validation.fit.network_calibration import NETWORK_FACTOR, with_cluster_factors
+from parsearch.validation.fit.network_calibration import (
+    COMPUTE_FACTOR,
+    NETWORK_FACTOR,
+    with_cluster_factors,
+)
 from parsearch.validation.planning.plan_profiling import FIT_WEIGHT, plan_profiling
 from parsearch.validation.published.published_runs import load_published_runs
 from parsearch.validation.user.measurements import Measurement
@@ -142,6 +147,13 @@ TRUE_NETWORK = {"nic_bandwidth_Gbps": 200, "network_efficiency": 0.80}
 TRUE_FACTORS = {"gemm_efficiency.bf16": 0.66, "attention_forward_efficiency": 0.45,
                 "memory_bound_factor": 1.4, "host_time_per_layer_s": 0.0008,
                 "grouped_gemm_efficiency": 0.75, "alltoall_efficiency": 0.65}
+#: Truth ``compute0.85-internode0.5`` (issue 33, "done when"): the shipped profile on the
+#: nominal cluster whose GPUs sustain 0.85 of the SM clock the profile was fitted at (a
+#: clock lock, ``gpu_sm_clock_MHz``: tensor-core and SFU rates x0.85, HBM unchanged;
+#: parsearch.topology.power) and whose NICs deliver half the file's inter-node bandwidth.
+TRUE_COMPUTE = 0.85
+TRUE_INTERNODE = 0.5
+TRUTHS = ("slow-nics", "compute0.85-internode0.5")
 NOISE = 0.02
 POOL_SHAPES = 30
 REGION_SHAPES = 90
@@ -149,13 +161,55 @@ KS = (3, 5, 10)
 SCENARIOS = (("llama3-70b", 128, 512, 8192), ("mixtral-8x22b", 128, 256, 4096))
 
 
-def true_cluster_file(folder: Path) -> str:
+def true_cluster_file(folder: Path, truth: str = TRUTHS[0]) -> str:
+    """The true cluster as a cluster file (the nominal one with the truth's changes)."""
     data = yaml.safe_load(_cluster_path().read_text(encoding="utf-8"))
-    data.update(TRUE_NETWORK)
-    data["name"] = "dgx-h100-slow-nics"
-    path = folder / "dgx-h100-slow-nics.yaml"
+    if truth == TRUTHS[0]:
+        data.update(TRUE_NETWORK)
+    else:
+        gpu = load_gpu_profile(data["gpu"])
+        assert gpu.sustained_clock_MHz is not None
+        data["gpu_sm_clock_MHz"] = TRUE_COMPUTE * gpu.sustained_clock_MHz
+        data["network_efficiency"] = TRUE_INTERNODE * data["network_efficiency"]
+    data["name"] = f"{NOMINAL_CLUSTER}-{truth}"
+    path = folder / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return str(path)
+
+
+def true_profile(shipped: EfficiencyProfile, truth: str) -> EfficiencyProfile:
+    """The true cluster's efficiency profile (the shipped one for the compute/network truth:
+    its slowdown is all in the cluster file)."""
+    if truth != TRUTHS[0]:
+        return shipped
+    return shipped.with_values({k: v for k, v in TRUE_FACTORS.items() if k in shipped.priors})
+
+
+def recovered(fit: FactorFit, shipped: EfficiencyProfile) -> tuple[float, float]:
+    """(compute, inter-node): the calibrated model's GEMM rate and inter-node bandwidth over
+    the shipped model's on the nominal cluster file.
+
+    compute = sustained-clock factor x fitted BF16 GEMM efficiency / shipped x cluster_speed
+    (every GEMM's time is FLOPs / (peak x clock share x efficiency), parsearch.cost.compute,
+    and cluster_speed divides the whole step); inter-node = network_bandwidth_factor x
+    cluster_speed (the delivered bandwidth, and the step's share of it cluster_speed scales).
+    """
+    speed = fit.profile.cluster_speed
+    gemm = fit.profile.gemm_efficiency["bf16"] / shipped.gemm_efficiency["bf16"]
+    compute = fit.cluster.get(COMPUTE_FACTOR, 1.0) * gemm * speed
+    return compute, fit.cluster.get(NETWORK_FACTOR, 1.0) * speed
+
+
+def recovery_line(found: list[tuple[float, float]], true_network: float) -> str:
+    """Recovered compute and inter-node factors as ratios to the truth: mean, and the draw
+    farthest from it."""
+    parts = []
+    for j, (what, true) in enumerate((("compute", TRUE_COMPUTE), ("inter-node", true_network))):
+        ratios = np.array([f[j] / true for f in found])
+        worst = float(ratios[np.argmax(np.abs(ratios - 1.0))])
+        parts.append(f"{what} {np.mean([f[j] for f in found]):.3f} (/truth {np.mean(ratios):.3f},"
+                     f" worst {worst:.3f})")
+    return "recovered " + "; ".join(parts)
 
 
 def _cluster_path() -> Path:
@@ -169,16 +223,15 @@ def tokens(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
-                 seeds: int, fit_weight: float, network: bool = True) -> None:
+                 seeds: int, fit_weight: float, network: bool = True, truth_name: str = TRUTHS[0],
+                 ks: tuple[int, ...] = KS, random_sets: bool = True) -> None:
     model = resolve_model(name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     shipped = efficiency_for_gpu("h100-sxm")
     nominal = build_cost_model(model, training, build_fabric(load_cluster(NOMINAL_CLUSTER), gpus),
                                profile=shipped)
-    true_profile = shipped.with_values({k: v for k, v in TRUE_FACTORS.items()
-                                        if k in shipped.priors})
     truth = build_cost_model(model, training, build_fabric(load_cluster(true_path), gpus),
-                             profile=true_profile)
+                             profile=true_profile(shipped, truth_name))
     table = require_layouts(model, training, gpus)
     scan = scan_table(nominal, table)
     region = scan.feasible_rows[rank_feasible(scan, top=REGION_SHAPES, diverse=True)]
@@ -187,8 +240,9 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
     true_tokens = tokens(truth, cols)
     best = int(np.argmax(true_tokens))
     evaluation = np.arange(POOL_SHAPES, len(region))[:50]
-    true_network = (TRUE_NETWORK["nic_bandwidth_Gbps"] * TRUE_NETWORK["network_efficiency"]
-                    / (nominal.fabric.cluster.nic_bandwidth_Bps * 8e-9
+    # Delivered inter-node bandwidth over the nominal file's: line rate x efficiency.
+    true_network = (truth.fabric.cluster.nic_bandwidth_Bps * truth.fabric.cluster.network_efficiency
+                    / (nominal.fabric.cluster.nic_bandwidth_Bps
                        * nominal.fabric.cluster.network_efficiency))
     print(f"\n{name} on {gpus} GPUs (batch {batch}, seq {seq}): region of {len(region)} shapes, "
           f"true best {layouts[best].key()} ({true_tokens[best]:,.0f} tok/s/GPU); "
@@ -239,29 +293,41 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
           f"{'regret':>7} {'rank|meas.':>10} {'regret|meas.':>12}  fitted")
     print(f"  {0:>3} {'shipped':<9} {mape0:>9.1%} {rank0:>18d} {regret0:>7.1%}")
     keys = {table.layout(int(r)).key(): i for i, r in enumerate(region)}
-    for k in KS:
+    factors = truth_name != TRUTHS[0]
+    if factors:
+        print(f"  true compute {TRUE_COMPUTE} (SM clock share), inter-node {true_network:.3f}; "
+              "recovered = calibrated over shipped model (mean and worst of the draws)")
+    for k in ks:
         t0 = time.perf_counter()
         plan = plan_profiling(nominal, k=k, candidates=POOL_SHAPES, fit_weight=fit_weight,
                               network=network)
         planned = [keys[p.layout.key()] for p in plan.picks]
-        results = []
+        results, found = [], []
         for seed in range(seeds):
             fit, seen = calibrated(planned, np.random.default_rng(seed))
             results.append(score(fit.profile, fit.cluster, measured=seen))
+            found.append(recovered(fit, shipped))
         m, r, g, rs, gs = summary(results)
         print(f"  {k:>3} {'planned':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
               f"  {fitted(fit)}; measured {sorted(planned)}")
-        results = []
+        if factors:
+            print("      " + recovery_line(found, true_network))
+        if not random_sets:
+            continue
+        results, found = [], []
         for seed in range(seeds):
             rng = np.random.default_rng(1000 + seed)
             pick = sorted(rng.choice(POOL_SHAPES, size=k, replace=False).tolist())
             fit, seen = calibrated(pick, rng)
             results.append(score(fit.profile, fit.cluster, measured=seen))
+            found.append(recovered(fit, shipped))
         m, r, g, rs, gs = summary(results)
         spread = np.std([x[0] for x in results]) / math.sqrt(len(results))
         print(f"  {k:>3} {'random':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
               f"  (mean of {seeds} draws, MAPE standard error {spread:.1%}; "
               f"{time.perf_counter() - t0:.0f} s)")
+        if factors:
+            print("      " + recovery_line(found, true_network))
         sys.stdout.flush()
     # Diagnostic: the same planned measurements, but the user describes the cluster's
     # network right (a cluster file with the true NICs): what remains is the profile's part.
@@ -350,17 +416,31 @@ def main() -> int:
                         help="only these scenarios (default: all)")
     parser.add_argument("--no-held-out-baseline", action="store_true",
                         help="published runs: compare with the shipped profile only")
+    parser.add_argument("--truth", choices=TRUTHS, default=TRUTHS[0],
+                        help="the true cluster: slow NICs and moved profile factors (default), "
+                        f"or compute (SM clock) x{TRUE_COMPUTE} and inter-node bandwidth "
+                        f"x{TRUE_INTERNODE} with the shipped profile (issue 33)")
+    parser.add_argument("--ks", type=int, nargs="+", default=list(KS), metavar="K",
+                        help="numbers of planned runs (default: %(default)s)")
+    parser.add_argument("--no-random", action="store_true",
+                        help="planned sets only (no random sets to compare with)")
     args = parser.parse_args()
     if not args.skip_simulation:
-        print(f"True cluster: {NOMINAL_CLUSTER} with {TRUE_NETWORK}; true factors "
-              f"{TRUE_FACTORS}; measurement noise {NOISE:.0%} (log-normal)")
+        if args.truth == TRUTHS[0]:
+            print(f"True cluster: {NOMINAL_CLUSTER} with {TRUE_NETWORK}; true factors "
+                  f"{TRUE_FACTORS}; measurement noise {NOISE:.0%} (log-normal)")
+        else:
+            print(f"True cluster: {NOMINAL_CLUSTER} with SM clock x{TRUE_COMPUTE} and inter-node "
+                  f"bandwidth x{TRUE_INTERNODE}, shipped profile; measurement noise "
+                  f"{NOISE:.0%} (log-normal)")
         with tempfile.TemporaryDirectory() as folder:
-            path = true_cluster_file(Path(folder))
+            path = true_cluster_file(Path(folder), args.truth)
             for scenario in SCENARIOS:
                 if args.models and scenario[0] not in args.models:
                     continue
                 run_scenario(*scenario, path, args.seeds, args.fit_weight,
-                             network=not args.no_network)
+                             network=not args.no_network, truth_name=args.truth,
+                             ks=tuple(args.ks), random_sets=not args.no_random)
     if not args.skip_published:
         published_groups(held_out_baseline=not args.no_held_out_baseline,
                          network=not args.no_network)

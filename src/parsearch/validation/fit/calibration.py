@@ -250,6 +250,32 @@ def separable_effects(effects: dict[str, np.ndarray], threshold: float) -> list[
     return kept
 
 
+def added_effects(effects: dict[str, np.ndarray], threshold: float) -> list[str]:
+    """The names (in ``effects`` order, best determined first) each of which moves some
+    row by more than ``threshold`` beyond what the least-squares combination of those kept
+    before it can: forward selection.
+
+    User calibration's few runs cannot carry many factors, and of a group of nearly
+    parallel effects (a GPU's clock, its GEMM efficiency, its grouped-GEMM efficiency: all
+    scale the GEMMs) the small differences between two members can mimic a third factor's
+    effect; dropping factors from the whole list (:func:`separable_effects`) then drops
+    that third one, a slow network say, and keeps the near-copies.  Asked one at a time,
+    in order, whether a factor adds a direction to those before it, near-copies add
+    nothing and are left out, and what they would have mimicked is kept (issue 33: a
+    cluster at 0.85x compute and half the inter-node bandwidth).
+
+    >>> e = {"clock": np.array([0.32, 0.26, 0.32]), "gemm": np.array([0.21, 0.14, 0.22]),
+    ...      "net": np.array([0.09, 0.09, 0.20])}
+    >>> added_effects(e, 0.05)
+    ['clock', 'net']
+    """
+    kept: list[str] = []
+    for name in effects:
+        if not kept or _unique_effect(effects, [*kept, name], name) > threshold:
+            kept.append(name)
+    return kept
+
+
 def _unique_effect(effects: dict[str, np.ndarray], kept: Sequence[str], name: str) -> float:
     """The largest change in any row that ``name`` makes and no combination of the other
     ``kept`` factors can: the residual of its effect on theirs, by least squares."""

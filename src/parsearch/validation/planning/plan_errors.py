@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import ndtr
 
-from parsearch.validation.fit.calibration import LOSS_SCALE, PRIOR_WEIGHT, separable_effects
+from parsearch.validation.fit.calibration import LOSS_SCALE, PRIOR_WEIGHT, added_effects
 from parsearch.validation.user.user_calibration import MIN_SENSITIVITY, MIN_UNIQUE_EFFECT
 
 #: Prior spread of a factor's true value: uniform over its cited range, in range units.
@@ -28,7 +28,8 @@ NOISE_SD = 0.02
 
 
 def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
-                  n_factors: int, thresholds: np.ndarray | None = None) -> np.ndarray:
+                  n_factors: int, thresholds: np.ndarray | None = None,
+                  lead: int | None = None) -> np.ndarray:
     """Covariance of the targets' log prediction errors after the calibration, linearised.
 
     ``g_*``: factor gradients (:func:`gradients`) of the measured layouts and of the
@@ -44,7 +45,7 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     ``d`` has standard deviation :data:`FACTOR_SD` in range units, a layout's own
     error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
     """
-    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds)
+    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead)
     # Own errors: b e_m - e_t, where a measured target's e_t is inside its e_m.
     own_part = -np.eye(len(b))
     own_part[:, u_cols] += q
@@ -54,7 +55,7 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
 
 
 def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
-               n_factors: int, thresholds: np.ndarray | None
+               n_factors: int, thresholds: np.ndarray | None, lead: int | None = None
                ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """``b``, the factor part of the errors, and the measured targets' own-error columns
     (target indices, and ``b`` summed over the measurements of each) of
@@ -63,11 +64,13 @@ def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.n
         thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
     sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
     rms = np.sqrt((g_measured**2).mean(axis=0)) if len(g_measured) else sens
-    informed = [int(j) for j in np.argsort(-rms, kind="stable") if sens[j] >= thresholds[j]]
+    # ``lead`` (the GPUs' clock) first, then by rms, as choose_factors orders them.
+    order = sorted(range(len(rms)), key=lambda j: (j != lead, -rms[j]))
+    informed = [j for j in order if sens[j] >= thresholds[j]]
     # Of factors the measured layouts move together only one is fitted, as in
-    # choose_factors (calibration.separable_effects).
-    ordered = separable_effects({j: g_measured[:, j] for j in informed},
-                                MIN_UNIQUE_EFFECT)[:n_factors] if len(g_measured) else []
+    # choose_factors (calibration.added_effects).
+    ordered = added_effects({j: g_measured[:, j] for j in informed},
+                            MIN_UNIQUE_EFFECT)[:n_factors] if len(g_measured) else []
     rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
     jf = g_measured[:, ordered]
     lam = PRIOR_WEIGHT * LOSS_SCALE
@@ -83,12 +86,12 @@ def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.n
 
 def fit_error_parts(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
                     n_factors: int, thresholds: np.ndarray | None,
-                    block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    block: np.ndarray, lead: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The diagonal of :func:`fit_error_cov` and its ``block`` x ``block`` submatrix, without
     forming the whole (targets x targets) matrix: what the plan's objective reads, in time
     linear in the targets (the whole matrix is quadratic; 1,000 candidates made each
     evaluation cost milliseconds, and the exchange step makes many)."""
-    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds)
+    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead)
     free = np.array([t is None for t in own], dtype=bool)
     bf = b[:, free]
     n = len(b)

@@ -64,6 +64,7 @@ from parsearch.validation.fit.calibration import FIT_ORDER, PreparedRow, factor_
 from parsearch.validation.fit.factor_ties import gemm_ties, with_ties
 from parsearch.validation.fit.network_calibration import (
     CLUSTER_FACTORS,
+    COMPUTE_FACTOR,
     network_priors,
     with_cluster_factors,
 )
@@ -270,6 +271,7 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     thresholds = np.array([threshold(n) if network or n not in CLUSTER_FACTORS else math.inf
                            for n in names])
     g_done = g_done[:, keep]
+    lead = names.index(COMPUTE_FACTOR) if COMPUTE_FACTOR in names else None  # as choose_factors
     n_factors = factor_limit(len(measured) + min(k, len(rows)))
     belief = _Belief(FACTOR_SD**2 * np.eye(len(names)), g)
     cov = belief.error_cov()
@@ -288,7 +290,7 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
         spent[0] += 1
         diag, block = fit_error_parts(np.vstack([g_done, g[list(picked)]]),
                                       [*[None] * len(g_done), *picked], g_target, n_factors,
-                                      thresholds, top)
+                                      thresholds, top, lead)
         return (misordered_pairs(mu[top], block)
                 + fit_weight * float(np.mean(diag)) / STRUCTURE_SD**2)
 

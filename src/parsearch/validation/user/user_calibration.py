@@ -58,13 +58,14 @@ from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from parsearch.validation.fit.calibration import (
+    BOUND_TOLERANCE,
     FIT_ORDER,
     PRIOR_WEIGHT,
     ROWS_PER_FACTOR,
     PreparedRow,
+    added_effects,
     predict,
     range_effect,
-    separable_effects,
 )
 from parsearch.validation.fit.cluster_speed import (
     CLUSTER_SPEED,
@@ -77,6 +78,7 @@ from parsearch.validation.fit.factor_ties import gemm_ties
 from parsearch.validation.fit.joint_fit import fit_factors
 from parsearch.validation.fit.network_calibration import (
     CLUSTER_FACTORS,
+    COMPUTE_FACTOR,
     MIN_NETWORK_SENSITIVITY,
     NETWORK_FACTOR,
     network_priors,
@@ -251,7 +253,11 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     ordered by how much the runs say about them: the root-mean-square change, the
     square root of the diagonal of the linearised fit's normal matrix ``J'J / n``
     (a factor that moves two of five runs a lot is better determined than one that
-    moves all five a little).
+    moves all five a little).  The GPUs' clock (:data:`COMPUTE_FACTOR`) leads: it moves
+    GEMMs, grouped GEMMs and attention together, as a power cap, clock lock or
+    throttling does (the common reasons a user's cluster is slower, issue 33), and a
+    few runs barely tell it from one kernel's efficiency; that efficiency is fitted
+    beside it only where the runs show it apart (:func:`added_effects`).
     """
     effects = range_effects(rows, profile, cluster_priors=cluster_priors)
     sens = {n: float(np.mean(np.abs(g))) for n, g in effects.items()}
@@ -260,11 +266,13 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     lonely = [n for n, s in sens.items() if s >= threshold(n) and moved[n] < MIN_RUNS_MOVED]
     informative = sorted((n for n, s in sens.items()
                           if s >= threshold(n) and moved[n] >= MIN_RUNS_MOVED),
-                         key=lambda n: -rms[n])
+                         key=lambda n: (n != COMPUTE_FACTOR, -rms[n]))
     # Of factors whose effects the others can mimic, the runs fix only their sum: keep the
-    # better determined one, the first listed (calibration.separable_effects; the shipped
-    # fit keeps the first in FIT_ORDER instead: its runs span many models, a user's few).
-    apart = separable_effects({n: effects[n] for n in informative}, MIN_UNIQUE_EFFECT)
+    # better determined one, the first listed, and a later one only where it moves some run
+    # beyond what those before it can (calibration.added_effects: forward, so two near-copies
+    # cannot together mimic a third; the shipped fit keeps the first in FIT_ORDER instead:
+    # its runs span many models, a user's few).
+    apart = added_effects({n: effects[n] for n in informative}, MIN_UNIQUE_EFFECT)
     mimicked = [n for n in informative if n not in apart]
     limit = factor_limit(len(rows), rows_per_factor)
     chosen = apart[:limit]
@@ -319,6 +327,17 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
         why += f"; {left_out}"
     profile, cluster, pushed = fit_factors(rows, start, names, cluster_priors,
                                            prior_weight=prior_weight)
+    if _faster_than_the_clock(cluster, cluster_priors):
+        # The clock cannot explain runs faster than the profile: the GEMM efficiencies,
+        # whose ranges reach the best measured matmul, can (network_calibration.compute_prior).
+        cluster_priors = {n: p for n, p in cluster_priors.items() if n != COMPUTE_FACTOR}
+        names, sens, why = choose_factors(rows, start, rows_per_factor, cluster_priors)
+        why += (f"; {COMPUTE_FACTOR} left at 1.0: the runs are not slower than the GPUs' "
+                "sustained clock allows, and no clock runs faster than it")
+        if left_out:
+            why += f"; {left_out}"
+        profile, cluster, pushed = fit_factors(rows, start, names, cluster_priors,
+                                               prior_weight=prior_weight)
     fit = UserFit(profile, cluster, dict(cluster_priors), tuple(names), pushed, sens, why)
     fit = replace(fit, on_bound=on_bounds(fit, start))
     if not speed or len(rows) < MIN_RUNS_MOVED:
@@ -328,6 +347,15 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     # together misordered near-tied MoE layouts: benchmarks/calibration_user_cases.py).
     keep = factor_limit(len(rows), rows_per_factor) - 1
     return better_with_speed(rows, start, fit, prior_weight, keep, pushed)
+
+
+def _faster_than_the_clock(cluster: Mapping[str, float], priors: Mapping[str, Prior]) -> bool:
+    """Whether the fitted :data:`COMPUTE_FACTOR` ended on its upper bound (the GPUs' clock at
+    rated power: the runs are not slower than it allows, and may be faster)."""
+    if COMPUTE_FACTOR not in cluster:
+        return False
+    prior = priors[COMPUTE_FACTOR]
+    return cluster[COMPUTE_FACTOR] >= prior.high - BOUND_TOLERANCE * (prior.high - prior.low)
 
 
 def calibrate_user(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
