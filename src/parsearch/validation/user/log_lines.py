@@ -20,6 +20,15 @@
   global_batch_size: {B} | global_step: {S} | reduced_train_loss: ... |
   train_step_timing in s: {t} | consumed_samples: ...``, metrics averaged over the
   printer's ``log_interval`` and written with four significant digits.
+* **NeMo 1's progress bar** (PyTorch Lightning's tqdm bar with NeMo's logged metrics as
+  its postfix, as NeMo-Megatron launcher READMEs quote it): ``Epoch 0: : 100%|####| 50/50
+  [23:22<00:00, reduced_train_loss=0.186, global_step=49.00, consumed_samples=51200.0,
+  train_step_timing in s=24.00]``.  The bar redraws in place (carriage returns, cursor-up
+  codes), so one pasted line may hold many draws; each draw is read on its own
+  (:func:`progress_draws`).  The iteration is the bar's counter ``n`` (``global_step`` is
+  ``n - 1`` and written with four significant digits, ``2e+3``); the step time is the
+  latest ``train_step_timing in s``; the global batch is ``consumed_samples / n`` when
+  both are written in full.  A bar without a total (``1it [00:04, ...]``) has ``n`` only.
 * **Argument lines** of Megatron-LM's ``_print_args`` (``'  {} {} {}'.format(arg,
   '.' * (48 - len(arg)), value)``) pasted without their header: :func:`loose_argument`
   reads a line whose dotted leader has exactly that length (a sentence with an
@@ -48,6 +57,12 @@ _NEMO_ITERATION = re.compile(r"\bTraining epoch\s+\d+,\s*iteration\s+(\d+)\s*/\s
 _NEMO_FIELDS = {
     "step_s": re.compile(r"\|\s*train_step_timing in s:\s*" + _NUMBER + r"(?=\s*(?:\||$))"),
     "batch": re.compile(r"\|\s*global_batch_size:\s*(\d+)(?=\s*(?:\||$))"),
+}
+#: NeMo 1 / Lightning progress-bar draw: ``n/total [`` or ``n it [``, then the postfix.
+_BAR_COUNT = re.compile(r"(?:\|\s*(\d+)\s*/\s*(\d+)|(?:^|[\s:])(\d+)it)\s*\[")
+_BAR_FIELDS = {
+    "step_s": re.compile(r"train_step_timing in s=" + _NUMBER + r"(?=\s*[,\]]|$)"),
+    "consumed": re.compile(r"consumed_samples=([0-9]+(?:\.0*)?)(?=\s*[,\]]|$)"),
 }
 #: Megatron-LM's argument line: name, one space, ``48 - len(name)`` dots, one space, value.
 _LOOSE_ARG = re.compile(r"^(?:.*?:\s)?\s*([A-Za-z_][A-Za-z0-9_]*) (\.+) (\S.*?)\s*$")
@@ -80,7 +95,32 @@ class IterationLine:
 def looks_like_iteration(line: str) -> bool:
     """Whether ``line`` (colour codes removed) is meant as an iteration line of a known form."""
     return (("iteration" in line and "elapsed time per iteration" in line)
-            or ("train_step_timing in s:" in line and _NEMO_ITERATION.search(line) is not None))
+            or ("train_step_timing in s:" in line and _NEMO_ITERATION.search(line) is not None)
+            or ("train_step_timing in s=" in line and _BAR_COUNT.search(line) is not None))
+
+
+def is_redraw(draw: str) -> bool:
+    """Whether ``draw`` is a progress-bar draw, which may repeat its step (a redraw)."""
+    return "train_step_timing in s=" in draw and _BAR_COUNT.search(draw) is not None
+
+
+def progress_draws(line: str) -> list[str]:
+    """The draws of a progress bar that redrew in place on one pasted line.
+
+    A terminal capture keeps a bar's redraws on one line (carriage returns are usually
+    gone by the time it is pasted, so the draws run together); each draw ends with its
+    postfix's ``]``.
+
+    >>> draws = progress_draws("Epoch 0: :  50%|#  | 1/2 [00:09<00:09, train_step_timing in "
+    ...                        "s=9.10]Epoch 0: : 100%|## | 2/2 [00:18<00:00, train_step_"
+    ...                        "timing in s=8.90]")
+    >>> [iteration_line(d, 1).elapsed_ms for d in draws]
+    [9100.0, 8900.0]
+    """
+    if "train_step_timing in s=" not in line:
+        return [line]
+    parts = re.split(r"(?<=\])(?=[^\]]*?(?:\d+\s*/\s*\d+|\d+it)\s*\[)", line)
+    return [p for p in parts if p.strip()]
 
 
 def _float(text: str | None) -> float | None:
@@ -113,6 +153,9 @@ def iteration_line(text: str, line_no: int) -> IterationLine | None:
     >>> line.iteration, line.train_iters, line.elapsed_ms, line.global_batch
     (29, 99, 13120.0, 128)
     """
+    bar = _BAR_COUNT.search(text) if "train_step_timing in s=" in text else None
+    if bar is not None:
+        return _bar_line(text, bar, line_no)
     nemo = _NEMO_ITERATION.search(text)
     if nemo is not None and "train_step_timing in s:" in text:
         step = _NEMO_FIELDS["step_s"].search(text)
@@ -137,6 +180,30 @@ def iteration_line(text: str, line_no: int) -> IterationLine | None:
         line_no=line_no, iteration=int(head.group(1)), train_iters=int(head.group(2)),
         elapsed_ms=ms, global_batch=_int(number("batch")), tflops_per_gpu=_float(number("tflops")),
         skipped=_int(number("skipped")) or 0, nan=_int(number("nan")) or 0)
+
+
+def _bar_line(text: str, bar: re.Match[str], line_no: int) -> IterationLine | None:
+    """A NeMo 1 progress-bar draw's fields (module docstring), or ``None`` without a step time.
+
+    >>> draw = ("Epoch 0: : 100%|##########| 50/50 [23:22<00:00, reduced_train_loss=0.186, "
+    ...         "global_step=49.00, consumed_samples=51200.0, train_step_timing in s=24.00]")
+    >>> line = iteration_line(draw, 4)
+    >>> line.iteration, line.train_iters, line.elapsed_ms, line.global_batch
+    (50, 50, 24000.0, 1024)
+    """
+    step = _BAR_FIELDS["step_s"].search(text)
+    seconds = _float(step.group(1)) if step else None
+    if seconds is None:
+        return None
+    done = int(bar.group(1) or bar.group(3))
+    total = int(bar.group(2)) if bar.group(2) else done
+    consumed = _BAR_FIELDS["consumed"].search(text)
+    batch = None
+    if consumed is not None and done > 0:
+        samples = float(consumed.group(1))
+        if samples > 0 and samples == round(samples) and round(samples) % done == 0:
+            batch = round(samples) // done
+    return IterationLine(line_no, done, total, seconds * 1000.0, batch, None, 0, 0)
 
 
 def loose_argument(line: str) -> tuple[str, str] | None:

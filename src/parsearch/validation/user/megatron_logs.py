@@ -43,10 +43,12 @@ from pathlib import Path
 from parsearch.errors import ParsearchError
 from parsearch.validation.user.log_lines import (
     IterationLine,
+    is_redraw,
     iteration_line,
     looks_like_iteration,
     loose_argument,
     plain,
+    progress_draws,
 )
 
 #: Iterations discarded at the start of a run and after a change of batch size: the first
@@ -217,18 +219,24 @@ def parse_megatron_log(text: str, path: str = "<log>") -> list[LogRun]:
                 current.arguments[match.group(1)] = match.group(2)
             continue
         if looks_like_iteration(line):
-            parsed = iteration_line(line, line_no)
-            if parsed is None:
-                current.malformed.append(line_no)
-                continue
-            if current.iterations and parsed.iteration <= current.iterations[-1].iteration:
-                runs.append(current)  # restarted: a new run with the same arguments
-                current = _Builder(path, len(runs) + 1, line_no, dict(current.arguments),
-                                   start_iteration=resumed)
-            elif not current.iterations and resumed is not None:
-                current.start_iteration = resumed
-            resumed = None
-            current.iterations.append(parsed)
+            for draw in progress_draws(line):
+                parsed = iteration_line(draw, line_no)
+                if parsed is None:
+                    if looks_like_iteration(draw):
+                        current.malformed.append(line_no)
+                    continue
+                last = current.iterations[-1] if current.iterations else None
+                if last is not None and parsed.iteration == last.iteration and is_redraw(draw):
+                    current.iterations[-1] = parsed  # a progress bar redrew the same step
+                    continue
+                if last is not None and parsed.iteration <= last.iteration:
+                    runs.append(current)  # restarted: a new run with the same arguments
+                    current = _Builder(path, len(runs) + 1, line_no, dict(current.arguments),
+                                       start_iteration=resumed)
+                elif last is None and resumed is not None:
+                    current.start_iteration = resumed
+                resumed = None
+                current.iterations.append(parsed)
             continue
         if _DONE.search(line):
             current.finished = True
@@ -263,7 +271,8 @@ def read_megatron_log(path: str | Path) -> list[LogRun]:
     if not runs:
         raise LogError(f"{path}: no Megatron arguments block and no iteration lines "
                        "('iteration N/M | ... elapsed time per iteration (ms): ...', or "
-                       "NeMo 2's 'iteration N/M | ... train_step_timing in s: ...'); is this "
+                       "NeMo 2's 'iteration N/M | ... train_step_timing in s: ...', or "
+                       "NeMo 1's progress bar 'N/M [..., train_step_timing in s=...]'); is this "
                        f"a Megatron-LM / Megatron-Bridge / NeMo training log? {CSV_ROUTE} "
                        "(a .csv file)")
     return runs
