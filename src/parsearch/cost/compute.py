@@ -48,6 +48,13 @@ from parsearch.cost.quantization import (
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale
 from parsearch.cost.stages import StageContent
+from parsearch.cost.unfused_ops import (
+    expert_bias_bytes,
+    glu_clamp_bytes,
+    rope_extra_bytes,
+    unfused_attention_kernels,
+    unfused_kernels,
+)
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile, generation_profiles
 
@@ -179,7 +186,8 @@ def tile_padding(rows_per_expert: Any) -> Any:
 
 def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: bool,
                                  moe: bool, quantize_bytes: float,
-                                 fused_expert_mlp: bool = False) -> dict[str, Any]:
+                                 fused_expert_mlp: bool = False,
+                                 fp32_probs: bool = False) -> dict[str, Any]:
     """HBM bytes per token of the non-GEMM kernels of one layer, forward + backward.
 
     Counted per tensor an op reads and writes (bf16, 2 bytes), our count from
@@ -202,7 +210,10 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
       column-wise for dgrad and wgrad), plus the amax read of recipes that scale
       by the current tensor: ``quantize_bytes`` per element of the operands
       (:mod:`parsearch.cost.quantization`; 0 for BF16); the experts' casts
-      (``quantize_routed_copy``) are per copy an expert processes, like ``per_expert_copy``.
+      (``quantize_routed_copy``) are per copy an expert processes, like ``per_expert_copy``;
+    * GPT-OSS's unfused side paths (:mod:`parsearch.cost.unfused_ops`): YaRN RoPE in
+      ``per_head``, the GLU clamp in ``per_ffn`` / ``per_expert_copy``, the experts' FC2
+      bias in ``per_expert_copy`` (in fp32 with ``fp32_probs``, the flex dispatcher's).
 
     With ``fused_expert_mlp`` (Transformer Engine's op-fuser grouped MLP) the expert
     activation and the casts of its output and of its input gradient run in the epilogues
@@ -228,11 +239,16 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     }
     shared = model.moe.shared_expert_ffn_hidden_size if model.moe else 0
     ffn = model.ffn_hidden_size if dense else (shared if moe else 0)
-    out["per_ffn"] = ffn_factor * ffn / tp
+    # GPT-OSS's unfused side paths (cost/unfused_ops.py): YaRN RoPE on Q and K, the GLU
+    # clamp on the 2f-wide FC1 output, the experts' per-expert FC2 bias on h.
+    out["per_head"] = out["per_head"] + rope_extra_bytes(model) * attn_width / tp
+    out["per_ffn"] = (ffn_factor + 2.0 * glu_clamp_bytes(model, routed=False) * dense) * ffn / tp
     if moe and model.moe is not None:
         fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
         out["per_routed_copy"] = 16.0 * h + 0.0 * tp
-        out["per_expert_copy"] = 0.0 * fe if fused_expert_mlp else ffn_factor * fe
+        out["per_expert_copy"] = (0.0 * fe if fused_expert_mlp else ffn_factor * fe) + (
+            2.0 * glu_clamp_bytes(model, fused_expert_mlp) * fe
+            + expert_bias_bytes(model, fused_expert_mlp, fp32_probs=fp32_probs) * h)
     q = float(quantize_bytes)
     if q > 0 and (dense or moe):
         # Inputs of QKV and FC1 (h, quantized on the SP shard before the FP8 all-gather)
@@ -402,7 +418,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         model, tp=tp, etp=etp, dense=is_layer and not moe_unit, moe=moe_unit,
         quantize_bytes=quantize_bytes_per_element(precision, fp8_recipe,
                                                   gpu.compute_capability),
-        fused_expert_mlp=fused_expert_mlp)
+        fused_expert_mlp=fused_expert_mlp, fp32_probs=moe_dispatcher == "flex")
     tokens_sp = mbs * s / (cp * np.where(sp, tp, 1.0))  # rows of the SP-sharded tensors
     rows = mbs * s / cp  # rows of the GEMMs after the SP all-gather
     routed_copies = mbs * s / (tp * cp) * (model.moe.top_k if (moe_unit and model.moe) else 0)
@@ -446,11 +462,14 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         kernels += KERNELS_FP8_EXTRA if precision != "bf16" else 0.0
         if moe_unit:
             kernels = kernels + KERNELS_PER_LOCAL_EXPERT * local_experts
+        kernels = kernels + unfused_kernels(model, moe_unit=moe_unit, local_experts=local_experts,
+                                            fused_expert_mlp=fused_expert_mlp)
     kernel_time = kernels * profile.kernel_overhead_s * (1.0 + recompute.elementwise / 3.0)
     # A graph launch replaces the per-kernel issue of what it captured; kernels outside
     # the captured scope are still issued one by one.
     graphed = (graphed_kernels(cuda_graph_scope, moe_unit=moe_unit,
-                               low_precision=precision != "bf16", total=kernels)
+                               low_precision=precision != "bf16", total=kernels,
+                               attention_extra=unfused_attention_kernels(model))
                if cuda_graphs and is_layer else 0.0)
     issued = kernels - (1.0 - CUDA_GRAPH_HOST_SHARE) * graphed
     host = profile.host_time_per_layer_s * issued / KERNELS_DENSE_LAYER

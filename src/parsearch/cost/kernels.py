@@ -44,8 +44,11 @@ KERNELS_PREPROCESS = 30.0
 
 
 def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bool,
-                    total: Any) -> Any:
+                    total: Any, attention_extra: float = 0.0) -> Any:
     """Kernels of one layer that CUDA graphs capture under ``scope`` (empty: all of them).
+
+    ``attention_extra``: kernels the model adds to the attention sublayer beyond the
+    count above (unfused RoPE, :func:`parsearch.cost.unfused_ops.unfused_attention_kernels`).
 
     >>> graphed_kernels(("attn",), moe_unit=False, low_precision=False, total=45.0)
     25.0
@@ -56,7 +59,7 @@ def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bo
     if not scope:
         return total
     casts = KERNELS_FP8_EXTRA / 2.0 if low_precision else 0.0
-    attention = KERNELS_ATTENTION_SUBLAYER + casts
+    attention = KERNELS_ATTENTION_SUBLAYER + casts + attention_extra
     captured = attention if "attn" in scope else 0.0
     if moe_unit:
         if "moe" in scope:  # the whole MLP part: all but the attention sublayer
@@ -64,5 +67,5 @@ def graphed_kernels(scope: tuple[str, ...], *, moe_unit: bool, low_precision: bo
         captured += KERNELS_ROUTER if "moe_router" in scope else 0.0
         captured += KERNELS_PREPROCESS if "moe_preprocess" in scope else 0.0
     elif "mlp" in scope:
-        captured += KERNELS_DENSE_LAYER - KERNELS_ATTENTION_SUBLAYER + casts
+        captured += total - attention
     return captured + 0.0 * total

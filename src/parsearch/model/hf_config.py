@@ -176,6 +176,32 @@ def _sliding_window(r: _Reader) -> dict[str, int]:
     return {"sliding_window": size, "sliding_window_layers": windowed} if windowed else {}
 
 
+#: Families whose attention is MLA: their YaRN lives in the MLA rotary embedding.
+_MLA_FAMILIES = frozenset({"deepseek_v3", "kimi_k2"})
+
+
+def _unfused_features(r: _Reader, family: str) -> dict[str, Any]:
+    """``glu_limit`` (``swiglu_limit``: GPT-OSS clamps the gate at 7.0 and the linear half to
+    +-7.0), ``expert_bias`` (transformers' ``GptOssExperts`` always holds
+    ``gate_up_proj_bias`` and ``down_proj_bias``) and ``yarn_rope`` (``rope_scaling`` of
+    type ``yarn`` on standard attention) -- see :mod:`parsearch.cost.unfused_ops`."""
+    out: dict[str, Any] = {}
+    limit = r.data.get("swiglu_limit")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or limit < 0:
+            raise r._bad("swiglu_limit", limit, "a number >= 0")
+        out["glu_limit"] = float(limit)
+    if family == "gpt_oss":
+        out["expert_bias"] = True
+    scaling = r.data.get("rope_scaling")
+    if isinstance(scaling, dict) and family not in _MLA_FAMILIES:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        out["yarn_rope"] = kind == "yarn"
+    elif scaling is not None and not isinstance(scaling, dict):
+        raise r._bad("rope_scaling", scaling, "a mapping or null")
+    return out
+
+
 def _head_dim(r: _Reader, hidden: int, heads: int) -> int:
     """``head_dim`` if given (may differ from h/a: Qwen3, GPT-OSS), else hidden / heads."""
     if r.has("head_dim"):
@@ -328,6 +354,7 @@ def hf_config_to_spec(data: Config, name: str, where: str) -> ModelSpec:
         fields = _attention_fields(r, family)
         fields["mlp_activation"] = _activation(r, family)
         fields.update(_FAMILIES[family](r, family))
+        fields.update(_unfused_features(r, family))
         if "head_dim" not in fields:
             fields["head_dim"] = _head_dim(r, fields["hidden_size"], fields["num_attention_heads"])
         return ModelSpec(name=name, norm="rmsnorm", source=f"{where} ({family})", **fields)

@@ -265,6 +265,11 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         moe=MoeSpec(num_experts=128, top_k=4, expert_ffn_hidden_size=2880),
         sliding_window=128,
         sliding_window_layers=18,
+        # config.json swiglu_limit 7.0 and rope_scaling yarn; transformers'
+        # GptOssExperts carries gate_up_proj_bias and down_proj_bias.
+        glu_limit=7.0,
+        expert_bias=True,
+        yarn_rope=True,
         source="openai/gpt-oss-120b config.json",
     ),
 )

@@ -223,6 +223,12 @@ class ModelSpec:
     ``sliding_window`` (tokens) and ``sliding_window_layers``: how many layers attend
     only to the last ``sliding_window`` tokens (GPT-OSS: 18 of 36 at 128, Hugging Face
     ``layer_types``; Mistral 7B v0.1: all at 4,096); 0 and 0 for full attention.
+
+    Three GPT-OSS features that Megatron-Core runs outside its fused kernels (priced in
+    :mod:`parsearch.cost.unfused_ops`): ``glu_limit``, the clamp of the gated MLP's
+    inputs (Hugging Face ``swiglu_limit``, 7.0; 0: none); ``expert_bias``, biases in the
+    routed experts' FC1 and FC2 (Megatron ``add_bias_linear``); ``yarn_rope``, YaRN
+    rotary embeddings on standard attention (Megatron ``position_embedding_type="yarn"``).
     """
 
     name: str
@@ -242,6 +248,9 @@ class ModelSpec:
     mtp_layers: int = 0
     sliding_window: int = 0
     sliding_window_layers: int = 0
+    glu_limit: float = 0.0
+    expert_bias: bool = False
+    yarn_rope: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -271,6 +280,7 @@ class ModelSpec:
                 f"num_layers={self.num_layers}"
             )
         require_choice(owner, "mlp_activation", self.mlp_activation, ("swiglu", "gelu"))
+        self._check_unfused_features(owner)
         require_choice(owner, "norm", self.norm, ("rmsnorm", "layernorm"))
         if self.num_query_groups > self.num_attention_heads:
             raise SpecError(
@@ -287,6 +297,24 @@ class ModelSpec:
                 f"{owner}: moe.first_k_dense={self.moe.first_k_dense} leaves no MoE "
                 f"layer among num_layers={self.num_layers}"
             )
+
+    def _check_unfused_features(self, owner: str) -> None:
+        limit = self.glu_limit
+        if (isinstance(limit, bool) or not isinstance(limit, int | float)
+                or not math.isfinite(limit) or limit < 0):
+            raise SpecError(f"{owner}: glu_limit={limit!r} must be a finite number >= 0 "
+                            "(0: no clamp)")
+        if limit > 0 and self.mlp_activation != "swiglu":
+            raise SpecError(f"{owner}: glu_limit clamps a gated MLP's inputs; "
+                            f"mlp_activation={self.mlp_activation!r} is not gated")
+        for name in ("expert_bias", "yarn_rope"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"{owner}: {name}={getattr(self, name)!r} must be true or false")
+        if self.expert_bias and self.moe is None:
+            raise SpecError(f"{owner}: expert_bias needs routed experts (moe)")
+        if self.yarn_rope and self.mla is not None:
+            raise SpecError(f"{owner}: yarn_rope is for standard attention; MLA applies its "
+                            "own YaRN rotary embedding")
 
     @property
     def is_moe(self) -> bool:
