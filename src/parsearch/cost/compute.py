@@ -46,7 +46,7 @@ from parsearch.cost.quantization import (
     quantize_bytes_per_element,
 )
 from parsearch.cost.recompute import LayerShares
-from parsearch.cost.softmax import attention_scale
+from parsearch.cost.softmax import attention_scale, head_dim_scale
 from parsearch.cost.stages import StageContent
 from parsearch.cost.unfused_ops import (
     expert_bias_bytes,
@@ -374,12 +374,15 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     # Each GPU's softmax exponential rate against its generation's (cost/softmax.py).
     attn_precision = "fp8" if fp8_attention and precision != "bf16" else "bf16"
     peak_attn = gpu.peak_flops[attn_precision]
+    # A head dim the calibration never had: its exponential share (head_dim_scale).
     t_attn_fwd = flops.core_attention_flops / (
         peak_attn * profile.attention_forward_efficiency * size_factor
-        * attention_scale(gpu, profile, model, backward=False, precision=attn_precision))
+        * attention_scale(gpu, profile, model, backward=False, precision=attn_precision)
+        * head_dim_scale(profile, model, backward=False))
     t_attn_bwd = ATTENTION_BACKWARD_RATIO * flops.core_attention_flops / (
         peak_attn * profile.attention_backward_efficiency * size_factor
-        * attention_scale(gpu, profile, model, backward=True, precision=attn_precision))
+        * attention_scale(gpu, profile, model, backward=True, precision=attn_precision)
+        * head_dim_scale(profile, model, backward=True))
     hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
     # Attention-score elements of one micro-batch on this rank (heads / tp, s/cp squared).
     score_elements = mbs * (s / cp) * model.num_attention_heads / tp * (s / cp)

@@ -93,3 +93,52 @@ def attention_scale(gpu: GpuProfile, profile: EfficiencyProfile, model: ModelSpe
     if own is None or reference is None:
         return 1.0
     return own / reference
+
+
+def calibration_head_dim(model: ModelSpec, profile: EfficiencyProfile) -> int:
+    """The head dim the profile's attention efficiency was measured at, for ``model``: its
+    own where the calibration runs had it (or MLA, or no record), else the nearest one
+    they had (ties: the smaller).
+
+    >>> from parsearch.cost.efficiency import efficiency_for_gpu
+    >>> from parsearch.model.presets import get_preset
+    >>> calibration_head_dim(get_preset("gpt-oss-120b"), efficiency_for_gpu("b200"))
+    128
+    """
+    coverage = profile.coverage
+    if coverage is None or model.mla is not None or not coverage.head_dims:
+        return model.head_dim
+    if model.head_dim in coverage.head_dims:
+        return model.head_dim
+    return min(coverage.head_dims, key=lambda d: (abs(d - model.head_dim), d))
+
+
+def head_dim_scale(profile: EfficiencyProfile, model: ModelSpec, *, backward: bool) -> float:
+    """The generation's fused-attention speed at the model's head dim over its speed at the
+    calibration's (1.0 where the calibration had the model's head dim).
+
+    The exponentials are a fixed cost per score while the matmul FLOPs per score scale
+    with the head dim (FlashAttention-3, arXiv 2407.08608 §3.1), so a head dim below the
+    calibration's spends a larger share of its time on the SFUs than the fitted
+    efficiency holds: GPT-OSS's 64 against the calibrated 128 on Blackwell runs its
+    forward at 0.79x and its backward at 0.88x of the calibrated rate per FLOP.
+    :func:`attention_scale` compares GPUs at the model's own head dim; this factor
+    carries the generation from the calibrated head dim to the model's.
+
+    >>> from parsearch.cost.efficiency import efficiency_for_gpu
+    >>> from parsearch.model.presets import get_preset
+    >>> profile = efficiency_for_gpu("b200")
+    >>> round(head_dim_scale(profile, get_preset("gpt-oss-120b"), backward=False), 2)
+    0.79
+    >>> head_dim_scale(profile, get_preset("llama3-70b"), backward=False)
+    1.0
+    """
+    calibrated = calibration_head_dim(model, profile)
+    if calibrated == model.head_dim:
+        return 1.0
+    gpus = tuple(profile.gpus)
+    own = _generation_speed(gpus, flops_per_score(model), backward)
+    reference = _generation_speed(gpus, 4.0 * calibrated, backward)
+    if own is None or reference is None:
+        return 1.0
+    return own / reference
