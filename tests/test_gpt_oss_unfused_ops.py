@@ -127,3 +127,18 @@ def test_bad_feature_values_are_named(change: dict[str, object], message: str) -
 def test_yarn_on_mla_is_refused() -> None:
     with pytest.raises(SpecError, match="MLA"):
         replace(get_preset("deepseek-v3"), yarn_rope=True)
+
+
+def test_a_model_file_keeps_the_features(tmp_path: Path) -> None:
+    import json
+
+    from parsearch.model.files import load_model_file, model_to_dict
+
+    path = tmp_path / "oss.json"
+    path.write_text(json.dumps(model_to_dict(OSS)))
+    assert load_model_file(path) == OSS
+    data = model_to_dict(OSS)
+    data["expert_bias"] = "yes"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError, match="expert_bias"):
+        load_model_file(path)
