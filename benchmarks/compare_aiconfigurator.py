@@ -362,11 +362,13 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: $PARSEARCH_AIC_PYTHON)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="AIConfigurator worker processes")
-    parser.add_argument("--rows", help="comma-separated row ids (default: all)")
+    parser.add_argument("--rows", help="comma-separated row ids (default: all not held out)")
+    parser.add_argument("--held-out", action="store_true",
+                        help="also compare the held-out rows (SERVING_RUNS.md)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--save", help="also write the comparison as JSON to this file")
     args = parser.parse_args(argv)
-    rows = vs.load_rows()
+    rows = vs.load_rows() if args.held_out else vs.fit_rows()
     if args.rows:
         wanted = set(args.rows.split(","))
         rows = [r for r in rows if r["id"] in wanted]

@@ -3,8 +3,9 @@ well it predicts rows it was not fitted on.
 
 :data:`parsearch.serve.engines.MOE_KERNEL_EFFICIENCY` scales the rate of the routed-expert
 grouped GEMMs (the module gives the cited physical range).  For the engine's MoE
-throughput rows of ``data/serving_runs.csv`` this script scores every factor on a grid
-inside that range and reports:
+throughput rows of ``data/serving_runs.csv`` not held out (``held_out`` column; held-out
+rows never enter a fit, ``validate_serving.py`` reports them apart) this script scores
+every factor on a grid inside that range and reports:
 
 * in sample: the factor with the lowest MAPE on all rows, and that MAPE;
 * out of sample, leave one group out: for each group (a model, or a GPU generation) the
@@ -35,7 +36,9 @@ GENERATION = {"h100-sxm": "hopper", "h200-sxm": "hopper", "b200": "blackwell",
 
 
 def moe_rows(engine: str) -> list[dict[str, str]]:
-    return [r for r in vs.load_rows() if not r["phase"] and r["output_tokens_per_s"]
+    """The engine's MoE throughput rows a fit may use: held-out rows never are
+    (:func:`validate_serving.fit_rows`)."""
+    return [r for r in vs.fit_rows() if not r["phase"] and r["output_tokens_per_s"]
             and vs.ENGINE_OF[r["framework"]] == engine
             and get_preset(r["model"]).moe is not None]
 

@@ -19,7 +19,13 @@ so their errors are out of sample.  One choice was made while looking at the err
 KV-cache dtype of the Qwen3 checkpoints, which their sources do not state
 (:data:`CHECKPOINT_KV`); ``--unstated-kv fp8`` prices every unstated TensorRT-LLM row with
 FP8 KV instead, for comparison.
-Usage: ``python benchmarks/validate_serving.py [--json] [--unstated-kv checkpoint|fp8]``.
+Held-out rows (``held_out`` = ``yes``: sources added after the model and its one fitted
+factor were set; SERVING_RUNS.md) are kept out of every fit (:func:`fit_rows`; the MoE fit
+script reads only those) and reported apart, per engine and source: throughput MAPE (dense,
+MoE), published layout in the top 5, TTFT and TPOT MAPE where published.  ``--held-out
+only`` skips the in-sample rows, ``--held-out no`` the held-out ones.
+Usage: ``python benchmarks/validate_serving.py [--json] [--unstated-kv checkpoint|fp8]
+[--held-out both|only|no]``.
 """
 
 from __future__ import annotations
@@ -73,13 +79,24 @@ CHECKPOINT_KV = {"llama3-70b": "fp8", "llama3-8b": "fp8", "llama3.1-405b": "fp8"
                  "qwen3-235b-a22b": "bf16", "qwen3-30b-a3b": "bf16"}
 #: Rows run with an expert-parallel load balancer: the LMSYS large-scale EP blog's DeepSeek
 #: runs place experts with DeepSeek's EPLB (blog section "Expert Parallelism Load Balancer").
-EPLB_FRAMEWORKS = ("sglang",)
+#: No other row turns one on (the InferenceMAX SGLang commands have no ``--enable-eplb``).
+EPLB_ROWS = frozenset({"s0150", "s0151", "s0152", "s0153"})
 UNSTATED_KV = {"mode": "checkpoint"}
 
 
 def load_rows(path: Path = DATA) -> list[dict[str, str]]:
     with path.open(encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
+
+
+def is_held_out(row: dict[str, str]) -> bool:
+    """A row of a source kept out of every fit (``held_out`` column ``yes``)."""
+    return row.get("held_out", "") == "yes"
+
+
+def fit_rows(rows: list[dict[str, str]] | None = None) -> list[dict[str, str]]:
+    """The rows a fit may use: every row not held out."""
+    return [r for r in (load_rows() if rows is None else rows) if not is_held_out(r)]
 
 
 def workload_for(row: dict[str, str]) -> ServingWorkload:
@@ -96,8 +113,9 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
                            kv_precision=kv, max_batch=int(row["max_batch"] or TRTLLM_MAX_BATCH),
                            max_num_batched_tokens=int(row["max_num_tokens"] or TRTLLM_MAX_TOKENS),
                            ep_overlap=row["ep_overlap"] == "yes",
-                           eplb=row["framework"] in EPLB_FRAMEWORKS,
+                           eplb=row["id"] in EPLB_ROWS,
                            engine=ENGINE_OF[row["framework"]],
+                           memory_fraction=float(row.get("memory_fraction") or 0) or None,
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None)
 
 
@@ -214,10 +232,12 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
     moe = model.moe is not None
     matches = [i for i, e in enumerate(ranked) if _published_match(row, e, moe)]
     out: dict[str, Any] = {"id": row["id"], "model": row["model"], "gpu": row["gpu"],
-                           "engine": ENGINE_OF[row["framework"]],
+                           "engine": ENGINE_OF[row["framework"]], "source": row["source"],
                            "layout": f"tp{row['tp']}pp{row['pp']}", "isl": int(row["isl"]),
                            "osl": int(row["osl"]), "precision": row["precision"],
-                           "shapes": len(ranked), "moe": moe}
+                           "shapes": len(ranked), "moe": moe,
+                           "throughput": bool(row["output_tokens_per_s"]), "gpus": n,
+                           "concurrency": row["concurrency"]}
     if not matches:
         out.update(predicted=None, ape=None, rank=None, top5=False)
         return out
@@ -294,23 +314,85 @@ def by_engine(results: list[dict[str, Any]],
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument("--unstated-kv", choices=("checkpoint", "fp8"), default="checkpoint",
-                        help="KV dtype of TensorRT-LLM rows that do not state it: the "
-                        "checkpoint's (CHECKPOINT_KV, default) or FP8 for all")
-    args = parser.parse_args(argv)
-    UNSTATED_KV["mode"] = args.unstated_kv
-    rows = load_rows()
-    results = [evaluate_row(row) for row in rows if not row["phase"]]
-    phases = [evaluate_phase_row(row) for row in rows if row["phase"]]
-    summary = summarize(results, phases)
-    if args.json:
-        json.dump({"summary": summary, "rows": results}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    print(f"rows {summary['rows']}, throughput rows scored {summary['scored']}, "
+def _latency_mape(rows: list[dict[str, Any]], name: str) -> tuple[int, float | None]:
+    items = [r[name]["ape"] for r in rows if name in r]
+    return len(items), _mean(items)
+
+
+def held_out_summary(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Held-out rows, per engine and per source (and all together): throughput MAPE (dense,
+    MoE), share of rows whose published layout is in the top 5 (a layout that does not fit
+    counts as a miss), TTFT and TPOT MAPE where published, and the rows nothing priced."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups["all"].append(r)
+        groups[f"engine {r['engine']}"].append(r)
+        groups[f"source {r['source']}"].append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(groups, key=lambda k: (k != "all", not k.startswith("engine"), k)):
+        rows = groups[key]
+        scored = [r for r in rows if r["ape"] is not None]
+        ranked = [r for r in rows if r["throughput"]]
+        n_ttft, ttft = _latency_mape(rows, "ttft_ms")
+        n_tpot, tpot = _latency_mape(rows, "tpot_ms")
+        out[key] = {
+            "rows": len(rows), "throughput_rows": len(scored),
+            "mape": _mean([r["ape"] for r in scored]),
+            "median_ape": statistics.median(r["ape"] for r in scored) if scored else None,
+            "mean_log_ratio": _mean([r["log_ratio"] for r in scored]),
+            "dense_rows": sum(not r["moe"] for r in scored),
+            "mape_dense": _mean([r["ape"] for r in scored if not r["moe"]]),
+            "moe_rows": sum(r["moe"] for r in scored),
+            "mape_moe": _mean([r["ape"] for r in scored if r["moe"]]),
+            "top5_share": _mean([float(bool(r["top5"])) for r in ranked]),
+            "ttft_rows": n_ttft, "ttft_mape": ttft, "tpot_rows": n_tpot, "tpot_mape": tpot,
+            "unpriced": [r["id"] for r in rows if r["rank"] is None],
+        }
+    return out
+
+
+def sweep_choice(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Layout choice inside the sweeps (held-out sources that run every TP/EP/attention-DP
+    shape of a question): rows of one question (source, engine, model, GPU, precision,
+    lengths, concurrency) on different layouts, ranked by output tokens/s per GPU.  Share
+    of questions whose measured best layout is parsearch's best too, and the measured
+    tokens/s per GPU of parsearch's pick over the measured best (1 = no loss)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if r["ape"] is not None:
+            groups[(r["source"], r["engine"], r["model"], r["gpu"], r["precision"], r["isl"],
+                     r["osl"], r["concurrency"])].append(r)
+    hits, ratios = [], []
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        best = max(rows, key=lambda r: r["measured"] / r["gpus"])
+        pick = max(rows, key=lambda r: r["predicted"] / r["gpus"])
+        hits.append(float(pick is best))
+        ratios.append((pick["measured"] / pick["gpus"]) / (best["measured"] / best["gpus"]))
+    return {"questions": len(hits), "best_agrees": _mean(hits),
+            "pick_over_best": _mean(ratios),
+            "worst_pick_over_best": min(ratios) if ratios else None}
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def print_held_out(summary: dict[str, dict[str, Any]]) -> None:
+    print("HELD-OUT rows (kept out of every fit):")
+    for key, e in summary.items():
+        print(f"  {key}: {e['rows']} rows; throughput {e['throughput_rows']} rows MAPE "
+              f"{_pct(e['mape'])} (median {_pct(e['median_ape'])}, mean log(pred/meas) "
+              f"{e['mean_log_ratio'] or 0:+.3f}), dense {e['dense_rows']} "
+              f"{_pct(e['mape_dense'])}, MoE {e['moe_rows']} {_pct(e['mape_moe'])}; "
+              f"published layout in top 5 {_pct(e['top5_share'])}; TTFT {e['ttft_rows']} rows "
+              f"{_pct(e['ttft_mape'])}, TPOT {e['tpot_rows']} rows {_pct(e['tpot_mape'])}; "
+              f"unpriced {len(e['unpriced'])}")
+
+
+def print_in_sample(summary: dict[str, Any]) -> None:
+    print(f"IN-SAMPLE rows: {summary['rows']}, throughput rows scored {summary['scored']}, "
           f"unscored {summary['unscored']}")
     print(f"MAPE {summary['mape']:.3f}  median APE {summary['median_ape']:.3f}  "
           f"mean log(pred/meas) {summary['mean_log_ratio']:+.3f}")
@@ -343,8 +425,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['id']} {r['model']} {r['gpu']} {r['layout']} {r['isl']}/{r['osl']}: "
               f"measured {r['measured']:.0f}, predicted {r['predicted']:.0f} "
               f"(APE {r['ape']:.2f})")
-    return 0
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--unstated-kv", choices=("checkpoint", "fp8"), default="checkpoint",
+                        help="KV dtype of TensorRT-LLM rows that do not state it: the "
+                        "checkpoint's (CHECKPOINT_KV, default) or FP8 for all")
+    parser.add_argument("--held-out", choices=("both", "only", "no"), default="both",
+                        help="report the in-sample rows, the held-out rows (SERVING_RUNS.md), "
+                        "or both (default)")
+    args = parser.parse_args(argv)
+    UNSTATED_KV["mode"] = args.unstated_kv
+    rows = load_rows()
+    doc: dict[str, Any] = {}
+    if args.held_out != "only":
+        fit = fit_rows(rows)
+        results = [evaluate_row(row) for row in fit if not row["phase"]]
+        phases = [evaluate_phase_row(row) for row in fit if row["phase"]]
+        doc.update(summary=summarize(results, phases), rows=results)
+    if args.held_out != "no":
+        held = [evaluate_row(row) for row in rows if is_held_out(row) and not row["phase"]]
+        doc.update(held_out=held_out_summary(held), held_out_sweeps=sweep_choice(held),
+                   held_out_rows=held)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if "summary" in doc:
+        print_in_sample(doc["summary"])
+    if "held_out" in doc:
+        print_held_out(doc["held_out"])
+        c = doc["held_out_sweeps"]
+        print(f"  layout choice in the sweeps: {c['questions']} questions, measured best is "
+              f"parsearch's best in {_pct(c['best_agrees'])}; parsearch's pick reaches "
+              f"{_pct(c['pick_over_best'])} of the best measured tokens/s per GPU on average "
+              f"(worst {_pct(c['worst_pick_over_best'])})")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
