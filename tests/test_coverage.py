@@ -3,7 +3,8 @@
 The shipped profiles record the architectures of the runs they were fitted to
 (``calibrated_on``, written by ``benchmarks/calibrate_efficiency.py``); ``explain`` and
 ``search`` name what a model has outside them, because the error bands say nothing
-there (held-out gpt-oss-120b: predicted 1.3-1.6x too fast, INDEPENDENT_RUNS.md).
+there (held-out gpt-oss-120b: predicted 1.1-1.4x too fast after its unfused ops were
+priced on 2026-12-06, INDEPENDENT_RUNS.md).
 """
 
 from __future__ import annotations
