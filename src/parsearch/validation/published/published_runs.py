@@ -71,6 +71,7 @@ INDEPENDENT_FILE = "independent_runs.csv"
 
 CLUSTER_BY_GPU: dict[str, str] = {
     "A100-SXM-80GB": "dgx-a100",
+    "A100-SXM-80GB (Jean Zay)": "jean-zay-a100-80gb",  # 4x Omni-Path 100G per node
     "H100-SXM-80GB": "dgx-h100",
     "H100-SXM-80GB (Eos)": "dgx-h100",
     "B200": "dgx-b200",

@@ -36,6 +36,8 @@ MBRIDGE_USER = "MBRIDGE-USER"
 # Rows of the Megatron-Bridge performance tables for models the calibration set does not
 # hold (Qwen3-235B-A22B, gpt-oss-120b): same source, never fitted to.
 MBRIDGE_HELDOUT = "MBRIDGE-HELDOUT"
+# BigScience's BLOOM-176B layout trial on Jean Zay (Megatron-DeepSpeed, ZeRO-1, 4x100G OPA).
+BLOOM_TRIAL = "BLOOM-TRIAL"
 OTHER = "OTHER"
 
 _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -53,6 +55,7 @@ _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("Megatron-Bridge perf skills", MBRIDGE_AB),
     ("Megatron-Bridge model verification card", MBRIDGE_CARD),
     ("Megatron-Bridge user report", MBRIDGE_USER),
+    ("BigScience BLOOM-176B layout trial", BLOOM_TRIAL),
 )
 
 # Peaks the sources divide by to report MFU (TFLOP/s, dense 16-bit).
