@@ -207,8 +207,9 @@ def recovery_line(found: list[tuple[float, float]], true_network: float) -> str:
     for j, (what, true) in enumerate((("compute", TRUE_COMPUTE), ("inter-node", true_network))):
         ratios = np.array([f[j] / true for f in found])
         worst = float(ratios[np.argmax(np.abs(ratios - 1.0))])
+        within = int(np.sum(np.abs(ratios - 1.0) < 0.10))
         parts.append(f"{what} {np.mean([f[j] for f in found]):.3f} (/truth {np.mean(ratios):.3f},"
-                     f" worst {worst:.3f})")
+                     f" worst {worst:.3f}, {within}/{len(found)} within 10 %)")
     return "recovered " + "; ".join(parts)
 
 

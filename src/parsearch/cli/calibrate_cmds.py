@@ -201,7 +201,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
               "factor represents; check the cluster file (NIC and NVLink bandwidth, "
               "efficiency: nccl-tests on your nodes) and the features the runs used")
     for name, value in result.cluster.items():
-        if value < 0.8:
+        if name == "compute_clock_factor" and value < 0.95:
+            print(f"the GPUs sustain {value:.0%} of their rated clock: check power caps and "
+                  "clocks under load (nvidia-smi -q -d POWER,CLOCK)")
+        elif value < 0.8 and name != "compute_clock_factor":
             tier = "inter-node network" if name == "network_bandwidth_factor" else "NVLink"
             print(f"the {tier} delivers {value:.0%} of what cluster {result.cluster_file} says: "
                   "check link rates (ibstat), GPUDirect RDMA and nccl-tests across nodes")

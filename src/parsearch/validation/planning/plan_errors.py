@@ -29,7 +29,7 @@ NOISE_SD = 0.02
 
 def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
                   n_factors: int, thresholds: np.ndarray | None = None,
-                  lead: int | None = None) -> np.ndarray:
+                  lead: int | None = None, clock_group: Sequence[int] = ()) -> np.ndarray:
     """Covariance of the targets' log prediction errors after the calibration, linearised.
 
     ``g_*``: factor gradients (:func:`gradients`) of the measured layouts and of the
@@ -45,7 +45,8 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     ``d`` has standard deviation :data:`FACTOR_SD` in range units, a layout's own
     error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
     """
-    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead)
+    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead,
+                                        clock_group)
     # Own errors: b e_m - e_t, where a measured target's e_t is inside its e_m.
     own_part = -np.eye(len(b))
     own_part[:, u_cols] += q
@@ -55,7 +56,8 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
 
 
 def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
-               n_factors: int, thresholds: np.ndarray | None, lead: int | None = None
+               n_factors: int, thresholds: np.ndarray | None, lead: int | None = None,
+               clock_group: Sequence[int] = ()
                ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """``b``, the factor part of the errors, and the measured targets' own-error columns
     (target indices, and ``b`` summed over the measurements of each) of
@@ -64,8 +66,12 @@ def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.n
         thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
     sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
     rms = np.sqrt((g_measured**2).mean(axis=0)) if len(g_measured) else sens
-    # ``lead`` (the GPUs' clock) first, then by rms, as choose_factors orders them.
-    order = sorted(range(len(rms)), key=lambda j: (j != lead, -rms[j]))
+    # By rms, the GPUs' clock (``lead``) at the largest of the kernel efficiencies it moves
+    # (``clock_group``) and ahead of them, as choose_factors orders them (ranking_rms).
+    key = rms.copy()
+    if lead is not None:
+        key[lead] = max(key[lead], *(key[j] for j in clock_group))
+    order = sorted(range(len(rms)), key=lambda j: (-key[j], j != lead))
     informed = [j for j in order if sens[j] >= thresholds[j]]
     # Of factors the measured layouts move together only one is fitted, as in
     # choose_factors (calibration.added_effects).
@@ -86,12 +92,14 @@ def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.n
 
 def fit_error_parts(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
                     n_factors: int, thresholds: np.ndarray | None,
-                    block: np.ndarray, lead: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    block: np.ndarray, lead: int | None = None,
+                    clock_group: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """The diagonal of :func:`fit_error_cov` and its ``block`` x ``block`` submatrix, without
     forming the whole (targets x targets) matrix: what the plan's objective reads, in time
     linear in the targets (the whole matrix is quadratic; 1,000 candidates made each
     evaluation cost milliseconds, and the exchange step makes many)."""
-    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead)
+    b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead,
+                                        clock_group)
     free = np.array([t is None for t in own], dtype=bool)
     bf = b[:, free]
     n = len(b)

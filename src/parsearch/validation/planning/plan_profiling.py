@@ -80,7 +80,12 @@ from parsearch.validation.planning.plan_errors import (  # re-exported: the plan
 )
 from parsearch.validation.planning.plan_launch import PlannedRun, short_run_launch
 from parsearch.validation.planning.runnable import RunnableLayouts, runnable_rows
-from parsearch.validation.user.user_calibration import factor_limit, range_effects, threshold
+from parsearch.validation.user.user_calibration import (
+    CLOCK_RATE_FACTORS,
+    factor_limit,
+    range_effects,
+    threshold,
+)
 
 #: Pairs among this many best-predicted candidates count toward the ranking uncertainty.
 TOP_PAIRS = 10
@@ -91,6 +96,11 @@ TARGET_SHAPES = 90
 #: Weight of the mean squared error term, in units of STRUCTURE_SD^2, against the expected
 #: misordered pairs: one pair is worth the error no factor explains on every target.
 FIT_WEIGHT = 1.0
+#: Weight of the cluster factors' remaining variance (mean over them, in units of their
+#: prior variance) against the expected misordered pairs: the corrected cluster file
+#: serves every later job on the cluster, not only the targets of this one, so a set
+#: that pins the cluster's clock and network is worth one misordered pair.
+CLUSTER_WEIGHT = 1.0
 #: Passes of the exchange step over the chosen set (it stops early once nothing improves).
 EXCHANGE_PASSES = 5
 #: Evaluations of the plan's objective, all steps together (about 0.6 ms each with 1,000
@@ -271,7 +281,9 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     thresholds = np.array([threshold(n) if network or n not in CLUSTER_FACTORS else math.inf
                            for n in names])
     g_done = g_done[:, keep]
-    lead = names.index(COMPUTE_FACTOR) if COMPUTE_FACTOR in names else None  # as choose_factors
+    # The clock ranks with the kernel efficiencies it moves (user_calibration.ranking_rms).
+    lead = names.index(COMPUTE_FACTOR) if COMPUTE_FACTOR in names else None
+    clock_group = [j for j, n in enumerate(names) if n in CLOCK_RATE_FACTORS]
     n_factors = factor_limit(len(measured) + min(k, len(rows)))
     belief = _Belief(FACTOR_SD**2 * np.eye(len(names)), g)
     cov = belief.error_cov()
@@ -286,13 +298,23 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
 
     spent = [0]
 
+    # The cluster factors' own errors, as targets whose gradient is the factor alone (a unit
+    # row: its "prediction error" is the fitted factor's error, in range units).
+    pinned = [j for j, n in enumerate(names) if n in CLUSTER_FACTORS and thresholds[j] < math.inf]
+    g_all = np.vstack([g_target, np.eye(len(names))[pinned]])
+    n_targets = len(g_target)
+
     def objective(picked: Sequence[int]) -> float:
         spent[0] += 1
         diag, block = fit_error_parts(np.vstack([g_done, g[list(picked)]]),
-                                      [*[None] * len(g_done), *picked], g_target, n_factors,
-                                      thresholds, top, lead)
+                                      [*[None] * len(g_done), *picked], g_all, n_factors,
+                                      thresholds, top, lead, clock_group)
+        # A unit row's own term (STRUCTURE_SD^2) is the same for every set: taken out.
+        factors = (float(np.mean(diag[n_targets:] - STRUCTURE_SD**2)) / FACTOR_SD**2
+                   if pinned else 0.0)
         return (misordered_pairs(mu[top], block)
-                + fit_weight * float(np.mean(diag)) / STRUCTURE_SD**2)
+                + fit_weight * float(np.mean(diag[:n_targets])) / STRUCTURE_SD**2
+                + CLUSTER_WEIGHT * factors)
 
     greedy = _greedy(objective, range(len(mu)), k)
     final, complete = _exchange(objective, greedy, len(mu),

@@ -212,6 +212,34 @@ def range_effects(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     return out
 
 
+#: Profile factors that scale with the GPUs' SM clock (tensor-core and SFU rates:
+#: parsearch.topology.power), which the clock moves together.
+CLOCK_RATE_FACTORS = ("gemm_efficiency.bf16", "gemm_efficiency.fp8", "gemm_efficiency.fp4",
+                      "grouped_gemm_efficiency", "attention_forward_efficiency")
+
+
+def ranking_rms(rms: Mapping[str, float]) -> dict[str, float]:
+    """The root-mean-square effects factors are ordered by, the clock's raised to the
+    largest of the kernel efficiencies it moves (:data:`CLOCK_RATE_FACTORS`).
+
+    A few runs barely tell the clock from one kernel's efficiency (GEMMs dominate the
+    step), and the clock moves GEMMs, grouped GEMMs and attention together, as a power
+    cap, clock lock or throttling does (the common reasons a user's cluster is slower,
+    issue 33): it takes the compute direction's place in the order, ahead of them (ties
+    go to the clock), and an efficiency is fitted beside it only where the runs show it
+    apart (:func:`added_effects`).  Against the other factors it competes as the compute
+    direction does.
+
+    >>> ranking_rms({"gemm_efficiency.bf16": 0.3, COMPUTE_FACTOR: 0.2, "x": 0.25})[COMPUTE_FACTOR]
+    0.3
+    """
+    out = dict(rms)
+    if COMPUTE_FACTOR in out:
+        out[COMPUTE_FACTOR] = max([out[COMPUTE_FACTOR],
+                                   *(out[n] for n in CLOCK_RATE_FACTORS if n in out)])
+    return out
+
+
 def factor_limit(n_rows: int, rows_per_factor: int = ROWS_PER_FACTOR) -> int:
     """Factors ``n_rows`` runs may fit: one per ``ROWS_PER_FACTOR``, rounded up, at least one.
 
@@ -253,20 +281,18 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     ordered by how much the runs say about them: the root-mean-square change, the
     square root of the diagonal of the linearised fit's normal matrix ``J'J / n``
     (a factor that moves two of five runs a lot is better determined than one that
-    moves all five a little).  The GPUs' clock (:data:`COMPUTE_FACTOR`) leads: it moves
-    GEMMs, grouped GEMMs and attention together, as a power cap, clock lock or
-    throttling does (the common reasons a user's cluster is slower, issue 33), and a
-    few runs barely tell it from one kernel's efficiency; that efficiency is fitted
-    beside it only where the runs show it apart (:func:`added_effects`).
+    moves all five a little).  The GPUs' clock (:data:`COMPUTE_FACTOR`) goes ahead of
+    the kernel efficiencies it moves together (:func:`ranking_rms`).
     """
     effects = range_effects(rows, profile, cluster_priors=cluster_priors)
     sens = {n: float(np.mean(np.abs(g))) for n, g in effects.items()}
     rms = {n: float(np.sqrt(np.mean(g * g))) for n, g in effects.items()}
     moved = {n: int(np.sum(np.abs(g) >= MIN_UNIQUE_EFFECT)) for n, g in effects.items()}
     lonely = [n for n, s in sens.items() if s >= threshold(n) and moved[n] < MIN_RUNS_MOVED]
+    rank = ranking_rms(rms)
     informative = sorted((n for n, s in sens.items()
                           if s >= threshold(n) and moved[n] >= MIN_RUNS_MOVED),
-                         key=lambda n: (n != COMPUTE_FACTOR, -rms[n]))
+                         key=lambda n: (-rank[n], n != COMPUTE_FACTOR))
     # Of factors whose effects the others can mimic, the runs fix only their sum: keep the
     # better determined one, the first listed, and a later one only where it moves some run
     # beyond what those before it can (calibration.added_effects: forward, so two near-copies
