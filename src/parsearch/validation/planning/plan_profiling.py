@@ -31,6 +31,7 @@ candidates near the top, the set of K layouts is chosen to minimise
 
     sum over pairs among the TOP_PAIRS best of Phi(-|mu_i - mu_j| / sd_ij)
     + FIT_WEIGHT * mean error variance over the targets / STRUCTURE_SD^2
+    + CLUSTER_WEIGHT * mean remaining variance of the cluster factors / FACTOR_SD^2
 
 the expected number of misordered pairs in the top of the ranking after the
 calibration, plus the calibrated predictions' mean squared error over the
@@ -40,7 +41,10 @@ the Bayesian I-optimal (V-optimal) criterion of the procedure actually run
 (Chaloner and Verdinelli, "Bayesian Experimental Design: A Review", Statist.
 Sci. 10(3), 1995, sec. 2.2): it favours sets that span the directions the
 target layouts depend on and make the fit take the factors that matter for
-them.  The set is built greedily, then improved by exchanging members
+them.  The third is the same criterion (A-optimal, ibid.) for the cluster's clock and
+bandwidths, which the corrected cluster file carries to later jobs: it favours sets
+whose runs differ in compute and inter-node share, which tell the two apart (issue 33).
+The set is built greedily, then improved by exchanging members
 (:func:`_exchange`), because which factors the fit takes depends on the whole
 set.  Measurements already taken (``--measurements``) count toward the fit.
 """

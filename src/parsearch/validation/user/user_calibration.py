@@ -11,10 +11,10 @@ for a handful of runs of one cluster:
 * the shipped profile is the starting point: every factor starts at (and is
   pulled toward) its shipped value, which was fitted to the published runs,
   inside the cited range, which stays the bound;
-* the cluster's delivered bandwidth is a factor too
+* the cluster's delivered bandwidth and its GPUs' sustained clock are factors too
   (:mod:`parsearch.validation.fit.network_calibration`: inter-node and NVLink
-  bandwidth over what the cluster file says, pulled toward 1.0), fitted only
-  for runs of one cluster file;
+  bandwidth over what the cluster file says, and the SM clock over the rated one,
+  pulled toward 1.0), fitted only for runs of one cluster file;
 * only factors the measurements can inform are fitted: those whose whole cited
   range moves the runs' predicted throughput by at least
   :data:`MIN_SENSITIVITY` (in log; the cluster's bandwidth
