@@ -56,6 +56,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("param gather overlap off", {}, {"overlap_param_gather": False}),
     ("cuda graphs", {}, {"cuda_graphs": True}),
     ("cuda graph scope", {}, {"cuda_graphs": True, "cuda_graph_scope": ("attn",)}),
+    ("cuda graph impl", {}, {"cuda_graphs": True, "cuda_graph_impl": "full_iteration"}),
     ("unfused attention", {}, {"flash_attention": False}),
     ("pp scatter gather", {}, {"pp_scatter_gather": True}),
     ("tp async grad comm off", {}, {"tp_async_grad_comm": False}),

@@ -213,17 +213,19 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        "models with shared experts, alltoall or flex dispatcher); default: "
                        "chosen per layout")
     group.add_argument("--no-feature-search", action="store_true",
-                       help="price every MoE feature left unset at its fixed default (alltoall, "
-                       "no overlaps) instead of choosing it per layout")
+                       help="price every feature left unset at its fixed default (alltoall, "
+                       "no overlaps, no CUDA graphs) instead of choosing it per layout")
     group.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction,
                        default=True, help="overlap the DP gradient reduce-scatter with "
                        "backward (default on)")
     group.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction,
                        default=True, help="overlap the DP parameter all-gather with forward "
                        "(default on)")
-    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=False,
-                       help="price kernels replayed from CUDA graphs (no host launch cost; "
-                       "default off)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                       help="per-layer Transformer Engine CUDA graphs: no host launch cost for "
+                       "what they capture, static buffers per layer and micro-batch in flight "
+                       "(not with full recompute or CPU offloading); default: chosen per "
+                       "layout (the fastest scope, or none, that runs and fits)")
     group.add_argument("--fp8-recipe", choices=FP8_RECIPE_CHOICES, default="auto",
                        help="FP8 scaling priced and launched with --precision fp8 (default "
                        "auto: mxfp8 on Blackwell, tensorwise current scaling before; "
@@ -242,9 +244,9 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        "mxfp8 or fp4; Megatron --use-transformer-engine-op-fuser; default off)")
     group.add_argument("--cuda-graph-scope", type=choice_list(CUDA_GRAPH_SCOPES), default=(),
                        metavar="LIST",
-                       help="with --cuda-graphs: the parts of each layer captured, among "
-                       f"{','.join(CUDA_GRAPH_SCOPES)} (Megatron --cuda-graph-scope; "
-                       "default: the whole layer)")
+                       help="pin CUDA graphs on with these parts of each layer captured, "
+                       f"among {','.join(CUDA_GRAPH_SCOPES)} (Megatron --cuda-graph-modules; "
+                       "with --cuda-graphs and no list: the whole layer)")
     group.add_argument("--memory-margin", type=_fraction, default=DEFAULT_MEMORY_MARGIN,
                        metavar="F", help="share of GPU memory a layout must leave free to "
                        "count as fitting (default 0.05: allocator fragmentation and "
@@ -306,11 +308,12 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
 
 
 def searched_features(args: argparse.Namespace) -> tuple[str, ...]:
-    """The MoE features the user left unset: chosen per layout by the search (none with
-    ``--no-feature-search``)."""
+    """The features the user left unset (MoE dispatcher and overlaps, CUDA graphs): chosen
+    per layout by the search (none with ``--no-feature-search``)."""
     if getattr(args, "no_feature_search", False):
         return ()
-    return tuple(name for name in SEARCHABLE_FEATURES if getattr(args, name, None) is None)
+    return tuple(name for name in SEARCHABLE_FEATURES if getattr(args, name, None) is None
+                 and not (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ())))
 
 
 def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: TrainingSpec,
@@ -346,7 +349,8 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         moe_shared_expert_overlap=bool(args.moe_shared_expert_overlap),
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
-        cuda_graphs=args.cuda_graphs,
+        # a scope pins graphs on (feature_search.py chooses them when both are unset)
+        cuda_graphs=bool(args.cuda_graphs) or bool(args.cuda_graph_scope),
         cuda_graph_scope=tuple(args.cuda_graph_scope),
         fp8_recipe=args.fp8_recipe,
         fp8_attention=args.fp8_attention,
@@ -390,7 +394,8 @@ def _stack_bounded(args: argparse.Namespace, options,  # type: ignore[no-untyped
     stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
     require_model_support(stack, model)
     explicit = frozenset(name for name in (*SEARCHABLE_FEATURES, "moe_flex_backend")
-                         if getattr(args, name, None) not in (None, "auto"))
+                         if getattr(args, name, None) not in (None, "auto")
+                         or (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ())))
     return stack_options(stack, options, explicit=explicit)
 
 

@@ -192,11 +192,26 @@ def moe_feature_label(plan: Any) -> str:
             + ("+shexp" if plan.moe_shared_expert_overlap else ""))
 
 
+#: Short names of the CUDA-graph scopes in the features column.
+_SCOPE_SHORT = {"attn": "attn", "mlp": "mlp", "moe": "moe", "moe_router": "router",
+                "moe_preprocess": "pre"}
+
+
+def feature_label(plan: Any) -> str:
+    """The searched features a launch plan runs, in a few characters: the MoE ones, then
+    ``cg`` for whole-layer CUDA graphs or ``cg:attn,router,pre`` for a scope."""
+    parts = [moe_feature_label(plan)] if plan.moe_dispatcher is not None else []
+    if plan.cuda_graphs:
+        scope = ",".join(_SCOPE_SHORT.get(s, s) for s in plan.cuda_graph_scope)
+        parts.append("cg" + (f":{scope}" if scope else ""))
+    return "+".join(parts) or "-"
+
+
 def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "bf16") -> None:
     moe = any(e.estimate.is_moe for e in result.entries)
     headers = ("#", "tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute",
                "tokens/s", "step_s", "mfu%", "mem_GiB", "free_GiB", "bottleneck", "nodes",
-               *(("moe features",) if moe else ()))
+               "features")
     rows = []
     for e in result.entries:
         est, lay = e.estimate, e.layout
@@ -205,12 +220,13 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
                      lay.sp, lay.recompute, est.tokens_per_s, est.step_time_s,
                      100 * est.mfu, est.memory_bytes["total"] / 2**30, e.headroom_bytes / 2**30,
                      est.bottleneck, e.launch.nodes,
-                     *((moe_feature_label(e.launch.plan),) if moe else ())))
+                     feature_label(e.launch.plan)))
     print_table(headers, rows)
-    if moe:
-        print("moe features: the token dispatcher (flex: DeepEP/HybridEP), +a2a: EP "
-              "all-to-all overlap, +shexp: shared-expert overlap; chosen per layout unless "
-              "given (--moe-dispatcher, --[no-]moe-a2a-overlap, ...)")
+    print(("features: the token dispatcher (flex: DeepEP/HybridEP), +a2a: EP all-to-all "
+           "overlap, +shexp: shared-expert overlap; " if moe else "features: ")
+          + "cg: CUDA graphs of whole layers, cg:attn,router,pre: of those parts; chosen per "
+          "layout unless given (" + ("--moe-dispatcher, --[no-]moe-a2a-overlap, " if moe else "")
+          + "--[no-]cuda-graphs, --cuda-graph-scope)")
     if precision != "bf16":
         print(f"mfu%: model FLOPs over the GPU's dense BF16 peak; {precision} GEMMs run at a "
               "higher peak, so it can pass what a BF16 run could reach.")

@@ -35,6 +35,8 @@ from parsearch.cost.feature_search import (
     cheapest_unit_prices,
     feature_variants,
     score_fitting_variants,
+    score_graph_levels,
+    searches_graphs,
     with_schedule_memory,
 )
 from parsearch.cost.flops import model_flops_per_token
@@ -213,6 +215,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     ``capacity_bytes``, ``slowest_stage``, ``peak_memory_stage``.
     ``with_memory=False`` skips the memory model (time only).
     """
+    if searches_graphs(cm):  # CUDA graphs chosen per layout, then the rest (feature_search.py)
+        return score_graph_levels(cm, cols, with_memory, score_columns)
     if cm.variants and with_memory:
         return score_fitting_variants(cm, cols, _score_fastest_features)
     return _score_fastest_features(cm, cols, with_memory=with_memory)

@@ -25,6 +25,24 @@ Preconditions, as Megatron-LM ``arguments.py`` ``validate_args`` and Megatron-Co
 With an interleaved pipeline the all-to-all overlap also holds one more warm-up chunk of
 activations (:func:`~parsearch.cost.memory.activations.chunk_in_flight`), so its memory is priced
 too.
+
+CUDA graphs (``cuda_graphs`` searched) are levels, most captured first and off last
+(:func:`graph_levels`): the whole layer for dense models and for MoE with padded expert
+inputs; ``attn`` + ``moe_router`` (+ ``moe_preprocess``), then ``attn`` alone, for dropless
+MoE, whose expert part has data-dependent shapes no graph can hold (Megatron-LM
+``docs/user-guide/features/cuda_graph.md``: "MoE expert dispatch involves dynamic shapes and
+cannot be captured").  A graph only removes host issue time
+(:func:`parsearch.cost.compute.unit_compute`), so every unit is at most as slow at a higher
+level under the same MoE features, while its static buffers
+(:mod:`parsearch.cost.memory.cuda_graph_memory`) grow with the level.  Each layout is priced
+at every level it can run and keeps the fastest that fits (:func:`score_graph_levels`): the
+step is compared, not assumed, because the stage's pipeline sends and DP reduction hide
+behind the same host gaps the units' traffic does.  Preconditions
+(Megatron-Core ``TransformerConfig.__post_init__`` at cd4afffa648426a959dc7cb1e24b5ce7d0c3ff54):
+per-layer graphs not with full recompute ("full recompute is only supported with full
+iteration CUDA graph") nor CPU offloading; the ``transformer_engine`` implementation's
+``moe_router`` graph not beside selective recompute of ``moe``; ``moe_preprocess`` not with the
+``alltoall`` dispatcher and a capacity factor (host copies in the preprocessing).
 """
 
 from __future__ import annotations
@@ -37,11 +55,13 @@ import numpy as np
 
 from parsearch.cost.cost_model import CostModel
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
-from parsearch.layout.rules import RECOMPUTE_CODES
-from parsearch.model.specs import ModelSpec
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: Compute capability from which the flex dispatcher's kernels run (DeepEP: Hopper).
 FLEX_MIN_CAPABILITY = 9.0
+#: A graph setting: (graphs on, captured scope; empty = the whole layer).
+GraphLevel = tuple[bool, tuple[str, ...]]
+GRAPHS_OFF: GraphLevel = (False, ())
 
 
 def with_schedule_memory(options: CostOptions) -> CostOptions:
@@ -53,17 +73,75 @@ def with_schedule_memory(options: CostOptions) -> CostOptions:
     return replace(options, memory=replace(options.memory, extra_in_flight=extra))
 
 
+def graph_levels(model: ModelSpec, options: CostOptions, dispatcher: str) -> tuple[GraphLevel, ...]:
+    """The CUDA-graph settings a searched ``cuda_graphs`` tries, most captured first, off last.
+
+    Captured kernels and static buffers shrink down the list (module docstring); every
+    level a layout can run is priced (:func:`score_graph_levels`).
+
+    >>> from parsearch.model.presets import get_preset
+    >>> opts = CostOptions(search_features=("cuda_graphs",))
+    >>> graph_levels(get_preset("llama3-8b"), opts, "alltoall")
+    ((True, ()), (False, ()))
+    >>> graph_levels(get_preset("qwen3-30b-a3b"), opts, "flex")[:2]
+    ((True, ('attn', 'moe_router', 'moe_preprocess')), (True, ('attn',)))
+    """
+    if model.moe is None or (options.moe_capacity_factor is not None
+                             and options.moe_pad_to_capacity):
+        return ((True, ()), GRAPHS_OFF)  # static shapes: the whole layer
+    router: tuple[str, ...] = ("attn", "moe_router")
+    if not (dispatcher == "alltoall" and options.moe_capacity_factor is not None):
+        # TransformerConfig.__post_init__ (cd4afffa): "moe_preprocess cuda graph is not
+        # supported when there are DtoH copies and synchronizations in the preprocess step"
+        # (alltoall with a capacity factor)
+        router += ("moe_preprocess",)
+    return ((True, router), (True, ("attn",)), GRAPHS_OFF)
+
+
+def graph_level(options: CostOptions) -> GraphLevel:
+    """The graph setting of ``options``."""
+    return (True, options.cuda_graph_scope) if options.cuda_graphs else GRAPHS_OFF
+
+
+def with_graph_level(options: CostOptions, level: GraphLevel) -> CostOptions:
+    """``options`` with CUDA graphs set to ``level`` (per-layer Transformer Engine graphs,
+    the implementation the launch settings name)."""
+    on, scope = level
+    impl = "transformer_engine" if on else options.cuda_graph_impl
+    if (options.cuda_graphs, options.cuda_graph_scope, options.cuda_graph_impl) == (on, scope,
+                                                                                      impl):
+        return options
+    return replace(options, cuda_graphs=on, cuda_graph_scope=scope, cuda_graph_impl=impl)
+
+
 def feature_variants(model: ModelSpec, options: CostOptions,
                      compute_capability: float | None) -> tuple[CostOptions, ...]:
     """Every feature set to price: ``options`` first, then the searched combinations.
 
     Only the features in ``options.search_features`` vary; combinations Megatron refuses
     for every layout (the shared-expert overlap beside the all-to-all overlap, either
-    overlap with ``allgather``, ``flex`` before Hopper) are left out.  Empty when nothing
-    is searched or the model has no experts.
+    overlap with ``allgather``, ``flex`` before Hopper) are left out.  Each MoE feature set
+    comes at every CUDA-graph level when graphs are searched (:func:`graph_levels`).
+    Empty when nothing is searched, or only MoE features for a model without experts.
     """
     searched = set(options.search_features)
-    if not searched or model.moe is None:
+    moe_sets = _moe_feature_sets(model, options, compute_capability, searched)
+    if "cuda_graphs" not in searched:
+        return moe_sets
+    out = [with_schedule_memory(options)]
+    for base in moe_sets or (with_schedule_memory(options),):
+        for level in graph_levels(model, options, base.moe_dispatcher):
+            variant = with_graph_level(base, level)
+            if variant not in out:
+                out.append(variant)
+    return tuple(out)
+
+
+def _moe_feature_sets(model: ModelSpec, options: CostOptions, compute_capability: float | None,
+                      searched: set[str]) -> tuple[CostOptions, ...]:
+    """The MoE feature combinations (``options`` first); empty without experts or without a
+    searched MoE feature."""
+    if model.moe is None or not searched - {"cuda_graphs"}:
         return ()
     flex_ok = compute_capability is None or compute_capability >= FLEX_MIN_CAPABILITY
     dispatchers = (tuple(d for d in options.moe_dispatchers_available
@@ -87,15 +165,103 @@ def feature_variants(model: ModelSpec, options: CostOptions,
     return tuple(out)
 
 
-def runnable(options: CostOptions, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """Which layouts Megatron accepts ``options`` with (module docstring's preconditions)."""
-    n = len(cols["tp"])
-    ok = np.ones(n, dtype=bool)
+def runnable(options: CostOptions, cols: dict[str, np.ndarray],
+             training: TrainingSpec | None = None) -> np.ndarray:
+    """Which layouts Megatron accepts ``options`` with (module docstring's preconditions;
+    without ``training``, the CUDA-graph ones that depend on the layout only)."""
+    ok = graphs_runnable(options, training, cols)
     if options.moe_a2a_overlap:
         ok &= cols["ep"] > 1
         ok &= cols["recompute"] != RECOMPUTE_CODES["full"]
         ok &= (cols["pp"] == 1) | (cols["vpp"] > 1)
     return ok
+
+
+def graphs_runnable(options: CostOptions, training: TrainingSpec | None,
+                    cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Which layouts Megatron accepts ``options``' CUDA graphs with (module docstring;
+    Megatron-Core ``TransformerConfig.__post_init__`` at
+    cd4afffa648426a959dc7cb1e24b5ce7d0c3ff54)."""
+    n = len(cols["tp"])
+    if not options.cuda_graphs or options.cuda_graph_impl == "full_iteration":
+        return np.ones(n, dtype=bool)
+    if training is not None and training.activation_offload_layers:
+        return np.zeros(n, dtype=bool)  # "CUDA graphs not supported with CPU offloading."
+    code = np.asarray(cols["recompute"])
+    # "full recompute is only supported with full iteration CUDA graph."
+    ok = code != RECOMPUTE_CODES["full"]
+    if (training is not None and options.cuda_graph_impl == "transformer_engine"
+            and "moe" in training.recompute_modules
+            and "moe_router" in options.cuda_graph_scope):
+        # "moe recompute is not supported with moe_router CUDA graph with:
+        # --cuda-graph-impl transformer_engine."
+        ok &= code != RECOMPUTE_CODES["selective"]
+    return ok
+
+
+def graph_rank(options: CostOptions) -> int:
+    """Order of ``options``' graph level among :func:`graph_levels`' (0: most captured)."""
+    on, scope = graph_level(options)
+    return 99 if not on else 0 if not scope else 10 - len(scope)
+
+
+def searches_graphs(cm: CostModel) -> bool:
+    """Whether ``cm`` chooses CUDA graphs per layout (several graph levels among its sets)."""
+    return len({graph_level(v) for v in cm.variants}) > 1
+
+
+def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: bool,
+                       score: Callable[..., dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Scores with each layout's CUDA-graph level chosen (module docstring), and within it
+    its MoE features as :func:`score_fitting_variants` chooses them.
+
+    ``score(cm, cols, with_memory=...)`` scores under one level (``cm.variants``: that
+    level's sets, or none for one).  Every level a layout can run is priced and the
+    fastest kept (time only), or the fastest that fits (with memory; none fitting: graphs
+    off).  A graph only removes host time, but the time model lets some traffic hide in
+    the host's gaps at more than one place (a unit's TP and CP traffic, the stage's
+    pipeline sends and DP reduction), so a level is compared, never assumed faster.
+    ``feature_variant`` indexes ``cm.variants``.
+    """
+    n = len(cols["tp"])
+    levels = sorted({graph_level(v) for v in cm.variants},
+                    key=lambda lv: graph_rank(with_graph_level(cm.options, lv)))
+    per_level = [tuple(v for v in cm.variants if graph_level(v) == lv) for lv in levels]
+    out: dict[str, np.ndarray] = {}
+    best = np.full(n, np.inf)
+    # graphs off first (every layout runs it: its scores are the table the levels with
+    # graphs then overwrite where they are faster and fit), then the rest, most captured first
+    for sets in (per_level[-1], *per_level[:-1]):
+        off = not sets[0].cuda_graphs
+        rows = (np.arange(n) if off
+                else np.nonzero(graphs_runnable(sets[0], cm.training, cols))[0])
+        if not len(rows):
+            continue
+        sub = replace(cm, options=sets[0], variants=sets if len(sets) > 1 else ())
+        part = score(sub, cols if off else {k: v[rows] for k, v in cols.items()},
+                     with_memory=with_memory)
+        mapping = np.array([cm.variants.index(v) for v in sets], dtype=np.int64)
+        part["feature_variant"] = mapping[np.asarray(part.get("feature_variant",
+                                                              np.zeros(len(rows), np.int64)))]
+        step = np.asarray(part["step_time_s"], dtype=np.float64)
+        fits = np.asarray(part["fits"], dtype=bool)
+        if off:  # a layout nothing fits keeps graphs off
+            out = dict(part)
+            if not with_memory:  # memory is NaN throughout: one array for every mem_ key
+                for key in [k for k in out if k.startswith("mem_")]:
+                    out[key] = out["mem_total"]
+            best = np.where(fits, step, np.inf)
+            del part
+            continue
+        take = fits & (step < best[rows])
+        where = rows[take]
+        best[where] = step[take]
+        del step, fits
+        for key in list(part):  # key by key, freeing as it goes (the search's peak memory)
+            values = part.pop(key)
+            if np.ndim(values):
+                out[key][where] = np.asarray(values)[take]
+    return out
 
 
 def cheapest_unit_prices(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
@@ -128,7 +294,7 @@ def cheapest_unit_prices(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
         for index, parts in enumerate(priced):
             assert parts is not None
             total = sum(parts.values())
-            allowed = runnable(cm.variants[index], cols) | (index == 0)
+            allowed = runnable(cm.variants[index], cols, cm.training) | (index == 0)
             better = allowed & (total < best)
             choice[better] = index
             best = np.where(better, total, best)
@@ -194,10 +360,17 @@ def _merge(scores: dict[str, np.ndarray], rows: np.ndarray,
 
 __all__ = [
     "FLEX_MIN_CAPABILITY",
+    "GRAPHS_OFF",
     "SEARCHABLE_FEATURES",
     "cheapest_unit_prices",
     "feature_variants",
+    "graph_level",
+    "graph_levels",
+    "graphs_runnable",
     "runnable",
     "score_fitting_variants",
+    "score_graph_levels",
+    "searches_graphs",
+    "with_graph_level",
     "with_schedule_memory",
 ]

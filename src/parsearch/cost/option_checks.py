@@ -61,4 +61,30 @@ def check_precision_options(training: TrainingSpec, gpu: GpuProfile, cluster_nam
         raise SpecError("the fused expert MLP (Transformer Engine op fuser) needs a Blackwell "
                         "GPU and block-scaled low precision (--precision fp8 with the mxfp8 "
                         "recipe, or fp4); drop --fused-expert-mlp")
+    return check_graph_options(training, options)
+
+
+def check_graph_options(training: TrainingSpec, options: CostOptions) -> CostOptions:
+    """``options`` unchanged, or a :class:`SpecError` for pinned CUDA graphs Megatron refuses
+    whatever the layout (Megatron-Core ``TransformerConfig.__post_init__`` at
+    cd4afffa648426a959dc7cb1e24b5ce7d0c3ff54).  Searched graphs skip what a layout cannot run
+    (:func:`parsearch.cost.feature_search.graphs_runnable`)."""
+    if not options.cuda_graphs or options.cuda_graph_impl == "full_iteration":
+        return options
+    if training.activation_offload_layers:
+        # "CUDA graphs not supported with CPU offloading."
+        raise SpecError("per-layer CUDA graphs do not run with CPU activation offloading "
+                        "(Megatron-Core refuses the pair): drop --cuda-graphs or the offload")
+    if "moe" in options.cuda_graph_scope and not (options.moe_capacity_factor is not None
+                                                  and options.moe_pad_to_capacity):
+        # "moe cuda graph is only supported with drop-padding MoE."
+        raise SpecError("cuda graph scope moe needs padded expert inputs (--moe-capacity-factor "
+                        "with --moe-pad-to-capacity): dropless MoE has data-dependent shapes; "
+                        "capture attn,moe_router,moe_preprocess instead")
+    if ("moe_router" in options.cuda_graph_scope and options.cuda_graph_impl == "transformer_engine"
+            and training.recompute_modes == ("selective",) and "moe" in training.recompute_modules):
+        # "moe recompute is not supported with moe_router CUDA graph with:
+        # --cuda-graph-impl transformer_engine."
+        raise SpecError("recompute module moe cannot run beside a moe_router CUDA graph "
+                        "(Megatron-Core, transformer_engine graphs): drop one of them")
     return options

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
 from parsearch.cost.memory import MemoryOptions
+from parsearch.cost.memory.cuda_graph_memory import layer_graph_counts
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.cost.routing import ROUTING_MODES
 from parsearch.errors import SpecError
@@ -34,7 +35,11 @@ FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
 #: Features the search may choose per layout (``CostOptions.search_features``;
 #: :mod:`parsearch.cost.feature_search`).
 SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
-                                        "moe_shared_expert_overlap")
+                                        "moe_shared_expert_overlap", "cuda_graphs")
+#: Megatron-Core ``--cuda-graph-impl`` values (besides ``none``) the model prices:
+#: per-layer graphs from Transformer Engine's ``make_graphed_callables`` or Megatron's own
+#: ``CudaGraphManager``, or one graph of the whole forward-backward (``full_iteration``).
+CUDA_GRAPH_IMPLS: tuple[str, ...] = ("transformer_engine", "local", "full_iteration")
 #: Default share of HBM a layout must leave free (allocator fragmentation, NCCL and
 #: cuBLAS workspaces the memory model does not count; PyTorch's caching allocator
 #: typically leaves several percent of HBM unusable).
@@ -62,9 +67,13 @@ class CostOptions:
     * ``overlap_grad_reduce`` / ``overlap_param_gather``: Megatron DDP
       (``--overlap-grad-reduce``, ``--overlap-param-gather``).
     * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
-    * ``cuda_graph_scope``: what the graphs capture (Megatron-Core ``--cuda-graph-scope``:
-      ``attn``, ``mlp``, ``moe``, ``moe_router``, ``moe_preprocess``); empty = the whole
-      layer.  Kernels outside the scope are still issued one by one from the host.
+    * ``cuda_graph_scope``: what the graphs capture (Megatron-Core ``--cuda-graph-modules``,
+      formerly ``--cuda-graph-scope``: ``attn``, ``mlp``, ``moe``, ``moe_router``,
+      ``moe_preprocess``); empty = the whole layer.  Kernels outside the scope are still
+      issued one by one from the host.
+    * ``cuda_graph_impl``: ``--cuda-graph-impl`` when graphs are on (:data:`CUDA_GRAPH_IMPLS`):
+      per-layer graphs hold static buffers per micro-batch in flight
+      (:mod:`parsearch.cost.memory.cuda_graph_memory`); ``full_iteration`` takes no scope.
     * ``flash_attention``: fused attention (FlashAttention / cuDNN); ``False`` prices
       Megatron's pre-2022 path (batched GEMMs over the full s x s scores plus the
       fused scale-mask-softmax and dropout kernels that read and write them).
@@ -120,6 +129,7 @@ class CostOptions:
     overlap_param_gather: bool = True
     cuda_graphs: bool = False
     cuda_graph_scope: tuple[str, ...] = ()
+    cuda_graph_impl: str = "transformer_engine"
     flash_attention: bool = True
     tp_async_grad_comm: bool = True
     pp_scatter_gather: bool = False
@@ -170,6 +180,19 @@ class CostOptions:
         if self.cuda_graph_scope and not self.cuda_graphs:
             raise SpecError("cuda_graph_scope is set but cuda_graphs is off: turn CUDA graphs "
                             "on (--cuda-graphs) or drop the scope")
+        if self.cuda_graph_impl not in CUDA_GRAPH_IMPLS:
+            raise SpecError(f"cuda_graph_impl must be one of {', '.join(CUDA_GRAPH_IMPLS)}, "
+                            f"got {self.cuda_graph_impl!r}")
+        if self.cuda_graph_impl == "full_iteration" and self.cuda_graph_scope:
+            # Megatron-LM arguments.py validate_args (cd4afffa): "--cuda-graph-modules must be
+            # empty when --cuda-graph-impl=full_iteration."
+            raise SpecError("cuda_graph_scope must be empty with the full_iteration CUDA graph "
+                            "(it captures the whole forward-backward): drop the scope")
+        if "moe" in self.cuda_graph_scope and "moe_router" in self.cuda_graph_scope:
+            # Megatron-Core TransformerConfig.__post_init__ (cd4afffa): "cuda_graph_modules
+            # must not contain both moe and moe_router."
+            raise SpecError("cuda_graph_scope: moe and moe_router cannot both be captured "
+                            "(moe already holds the router); keep one")
         if "moe_preprocess" in self.cuda_graph_scope and "moe_router" not in self.cuda_graph_scope:
             raise SpecError("cuda_graph_scope: moe_preprocess must come with moe_router "
                             "(Megatron-Core captures the preprocessing only after the router)")
@@ -212,7 +235,8 @@ class CostOptions:
     def _route_memory(self) -> None:
         """Give the memory model the routing the time model prices: one router loads the
         experts for both (a trained router's busiest EP rank holds more tokens, in time
-        and in activation memory; a fixed ``moe_imbalance`` is fixed for both)."""
+        and in activation memory; a fixed ``moe_imbalance`` is fixed for both); and the
+        per-layer CUDA graphs whose static buffers it holds."""
         memory = self.memory
         fixed = self.moe_imbalance
         routed = replace(
@@ -220,7 +244,9 @@ class CostOptions:
             moe_imbalance=(fixed if fixed is not None
                            else memory.moe_imbalance if self.routing == "balanced" else 1.0),
             moe_capacity_factor=self.moe_capacity_factor,
-            moe_pad_to_capacity=self.moe_pad_to_capacity)
+            moe_pad_to_capacity=self.moe_pad_to_capacity,
+            cuda_graph_layers=layer_graph_counts(self.cuda_graphs, self.cuda_graph_impl,
+                                                 self.cuda_graph_scope))
         if routed != memory:
             object.__setattr__(self, "memory", routed)
 

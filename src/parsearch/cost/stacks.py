@@ -46,6 +46,8 @@ class SoftwareStack:
     moe_a2a_overlap: bool
     moe_shared_expert_overlap: bool
     hybridep: bool
+    #: per-layer CUDA graphs of Transformer Engine (``--cuda-graph-impl transformer_engine``)
+    cuda_graphs: bool = True
 
     def missing(self) -> tuple[str, ...]:
         """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
@@ -57,7 +59,8 @@ class SoftwareStack:
                  ("tp_comm_overlap", "TP communication overlap"),
                  ("moe_a2a_overlap", "the MoE all-to-all overlap"),
                  ("moe_shared_expert_overlap", "the shared-expert overlap"),
-                 ("hybridep", "HybridEP"))
+                 ("hybridep", "HybridEP"),
+                 ("cuda_graphs", "per-layer CUDA graphs"))
         moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep"}
         out = [words for field_name, words in names if not getattr(self, field_name)
                and (self.moe_dispatchers or field_name not in moe_only)]
@@ -81,7 +84,7 @@ _MEGATRON_2021 = SoftwareStack(
     context_parallel=False, sequence_parallel=False, selective_recompute=False,
     distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
     tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
-    moe_shared_expert_overlap=False, hybridep=False)
+    moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False)
 # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective recompute (§4.2,
 # §5); still no fused attention, no context parallelism, and its memory analysis (§4.1)
 # keeps the optimizer state unsharded.
@@ -105,11 +108,13 @@ _MCORE_012 = replace(
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.12.0, MoE features)",
     moe_dispatchers=("alltoall", "allgather", "flex"))
 # Megatron-Core 0.14 / Megatron-Bridge 0.1.0rc3 (NeMo 25.09): the EP all-to-all overlap
-# (--overlap-moe-expert-parallel-comm) in 1F1B and interleaved schedules.
+# (--overlap-moe-expert-parallel-comm) in 1F1B and interleaved schedules; per-layer
+# Transformer Engine CUDA graphs with scopes (NVIDIA "Transformer Engine and Megatron-LM CUDA
+# Graph Support", written against Megatron-LM core_v0.14.0).
 _MCORE_014 = replace(
     _MCORE_012, name="mcore-0.14", released="2025-09",
     source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
-    moe_a2a_overlap=True)
+    moe_a2a_overlap=True, cuda_graphs=True)
 # Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the cost
 # model prices.
 _MCORE_CURRENT = replace(
@@ -183,7 +188,8 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
     """
     searched = set(options.search_features)
     changes: dict[str, object] = {}
-    for feature, available in (("moe_a2a_overlap", stack.moe_a2a_overlap),
+    for feature, available in (("cuda_graphs", stack.cuda_graphs),
+                               ("moe_a2a_overlap", stack.moe_a2a_overlap),
                                ("moe_shared_expert_overlap", stack.moe_shared_expert_overlap),
                                ("tp_comm_overlap", stack.tp_comm_overlap),
                                ("flash_attention", stack.flash_attention),
@@ -197,6 +203,8 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
             raise _refuse(stack, feature.replace("_", " "),
                           f"drop --{feature.replace('_', '-')}")
         changes[feature] = False
+        if feature == "cuda_graphs":
+            changes["cuda_graph_scope"] = ()
     if stack.moe_dispatchers:
         dispatchers = tuple(d for d in options.moe_dispatchers_available
                             if d in stack.moe_dispatchers)

@@ -139,8 +139,13 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         "ddp.overlap_param_gather": plan.overlap_param_gather,
         "comm_overlap": None,
         "model.tp_comm_overlap": plan.tp_comm_overlap,
-        "model.cuda_graph_impl": "transformer_engine" if plan.cuda_graphs else "none",
-        "model.cuda_graph_scope": list(plan.cuda_graph_scope) if plan.cuda_graph_scope else None,
+        "model.cuda_graph_impl": plan.cuda_graph_impl if plan.cuda_graphs else "none",
+        # cuda_graph_modules is the field at the recorded commit; the deprecated
+        # cuda_graph_scope a recipe may set is reset (TransformerConfig.__post_init__:
+        # "cuda_graph_scope and cuda_graph_modules cannot be set together"); an empty list
+        # captures the whole layer
+        "model.cuda_graph_modules": list(plan.cuda_graph_scope) if plan.cuda_graphs else [],
+        "model.cuda_graph_scope": None,
     }
     if plan.fsdp:
         fields["checkpoint.ckpt_format"] = "fsdp_dtensor"

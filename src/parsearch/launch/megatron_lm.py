@@ -151,9 +151,20 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
         if plan.pad_to_capacity:
             args.append("--moe-pad-expert-input-to-capacity")
     if plan.cuda_graphs:
-        args += ["--cuda-graph-impl", "transformer_engine"]
+        args += ["--cuda-graph-impl", plan.cuda_graph_impl]
         if plan.cuda_graph_scope:
-            args += ["--cuda-graph-scope", *plan.cuda_graph_scope]
+            # --cuda-graph-scope is the hidden, deprecated spelling at the recorded commit
+            # (arguments.py: "--cuda-graph-scope is deprecated, use --cuda-graph-modules")
+            args += ["--cuda-graph-modules", *plan.cuda_graph_scope]
+        if plan.cuda_graph_impl == "full_iteration":
+            # validate_args: "--no-check-for-nan-in-loss-and-grad should be set with
+            # --cuda-graph-impl=full_iteration for training" (a NaN check syncs the host)
+            args.append("--no-check-for-nan-in-loss-and-grad")
+        elif plan.recompute_granularity == "selective":
+            # TransformerConfig.__post_init__ refuses dropout inside graphed recomputation
+            # ("attention dropout is not supported with graphed attention recomputation");
+            # Megatron-LM defaults both to 0.1, the priced models train without dropout
+            args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     if not plan.flash_attention:
         args += ["--attention-backend", "unfused"]
     if plan.fused_expert_mlp:

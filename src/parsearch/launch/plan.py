@@ -83,6 +83,9 @@ class LaunchPlan:
     conflicts: tuple[str, ...]
     # priced settings the Megatron-LM command line cannot express (Bridge can)
     megatron_lm_gaps: tuple[str, ...] = ()
+    # --cuda-graph-impl when cuda_graphs (per-layer transformer_engine / local, or one
+    # full_iteration graph)
+    cuda_graph_impl: str = "transformer_engine"
 
 
 def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
@@ -130,7 +133,9 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (plan.overlap_grad_reduce, "grad-reduce overlap"),
         (plan.overlap_param_gather, "param-gather overlap"),
         (plan.cuda_graphs, "CUDA graphs"
-         + (f" ({', '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope else "")),
+         + (f" ({', '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope
+            else " (full iteration)" if plan.cuda_graph_impl == "full_iteration"
+            else " (whole layers)")),
         (plan.fsdp, "Megatron-FSDP"),
         (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers)"),
         (not plan.flash_attention, "unfused attention"),
@@ -312,6 +317,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
                          "turns userbuffers off for the shared experts' linears, which the "
                          "time model still prices as overlapped; their TP traffic may be "
                          "more exposed than predicted")
+    conflicts += _graph_conflicts(opt, training, granularity, modules)
     capability = compute_capability
     fp8_attention = opt.fp8_attention and training.precision != "bf16"
     gaps: list[str] = []
@@ -363,7 +369,31 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         env=_env(lay, training.fsdp, opt.moe_a2a_overlap and ep_comm, capability),
         conflicts=tuple(conflicts),
         megatron_lm_gaps=tuple(gaps),
+        cuda_graph_impl=opt.cuda_graph_impl,
     )
+
+
+def _graph_conflicts(opt: CostOptions, training: TrainingSpec, granularity: str | None,
+                     modules: tuple[str, ...]) -> list[str]:
+    """Why Megatron would refuse the priced CUDA graphs with this layout (Megatron-Core
+    ``TransformerConfig.__post_init__`` at cd4afffa648426a959dc7cb1e24b5ce7d0c3ff54); the
+    search never chooses such graphs, a pinned ``--cuda-graphs`` may ask for them."""
+    if not opt.cuda_graphs or opt.cuda_graph_impl == "full_iteration":
+        return []
+    out = []
+    if granularity == "full":
+        out.append("per-layer CUDA graphs with full recompute: Megatron-Core runs full "
+                   "recompute only with --cuda-graph-impl full_iteration; drop --cuda-graphs "
+                   "or recompute selectively")
+    if training.activation_offload_layers:
+        out.append("per-layer CUDA graphs with CPU activation offloading: Megatron-Core "
+                   "refuses the pair (\"CUDA graphs not supported with CPU offloading\")")
+    if (granularity == "selective" and "moe" in (modules or ())
+            and "moe_router" in opt.cuda_graph_scope
+            and opt.cuda_graph_impl == "transformer_engine"):
+        out.append("recompute module moe with a moe_router CUDA graph: Megatron-Core refuses "
+                   "it with --cuda-graph-impl transformer_engine; drop one of them")
+    return out
 
 
 __all__ = ["FP8_RECIPE_CHOICES", "LaunchPlan", "launch_plan",

@@ -48,6 +48,7 @@ import numpy as np
 from parsearch.cost.analytic import UNITS, CostModel, group_rows, wide_columns
 from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit
+from parsearch.cost.feature_search import graph_rank
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
@@ -129,7 +130,11 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
         cache: dict[tuple[object, ...], Any] = {}  # compute differs by dispatcher only
         # with no compute beside it nothing is hidden, so the overlaps leave the floor as
         # it is: one feature set per dispatcher gives every distinct floor
-        per_dispatcher = {v.moe_dispatcher: v for v in reversed(cm.variants)}
+        # (with CUDA graphs searched, the most captured level: graphs only remove host
+        # time, and the floor max(work, traffic) grows with the work; feature_search.py)
+        per_dispatcher = {v.moe_dispatcher: v for v in reversed(cm.variants)
+                          if graph_rank(v) == min(graph_rank(w) for w in cm.variants
+                                                  if w.moe_dispatcher == v.moe_dispatcher)}
         floors = [_unit_time_floor(replace(cm, options=v, variants=()), cols, cache,
                                    shares, groups)
                   for v in per_dispatcher.values()]

@@ -37,6 +37,7 @@ from parsearch.cost.analytic import (
     usable_memory_bytes,
     wide_columns,
 )
+from parsearch.cost.feature_search import searches_graphs
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.errors import SpecError
 from parsearch.layout.rules import rule_context
@@ -220,6 +221,8 @@ def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nd
         return _peak_memory(cm, cols), tokens
     if not len(cols["tp"]):
         return np.zeros(0), np.zeros(0)
+    if searches_graphs(cm):
+        return _graph_level_memory(cm, cols, tokens, np.asarray(variant))
     total = _peak_memory(cm, cols)
     tokens = np.array(tokens, dtype=np.float64, copy=True)
     overlapping = [i for i, v in enumerate(cm.variants) if v.moe_a2a_overlap]
@@ -237,6 +240,34 @@ def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nd
             scores = score_columns(replace(cm, options=without[0], variants=without), sub)
             total[misfit] = np.asarray(scores["mem_total"], dtype=np.float64)
             tokens[misfit] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
+    return total, tokens
+
+
+def _graph_level_memory(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.ndarray,
+                        variant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_memory_and_tokens` when CUDA graphs are chosen per layout: each layout's
+    memory under its fastest set (its graph level's static buffers included); those it
+    does not fit are scored again, choosing among the sets that fit
+    (:func:`~parsearch.cost.feature_search.score_graph_levels`)."""
+    total = np.zeros(len(variant))
+    memory = [v.memory for v in cm.variants]
+    for options in dict.fromkeys(memory):  # one memory model per distinct memory options
+        rows = np.nonzero(np.isin(variant, [i for i, m in enumerate(memory) if m == options]))[0]
+        if len(rows):
+            owner = cm.variants[memory.index(options)]
+            total[rows] = _peak_memory(replace(cm, options=owner, variants=()),
+                                       {k: v[rows] for k, v in cols.items()})
+    tokens = np.array(tokens, dtype=np.float64, copy=True)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    misfit = np.nonzero(total > hbm)[0]
+    if len(misfit):  # those that fit no set (the base set holds the least) stay out
+        least = _peak_memory(cm, {k: v[misfit] for k, v in cols.items()})
+        total[misfit] = least
+        misfit = misfit[least <= hbm]
+    if len(misfit):
+        scores = score_columns(cm, {k: v[misfit] for k, v in cols.items()})
+        total[misfit] = np.asarray(scores["mem_total"], dtype=np.float64)
+        tokens[misfit] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
     return total, tokens
 
 

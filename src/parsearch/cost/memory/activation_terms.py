@@ -39,6 +39,7 @@ from parsearch.cost.memory.activations import (
     in_flight_chunk_microbatches,
     stage_layer_bytes,
 )
+from parsearch.cost.memory.cuda_graph_memory import cuda_graph_layer_bytes
 from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     FP32_BYTES,
@@ -163,6 +164,14 @@ def term_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees, code: 
     recomputed, kept_whole = resolve_recompute(kinds, np.asarray(code))
     s, h = training.seq_len, model.hidden_size
     tokens = deg.mbs * s / deg.cp  # CP shards the sequence (formulas.md §5.3)
+    if any(options.cuda_graph_layers):
+        # per-layer CUDA graphs keep static buffers per micro-batch in flight, held like
+        # the layer's activations (cost/memory/cuda_graph_memory.py)
+        for is_moe, count in zip((False, True), options.cuda_graph_layers, strict=True):
+            if is_moe in recomputed and count:
+                extra = cuda_graph_layer_bytes(count, tokens, h, deg.sp_div)
+                recomputed[is_moe] = recomputed[is_moe] + extra
+                kept_whole[is_moe] = kept_whole[is_moe] + extra
     mtp: Num | None = None
     if model.mtp_layers:
         # An MTP layer is MoE iff the last layer is (formulas.md §3.3); plus two norm

@@ -54,6 +54,10 @@ class MemoryOptions:
     * ``extra_in_flight``: chunk forwards an interleaved schedule adds to its warm-up (1
       under the merged forward-backward schedule of MoE all-to-all overlap:
       :func:`~parsearch.cost.memory.activations.chunk_in_flight`).
+    * ``cuda_graph_layers``: (dense, MoE) per-layer CUDA graphs whose static buffers each
+      layer holds per micro-batch in flight (:mod:`~parsearch.cost.memory.cuda_graph_memory`;
+      ``(0, 0)``: no per-layer graphs), as :class:`~parsearch.cost.options.CostOptions`
+      sets it from its CUDA-graph switches.
     """
 
     activation_model: ActivationModel = "flash"
@@ -65,6 +69,7 @@ class MemoryOptions:
     routing: str = "balanced"
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
+    cuda_graph_layers: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if self.activation_model not in ("flash", "korthikanti"):
@@ -82,6 +87,10 @@ class MemoryOptions:
         if self.routing not in ("balanced", "trained"):
             raise SpecError(f"memory: routing must be balanced or trained, got "
                             f"{self.routing!r}")
+        if (len(self.cuda_graph_layers) != 2
+                or any(not isinstance(c, int) or c < 0 for c in self.cuda_graph_layers)):
+            raise SpecError(f"memory: cuda_graph_layers must be two counts >= 0 (dense, MoE), "
+                            f"got {self.cuda_graph_layers!r}")
         if self.extra_in_flight not in (0, 1):
             raise SpecError(f"memory: extra_in_flight must be 0 or 1, got "
                             f"{self.extra_in_flight!r}")

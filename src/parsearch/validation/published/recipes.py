@@ -56,6 +56,9 @@ class RunSetup:
     force_balance: bool | None = None
     capacity_factor: float | None = None
     pad_to_capacity: bool = False
+    #: ``--cuda-graph-impl`` (``full_iteration``: one graph of the whole forward-backward,
+    #: without the per-layer graphs' static buffers)
+    cuda_graph_impl: str = "transformer_engine"
 
 
 def _capacity(text: str) -> tuple[float | None, bool]:
@@ -161,7 +164,21 @@ def _setup(row: dict[str, str]) -> RunSetup:
         force_balance=_flag(cell.get("moe_router_force_load_balancing", "")),
         capacity_factor=_capacity(cell.get("moe_capacity_factor", ""))[0],
         pad_to_capacity=_capacity(cell.get("moe_capacity_factor", ""))[1],
+        cuda_graph_impl=_graph_impl(graphs, cell.get("cuda_graph_scope", "")),
     )
+
+
+def _graph_impl(impl: str, scope: str) -> str:
+    """The priced ``--cuda-graph-impl`` of a recipe's cells (the deprecated
+    ``--cuda-graph-scope full_iteration`` of the local implementation is the full-iteration
+    graph, Megatron-LM docs/user-guide/features/cuda_graph.md migration table).
+
+    >>> _graph_impl("local", "full_iteration"), _graph_impl("transformer_engine", "attn")
+    ('full_iteration', 'transformer_engine')
+    """
+    if "full_iteration" in impl or "full_iteration" in scope.lower():
+        return "full_iteration"
+    return "local" if impl.startswith("local") else "transformer_engine"
 
 
 @cache
@@ -192,6 +209,7 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
             changes[name] = value
     if setup.cuda_graphs:
         changes["cuda_graph_scope"] = setup.cuda_graph_scope
+        changes["cuda_graph_impl"] = setup.cuda_graph_impl
     if setup.grad_reduce_in_fp32 is not None:
         changes["grad_reduce_bytes"] = 4.0 if setup.grad_reduce_in_fp32 else 2.0
     if setup.fp8_recipe is not None and precision == "fp8":
