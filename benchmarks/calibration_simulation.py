@@ -134,7 +134,7 @@ two-runs rule and ``cluster_speed`` of issue 33; the bundled runs now leave 2 gr
 >= 4 current runs, 32 runs): Mixtral-8x22B H100 1.4 % -> 1.4 %, Qwen2-57B H100 2.1 % ->
 1.3 %, all 1.7 % -> 1.4 %; ranking within jobs (model, GPU, GPU count, batch, sequence):
 the measured fastest predicted fastest in 15 of 15 jobs, Spearman 1.00, before and after.
-Again on 2026-12-06 ~11:40 UTC at 8a01c89 (the clock factor; same flags): Mixtral-8x22B
+Again on 2026-12-06 ~11:30 UTC at 8a01c89 (the clock factor; same flags): Mixtral-8x22B
 H100 1.6 % -> 1.5 %, Qwen2-57B H100 1.8 % -> 1.2 %, all 1.7 % -> 1.4 %, fastest first in
 15 of 15 jobs before and after; the fitting of cbf0db0 on the same cost model gives the
 same numbers.
