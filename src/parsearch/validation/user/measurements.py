@@ -374,8 +374,15 @@ def _log_options(run: LogRun) -> tuple[dict[str, Any], dict[str, Any]]:
     graphs = _arg(run, "cuda_graph_impl")
     if graphs is not None:
         options["cuda_graphs"] = graphs.lower() != "none"
+        if graphs.lower() in ("local", "full_iteration"):  # else transformer_engine
+            options["cuda_graph_impl"] = graphs.lower()
     elif _arg_flag(run, "enable_cuda_graph") is not None:
         options["cuda_graphs"] = bool(_arg_flag(run, "enable_cuda_graph"))
+        options["cuda_graph_impl"] = "local"  # --enable-cuda-graph: the local implementation
+    if "full_iteration" in (_arg(run, "cuda_graph_scope") or "") and options.get("cuda_graphs"):
+        # the deprecated local scope full_iteration is the full-iteration graph (Megatron-LM
+        # docs/user-guide/features/cuda_graph.md migration table)
+        options["cuda_graph_impl"] = "full_iteration"
     recipe = priced_fp8_recipe(_arg(run, "fp8_recipe")) if _arg(run, "fp8") else None
     if recipe is not None:  # Megatron --fp8-recipe (only read when --fp8-format is set)
         options["fp8_recipe"] = recipe
