@@ -88,12 +88,14 @@ def _gpt_oss(ep: int, cuda_graphs: bool = False) -> float:
 def test_expert_parallelism_inside_the_node_beats_spilling_over_eight_nodes() -> None:
     """Published GPT-OSS-120B on 64 B200s (issue 8): EP=8 near 13.6k tokens/s/GPU, EP=64
     near 8k.  With whole-layer CUDA graphs both are predicted within 15% and EP=8 wins
-    by more than 1.5x; eager, the host issue time of EP=8's 16 local experts narrows the
-    gap, but the order holds."""
+    by more than 1.5x; eager, the host issue time of EP=8's 16 local experts (and since
+    2026-12-06 their per-expert FC2 bias adds, issued one expert at a time by
+    ``TEGroupedMLP._apply_bias``) narrows the gap to a few per cent, but the order holds
+    (the eager runs were not measured, so only the order is asserted)."""
     assert _gpt_oss(8, cuda_graphs=True) == pytest.approx(13_600, rel=0.15)
     assert _gpt_oss(64, cuda_graphs=True) == pytest.approx(8_000, rel=0.15)
     assert _gpt_oss(8, cuda_graphs=True) > 1.5 * _gpt_oss(64, cuda_graphs=True)
-    assert _gpt_oss(8) > 1.1 * _gpt_oss(64)
+    assert _gpt_oss(8) > _gpt_oss(64)
 
 
 FEATURES = ("tp_comm_overlap", "tp_async_grad_comm", "moe_a2a_overlap", "overlap_grad_reduce",
