@@ -181,7 +181,7 @@ def test_partial_recompute_prices_between_none_and_full() -> None:
 @given(
     moe=st.booleans(),
     precision=st.sampled_from(["bf16", "fp8"]),
-    fsdp=st.booleans(),
+    fsdp=st.sampled_from([None, "optim_grads_params", "optim_grads"]),
     distributed_optimizer=st.booleans(),
     recompute_num_layers=st.sampled_from([None, 1, 2]),
     offload=st.sampled_from([0, 1]),
@@ -196,7 +196,8 @@ def test_many_layouts_at_once_score_as_each_alone(moe, precision, fsdp, distribu
     path gives it, under the training options that change the arithmetic."""
     from parsearch.cost.analytic import CostOptions
 
-    training = replace(TRAINING, precision=precision, fsdp=fsdp,
+    training = replace(TRAINING, precision=precision, fsdp=fsdp is not None,
+                       fsdp_strategy=fsdp or "optim_grads_params",
                        distributed_optimizer=distributed_optimizer,
                        recompute_num_layers=recompute_num_layers,
                        activation_offload_layers=offload)

@@ -267,7 +267,8 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
         distributed_optimizer=training.distributed_optimizer, fsdp=training.fsdp,
         hbm_Bps=fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency)
     settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
-                             cm.profile.step_overhead_s, cm.profile.comm_sm_share)
+                             cm.profile.step_overhead_s, cm.profile.comm_sm_share,
+                             fsdp_weights_sharded=training.fsdp_strategy == "optim_grads_params")
     del prices, params, groups
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)

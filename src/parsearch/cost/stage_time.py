@@ -164,6 +164,9 @@ class StageSettings:
     #: share of SMs communication kernels hold while they run beside compute (the
     #: profile's ``comm_sm_share``); hidden pipeline sends cost that share of their time
     comm_sm_share: float = 0.0
+    #: with ``fsdp``: the weights are sharded too (``optim_grads_params``, ZeRO-3), or
+    #: only gradients and optimizer state (``optim_grads``, ZeRO-2)
+    fsdp_weights_sharded: bool = True
 
 
 def distinct_stages(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -251,7 +254,16 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     gather = gather + gather_fixed
     backward = work * (2.0 / 3.0) if settings.overlap_grad_reduce else None
     forward = work / 3.0 if settings.overlap_param_gather else None
-    if settings.fsdp:
+    if settings.fsdp and not settings.fsdp_weights_sharded:
+        # ZeRO-2 / Megatron-FSDP optim_grads (ZeRO §5 P_os+g, §7: 2 Psi): every
+        # micro-batch reduce-scatters its gradients as its backward runs (the gradient
+        # buffer is sharded, so nothing accumulates unreduced); the whole weights are
+        # all-gathered once per step after the optimizer, beside the first forward.
+        budget = backward if backward is not None else 0.0
+        exposed = m * np.maximum(0.0, reduce - budget)
+        exposed = exposed + (np.maximum(0.0, gather - forward) if forward is not None
+                             else gather)
+    elif settings.fsdp:
         # ZeRO-3 / Megatron-FSDP (formulas.md §7.6; ZeRO §7: 3 Psi): every micro-batch
         # all-gathers the parameters for forward and again for backward and
         # reduce-scatters its gradients; prefetching hides them behind that

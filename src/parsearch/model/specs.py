@@ -28,6 +28,9 @@ RECOMPUTE_CODES: dict[str, int] = {mode: code for code, mode in enumerate(RECOMP
 PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven")
 SequenceParallelMode = Literal["both", "on", "off"]
 SEQUENCE_PARALLEL_MODES: tuple[str, ...] = ("both", "on", "off")
+#: Megatron-FSDP ``--data-parallel-sharding-strategy`` values parsearch prices
+#: (``megatron/training/arguments.py``): ZeRO-3 and ZeRO-2.
+FSDP_STRATEGIES: tuple[str, ...] = ("optim_grads_params", "optim_grads")
 #: Megatron-Core ``--recompute-modules`` names (``transformer_config.py::recompute_modules``)
 #: that parsearch models; what each drops is in :mod:`parsearch.cost.memory.activations`.
 RECOMPUTE_MODULES: tuple[str, ...] = (
@@ -367,7 +370,12 @@ class TrainingSpec:
     state sharded over DP*CP) to fully sharded data parallelism
     (Megatron-FSDP ``optim_grads_params``, ZeRO-3): weights, gradients and
     optimizer state are all sharded, and parameters are all-gathered for every
-    forward and backward pass.
+    forward and backward pass.  ``fsdp_strategy`` names Megatron-FSDP's
+    ``--data-parallel-sharding-strategy``: ``optim_grads_params`` (that ZeRO-3, the
+    default) or ``optim_grads`` (ZeRO-2, ZeRO paper §5 P_os+g: gradients and optimizer
+    state sharded, the BF16 weights whole; each micro-batch's gradients are
+    reduce-scattered as its backward ends and the updated weights are all-gathered once
+    per step, as the Llama 3 paper's FSDP that does not reshard weights after forward).
 
     ``grad_bytes`` sizes the gradient buffer of the memory model: 4 for fp32
     main gradients (Megatron default), 2 for BF16 main gradients
@@ -411,6 +419,7 @@ class TrainingSpec:
     max_cp: int | None = None
     optimizer: str = "adam"
     fsdp: bool = False
+    fsdp_strategy: str = "optim_grads_params"
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
     activation_offload_layers: int = 0
@@ -435,6 +444,7 @@ class TrainingSpec:
         require_choice(owner, "sequence_parallel", self.sequence_parallel, SEQUENCE_PARALLEL_MODES)
         require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
+        require_choice(owner, "fsdp_strategy", self.fsdp_strategy, FSDP_STRATEGIES)
         for name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
             value = getattr(self, name)
             if (isinstance(value, bool) or not isinstance(value, (int, float))

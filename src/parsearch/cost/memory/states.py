@@ -47,6 +47,7 @@ def model_state_bytes(
     distributed_optimizer: bool = True,
     shard_degree: Num = 1,
     fully_sharded: bool = False,
+    weights_sharded: bool = True,
 ) -> ModelStateBytes:
     """Model-state bytes of ``params_per_gpu`` parameters held by one GPU.
 
@@ -56,7 +57,9 @@ def model_state_bytes(
     without, ``6 + 12/D`` with.
 
     ``fully_sharded`` (ZeRO-3 / Megatron-FSDP ``optim_grads_params``; ZeRO
-    paper §5, (2 + 2 + K)·Ψ/N_d) shards weights and gradients too.
+    paper §5, (2 + 2 + K)·Ψ/N_d) shards weights and gradients too;
+    ``weights_sharded=False`` with it is ZeRO-2 (``optim_grads``, ZeRO paper §5
+    P_os+g: 2Ψ + (2 + K)·Ψ/N_d), the weights whole.
 
     >>> s = model_state_bytes(1.0, distributed_optimizer=True, shard_degree=4)
     >>> (s.weights, s.gradients, s.optimizer)
@@ -64,13 +67,17 @@ def model_state_bytes(
     >>> s = model_state_bytes(1.0, shard_degree=4, fully_sharded=True)
     >>> (s.weights, s.gradients, s.optimizer)
     (0.5, 1.0, 3.0)
+    >>> s = model_state_bytes(1.0, shard_degree=4, fully_sharded=True, weights_sharded=False)
+    >>> (s.weights, s.gradients, s.optimizer)
+    (2.0, 1.0, 3.0)
     """
     optimizer = params_per_gpu * optimizer_bytes
     if distributed_optimizer or fully_sharded:
         optimizer = optimizer / shard_degree
     state_shards = shard_degree if fully_sharded else 1
+    weight_shards = state_shards if weights_sharded else 1
     return ModelStateBytes(
-        weights=params_per_gpu * weight_bytes / state_shards,
+        weights=params_per_gpu * weight_bytes / weight_shards,
         gradients=params_per_gpu * grad_bytes / state_shards,
         optimizer=optimizer,
     )
@@ -189,6 +196,7 @@ def stage_model_state(
         "optimizer_bytes": training.optimizer_bytes,
         "distributed_optimizer": training.distributed_optimizer,
         "fully_sharded": training.fsdp,
+        "weights_sharded": training.fsdp_strategy == "optim_grads_params",
     }
     dense = model_state_bytes(params.dense, shard_degree=dp * cp, **common)
     expert = model_state_bytes(params.expert, shard_degree=edp, **common)
@@ -197,16 +205,20 @@ def stage_model_state(
         # formulas.md §7.7: FP8 GEMMs keep a low-precision copy of every GEMM weight
         # next to the BF16 one, unless FP8 primary weights replace the BF16 copy.
         low = LOW_PRECISION_BYTES[training.precision]
-        gemm_params = params.dense_gemm / (dp * cp if training.fsdp else 1)
-        gemm_params = gemm_params + params.expert / (edp if training.fsdp else 1)
+        shard = training.fsdp and training.fsdp_strategy == "optim_grads_params"
+        gemm_params = params.dense_gemm / (dp * cp if shard else 1)
+        gemm_params = gemm_params + params.expert / (edp if shard else 1)
         per_param = low - training.weight_bytes if options.fp8_param_gather else low
         weights = weights + gemm_params * per_param
     if training.fsdp:
         # formulas.md §5.1 ZeRO-3 transient peak [derived]: the unsharded BF16 weights of
         # the layer being computed and the prefetched next one, plus a gradient bucket of
         # one layer (grad_bytes: fp32 or BF16 main grads) before its reduce-scatter.
+        # ZeRO-2 holds its weights whole: only the gradient bucket is transient.
         per_layer = (params.dense + params.expert) / np.maximum(params.layers, 1)
-        weights = weights + per_layer * (2.0 * training.weight_bytes + training.grad_bytes)
+        gathered = 2.0 * training.weight_bytes if training.fsdp_strategy == "optim_grads_params" \
+            else 0.0
+        weights = weights + per_layer * (gathered + training.grad_bytes)
     return ModelStateBytes(
         weights=weights,
         gradients=dense.gradients + expert.gradients,

@@ -435,13 +435,22 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
         recompute_modes=(run.layout.recompute,),
         sequence_parallel=sp_mode,
         fsdp=uses_fsdp(run),
+        fsdp_strategy=fsdp_strategy_of(run),
     )
 
 
 def uses_fsdp(run: PublishedRun) -> bool:
     """Whether the source says the run used fully sharded data parallelism.
 
-    "FSDP=..." in the notes (NVIDIA tables), or a torchtitan row: torchtitan's
-    data parallelism is FSDP2 (ZeRO-3-style) in every benchmark it publishes.
+    "FSDP=..." in the notes (NVIDIA tables), a torchtitan row (torchtitan's data
+    parallelism is FSDP2, ZeRO-3-style, in every benchmark it publishes), or notes that
+    name a sharding strategy (:func:`fsdp_strategy_of`).
     """
-    return "FSDP=" in run.notes or run.source_tag == TORCHTITAN
+    return ("FSDP=" in run.notes or run.source_tag == TORCHTITAN
+            or "sharding strategy optim_grads" in run.notes)
+
+
+def fsdp_strategy_of(run: PublishedRun) -> str:
+    """The FSDP sharding strategy the source describes: ZeRO-2 (``optim_grads``) where the
+    notes say so (Llama 3: weights not resharded after forward, §3.3.2), else ZeRO-3."""
+    return "optim_grads" if "sharding strategy optim_grads" in run.notes else "optim_grads_params"
