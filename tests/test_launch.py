@@ -37,6 +37,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("precision fp8", {"precision": "fp8"}, {}),
     ("distributed optimizer off", {"distributed_optimizer": False}, {}),
     ("fsdp", {"fsdp": True}, {}),
+    ("fsdp zero-2", {"fsdp": True, "fsdp_strategy": "optim_grads"}, {}),
     ("weight bytes", {"weight_bytes": 4.0}, {}),
     ("grad bytes", {"grad_bytes": 2.0}, {}),
     ("optimizer bytes", {"optimizer_bytes": 8.0}, {}),

@@ -19,6 +19,7 @@ from parsearch.cost.routing import ROUTING_MODES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.model.specs import (
+    FSDP_STRATEGIES,
     MAX_MICRO_BATCH,
     PIPELINE_SPLITS,
     PRECISIONS,
@@ -143,6 +144,10 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
     mem.add_argument("--fsdp", action="store_true",
                      help="fully sharded data parallel (Megatron-FSDP optim_grads_params): "
                      "weights, gradients and optimizer state sharded over DP*CP")
+    mem.add_argument("--fsdp-strategy", choices=FSDP_STRATEGIES, default="optim_grads_params",
+                     help="with --fsdp, Megatron-FSDP's --data-parallel-sharding-strategy: "
+                     "optim_grads_params (ZeRO-3, default) or optim_grads (ZeRO-2: weights "
+                     "whole, gradients reduce-scattered every micro-batch)")
     mem.add_argument("--recompute-num-layers", type=positive_int, default=None, metavar="N",
                      help="with recompute=full: recompute only the first N layers of each "
                      "model chunk (Megatron --recompute-method block); default all")
@@ -301,6 +306,7 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
         max_vpp=args.max_vpp,
         max_cp=getattr(args, "max_cp", None),
         fsdp=args.fsdp,
+        fsdp_strategy=args.fsdp_strategy,
         recompute_num_layers=args.recompute_num_layers,
         recompute_modules=tuple(args.recompute_modules),
         activation_offload_layers=args.activation_offload_layers,

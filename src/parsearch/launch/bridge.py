@@ -134,7 +134,7 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         "ddp.use_distributed_optimizer": plan.distributed_optimizer,
         "optimizer.use_distributed_optimizer": plan.distributed_optimizer,
         "ddp.use_megatron_fsdp": plan.fsdp,
-        "ddp.data_parallel_sharding_strategy": "optim_grads_params" if plan.fsdp else "no_shard",
+        "ddp.data_parallel_sharding_strategy": plan.fsdp_strategy if plan.fsdp else "no_shard",
         "ddp.overlap_grad_reduce": plan.overlap_grad_reduce,
         "ddp.overlap_param_gather": plan.overlap_param_gather,
         "comm_overlap": None,

@@ -91,8 +91,9 @@ def _memory_args(plan: LaunchPlan) -> list[str]:
     if plan.offload_layers:
         args += ["--cpu-offloading-num-layers", str(plan.offload_layers)]
     if plan.fsdp:
-        # Megatron-FSDP optim_grads_params (ZeRO-3); validate_args requires fsdp_dtensor
-        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params",
+        # Megatron-FSDP optim_grads_params (ZeRO-3) or optim_grads (ZeRO-2); validate_args
+        # requires fsdp_dtensor
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", plan.fsdp_strategy,
                  "--ckpt-format", "fsdp_dtensor"]
     elif plan.distributed_optimizer:
         args.append("--use-distributed-optimizer")

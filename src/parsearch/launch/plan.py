@@ -57,6 +57,7 @@ class LaunchPlan:
     # data parallel
     distributed_optimizer: bool
     fsdp: bool
+    fsdp_strategy: str
     overlap_grad_reduce: bool
     overlap_param_gather: bool
     # features
@@ -342,6 +343,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         grad_reduce_in_fp32=opt.grad_reduce_bytes >= 4,
         distributed_optimizer=training.distributed_optimizer and not training.fsdp,
         fsdp=training.fsdp,
+        fsdp_strategy=training.fsdp_strategy,
         overlap_grad_reduce=opt.overlap_grad_reduce and (lay.dp > 1 or training.fsdp),
         overlap_param_gather=(opt.overlap_param_gather and lay.dp > 1
                               and (training.distributed_optimizer or training.fsdp)),

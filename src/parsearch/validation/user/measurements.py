@@ -35,7 +35,7 @@ from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.files import is_dir, is_file
 from parsearch.layout import Layout, parse_layout_string
-from parsearch.model.specs import PRECISIONS, RECOMPUTE_MODULES
+from parsearch.model.specs import FSDP_STRATEGIES, PRECISIONS, RECOMPUTE_MODULES
 from parsearch.validation.published.recipes import graph_scope, priced_fp8_recipe
 from parsearch.validation.user.megatron_logs import (
     CSV_ROUTE,
@@ -63,7 +63,8 @@ OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_com
                                    "cuda_graph_scope", "fp8_recipe", "grad_reduce_bytes",
                                    "param_gather_bytes", "moe_imbalance")
 #: Optional columns that set :class:`~parsearch.model.specs.TrainingSpec` fields.
-TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "distributed_optimizer", "recompute_num_layers",
+TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "fsdp_strategy", "distributed_optimizer",
+                                     "recompute_num_layers",
                                      "recompute_modules", "pipeline_layout", "grad_bytes",
                                      "activation_offload_layers")
 OTHER_COLUMNS: tuple[str, ...] = ("id", "model", "cluster", "notes")
@@ -76,7 +77,8 @@ _BOOL_COLUMNS = frozenset({"tp_comm_overlap", "moe_a2a_overlap", "moe_shared_exp
 #: Columns that take one of a fixed set of words (case-insensitive).
 _CHOICE_COLUMNS: dict[str, tuple[str, ...]] = {"moe_dispatcher": MOE_DISPATCHERS,
                                               "moe_flex_backend": FLEX_BACKENDS,
-                                              "fp8_recipe": FP8_RECIPE_CHOICES}
+                                              "fp8_recipe": FP8_RECIPE_CHOICES,
+                                              "fsdp_strategy": FSDP_STRATEGIES}
 _FLOAT_COLUMNS = frozenset({"grad_reduce_bytes", "param_gather_bytes", "moe_imbalance",
                             "grad_bytes"})
 _INT_COLUMNS = frozenset({"recompute_num_layers", "activation_offload_layers"})
