@@ -80,3 +80,41 @@ def test_jean_zay_has_a_quarter_of_dgx_a100_inter_node_bandwidth_per_gpu() -> No
     # the rest of the node is the same A100 80GB board
     assert jean_zay.gpu == dgx.gpu and jean_zay.gpus_per_node == dgx.gpus_per_node == 8
     assert jean_zay.nvlink_bandwidth_Bps == dgx.nvlink_bandwidth_Bps
+
+
+def test_data_parallel_collectives_run_at_the_clusters_measured_collective_efficiency(
+        trial: list[PublishedRun]) -> None:
+    """The file states NCCL's measured all-reduce efficiency (0.10, BigScience's
+    all_reduce_bench) apart from the sends' 0.92: the exposed data-parallel time of a
+    layout scales by 0.92/0.10 and nothing else of the step moves."""
+    from dataclasses import replace
+
+    from parsearch.cost.analytic import CostOptions, build_cost_model, estimate
+    from parsearch.topology.fabric import build_fabric
+    from parsearch.validation.published.published_runs import training_spec
+
+    shipped = load_cluster("jean-zay-a100-80gb")
+    assert shipped.collective_efficiency == pytest.approx(0.10)
+    assert shipped.network_efficiency == pytest.approx(0.92)
+    same_as_sends = replace(shipped, network_collective_efficiency=None)
+    run = trial[0]
+    options = CostOptions(overlap_grad_reduce=False, overlap_param_gather=False)
+    times = []
+    for cluster in (shipped, same_as_sends):
+        fabric = build_fabric(cluster, run.num_gpus)
+        est = estimate(build_cost_model(run.model_spec, training_spec(run), fabric,
+                                        options=options), run.layout)
+        times.append(est.time_s)
+    slow, fast = times
+    assert slow["dp_comm"] > 5.0 * fast["dp_comm"] > 0.0
+    for part in ("compute", "tp_comm", "pp_p2p", "pp_bubble"):
+        assert slow[part] == pytest.approx(fast[part])
+
+
+def test_a_collective_efficiency_above_one_is_refused() -> None:
+    from dataclasses import replace
+
+    from parsearch.errors import ParsearchError
+
+    with pytest.raises(ParsearchError, match="network_collective_efficiency"):
+        replace(load_cluster("dgx-a100"), network_collective_efficiency=1.5)

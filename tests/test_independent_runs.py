@@ -20,6 +20,7 @@ from parsearch.validation.published.published_runs import (
     read_published_runs,
 )
 from parsearch.validation.published.run_conventions import (
+    BLOOM_TRIAL,
     CONV_MEGASCALE,
     CONV_PALM,
     CONV_REPORTED,
@@ -37,7 +38,7 @@ from parsearch.validation.published.runs import ValidationRow, validate_runs
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
 INDEPENDENT_TAGS = {LLAMA3, MEGASCALE, TORCHTITAN, DEEPSEEK_V3, MBRIDGE_AB, MBRIDGE_CARD,
-                    MBRIDGE_USER, MBRIDGE_HELDOUT}
+                    MBRIDGE_USER, MBRIDGE_HELDOUT, BLOOM_TRIAL}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,8 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     assert {tags[f"i{n:04d}"] for n in range(150, 181)} == {MBRIDGE_HELDOUT}
     # Llama 3.1 405B rows of the same tables (25.09-26.06).
     assert {tags[f"i{n:04d}"] for n in range(181, 224)} == {MBRIDGE_HELDOUT}
+    # BigScience's BLOOM-176B layout trial on Jean Zay (2022-02-25).
+    assert {tags[f"i{n:04d}"] for n in range(224, 242)} == {BLOOM_TRIAL}
 
 
 def test_the_packaged_heldout_rows_are_the_tagged_ones(
@@ -210,7 +213,8 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     # + the Qwen3-235B (i0100-i0132), gpt-oss-120b (i0150-i0180) and Llama 3.1 405B
     # (i0181-i0223) perf-table rows
     # + the all-to-all A/B rows i0068-i0070 and the user report rows i0071-i0072
-    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43
+    # + the BLOOM layout-trial rows i0224-i0241
+    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43 + 18
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0

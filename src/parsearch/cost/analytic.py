@@ -23,11 +23,12 @@ the overlap assumptions §6.3.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from parsearch.cost.collectives import LinkArrays
 from parsearch.cost.compute import ACT_BYTES, is_moe_unit
 from parsearch.cost.cost_model import CostModel
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
@@ -90,6 +91,13 @@ MEMORY_KEYS: tuple[str, ...] = ("weights", "gradients", "optimizer", "activation
                                 "total")
 # Units a stage holds, in this order (the columns of a stage's feature row).
 UNITS: tuple[str, ...] = ("dense", "moe", "mtp", "embedding", "output")
+
+
+def scaled_network(link: LinkArrays, factor: float) -> LinkArrays:
+    """``link`` with its inter-node bandwidth times ``factor`` (the same object for 1)."""
+    if factor == 1.0:
+        return link
+    return replace(link, network_bandwidth_Bps=link.network_bandwidth_Bps * factor)
 
 
 def build_cost_model(
@@ -260,8 +268,13 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
                        + cm.profile.collective_latency_s, 0.0)
     pshape = pcols["tp"].shape
     opt = cm.options
+    # Data-parallel collectives cross nodes at the share of line rate NCCL's rings reach
+    # on this fabric (the cluster's network_collective_efficiency, nccl-tests busbw), which
+    # can sit far below what pipeline sends reach (BigScience's Jean Zay all-reduce: 0.10).
+    collective = fabric.cluster.collective_efficiency / fabric.cluster.network_efficiency
     coef = stage_coefficients(
-        prices, params, UNITS, pshape, pp_send, groups.dp, groups.edp,
+        prices, params, UNITS, pshape, pp_send, scaled_network(groups.dp, collective),
+        scaled_network(groups.edp, collective),
         ((pcols["dp"] * pcols["cp"]).astype(np.float64), pcols["edp"].astype(np.float64)),
         grad_bytes=opt.grad_reduce_bytes, gather_bytes=opt.param_gather_bytes,
         distributed_optimizer=training.distributed_optimizer, fsdp=training.fsdp,

@@ -33,6 +33,9 @@ Fields of a cluster file (required unless a default is given):
 ``switch_latency_us``  added per further switch crossed (default 0.5)
 ``nvlink_efficiency``  achievable fraction of NVLink bandwidth (default 0.8)
 ``network_efficiency`` achievable fraction of NIC bandwidth (default 0.92 IB, 0.85 RoCE)
+``network_collective_efficiency`` ... of NCCL ring/tree collectives across nodes
+                       (nccl-tests all_reduce_perf busbw / the node's NIC total), used for
+                       the data-parallel collectives; default: ``network_efficiency``
 ``max_gpus``           largest supported job (default: unlimited)
 ``gpu_power_limit_W``  GPU variant (:mod:`parsearch.topology.variants`): board power limit
 ``gpu_sm_clock_MHz``   ... SM clock lock
@@ -121,6 +124,7 @@ _OPTIONAL: tuple[str, ...] = (
     "switch_latency_us",
     "nvlink_efficiency",
     "network_efficiency",
+    "network_collective_efficiency",
     *GPU_VARIANT_FIELDS,
 )
 
@@ -196,6 +200,8 @@ def cluster_from_dict(data: Any, where: str) -> ClusterSpec:
         * _US,
         nvlink_efficiency=num("nvlink_efficiency", DEFAULT_NVLINK_EFFICIENCY),
         network_efficiency=num("network_efficiency", DEFAULT_NETWORK_EFFICIENCY[fabric]),
+        network_collective_efficiency=(num("network_collective_efficiency")
+                                       if "network_collective_efficiency" in data else None),
         max_gpus=optional_int("max_gpus"),
         usable_domain_size=optional_int("usable_domain_size"),
         description=str(data.get("description", "")).strip(),

@@ -73,10 +73,21 @@ class ClusterSpec:
     switch_latency_s: float = DEFAULT_SWITCH_LATENCY_US * _US
     nvlink_efficiency: float = DEFAULT_NVLINK_EFFICIENCY
     network_efficiency: float = 0.92
+    #: achieved share of line rate of NCCL's ring/tree collectives across nodes
+    #: (nccl-tests all_reduce_perf busbw / NIC total), where it falls below what sends
+    #: reach (``network_efficiency``); ``None``: the same as sends
+    network_collective_efficiency: float | None = None
     max_gpus: int | None = None
     usable_domain_size: int | None = None
     description: str = ""
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def collective_efficiency(self) -> float:
+        """Share of line rate data-parallel collectives reach across nodes."""
+        if self.network_collective_efficiency is None:
+            return self.network_efficiency
+        return self.network_collective_efficiency
 
     def __post_init__(self) -> None:
         owner = f"cluster '{self.name}'"
@@ -91,7 +102,9 @@ class ClusterSpec:
             value = require_number(owner, name, getattr(self, name), positive=True)
             if value < 1:
                 raise TopologyError(f"{owner}: {name} must be >= 1 (1 = non-blocking), got {value}")
-        for name in ("nvlink_efficiency", "network_efficiency"):
+        for name in ("nvlink_efficiency", "network_efficiency", "network_collective_efficiency"):
+            if getattr(self, name) is None:
+                continue
             value = require_number(owner, name, getattr(self, name), positive=True)
             if value > 1:
                 raise TopologyError(f"{owner}: {name} must be in (0, 1], got {value}")

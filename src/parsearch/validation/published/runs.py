@@ -37,11 +37,16 @@ from parsearch.validation.published.published_runs import (
 )
 from parsearch.validation.published.recipes import apply_setup, load_run_setups, priced_fp8_recipe
 from parsearch.validation.published.run_conventions import (
+    BLOOM_TRIAL,
     MBRIDGE,
     MBRIDGE_AB,
     MBRIDGE_CARD,
     MBRIDGE_USER,
 )
+
+#: Sources that state their data-parallel sharding (so no heavier one is assumed): the
+#: BLOOM trial's script sets DeepSpeed ZeRO stage 1 (ZERO_STAGE=1).
+_DP_SHARDING_STATED = frozenset({BLOOM_TRIAL})
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,16 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # only behind the opt-in --use-flash-attn, so it ran Megatron's unfused attention.
         return training, replace(options, tp_comm_overlap=False, overlap_grad_reduce=False,
                                  overlap_param_gather=False, flash_attention=False)
+    if run.source_tag == BLOOM_TRIAL:
+        # The trial's script (bigscience tr11-200B-ml.slurm @f658243409, 2022-02-17;
+        # INDEPENDENT_RUNS.md): Megatron-DeepSpeed with DeepSpeed ZeRO-1 and --fp16, so FP16
+        # gradients are kept and reduced (2 bytes); no overlap_comm, so the gradient
+        # reduction and the ZeRO all-gather run after the last micro-batch; it predates
+        # FlashAttention (May 2022) and Transformer Engine's TP overlap (2023).
+        return (replace(training, grad_bytes=2.0),
+                replace(options, flash_attention=False, tp_comm_overlap=False,
+                        overlap_grad_reduce=False, overlap_param_gather=False,
+                        grad_reduce_bytes=2.0, param_gather_bytes=2.0))
     if run.source_tag not in (MBRIDGE, MBRIDGE_AB, MBRIDGE_CARD, MBRIDGE_USER):  # Bridge's defaults
         return training, options
     low_precision = run.precision != "bf16"
@@ -266,7 +281,8 @@ def memory_saving_candidates(run: PublishedRun) -> list[tuple[TrainingSpec, Layo
         run = replace(run, layout=replace(run.layout, recompute=setup.recompute))
         base = replace(base, recompute_modes=(setup.recompute,))
     modes = [run.layout.recompute] if recompute_stated else ["none", "selective", "full"]
-    fsdp_stated = base.fsdp or (setup is not None and setup.fsdp is not None)
+    fsdp_stated = (base.fsdp or (setup is not None and setup.fsdp is not None)
+                   or run.source_tag in _DP_SHARDING_STATED)
     if setup is not None and setup.fsdp is not None:
         base = replace(base, fsdp=setup.fsdp)
     fsdp_options = [base.fsdp] if fsdp_stated else [False, True]
