@@ -84,6 +84,44 @@ EPLB_ROWS = frozenset({"s0150", "s0151", "s0152", "s0153"})
 UNSTATED_KV = {"mode": "checkpoint"}
 
 
+#: InferenceMAX's client sends ``CONC * 10`` prompts at ``--max-concurrency CONC`` with
+#: ``--request-rate inf`` (InferenceX benchmarks/*.sh ``--num-prompts $((CONC * 10))``;
+#: utils/bench_serving/benchmark_serving.py creates every request task at once behind an
+#: ``asyncio.Semaphore(max_concurrency)``, after the warm-up requests have all finished):
+#: ten waves, the first arriving together at an idle engine.
+INFERENCEMAX_WAVES = 10.0
+#: TensorRT-LLM's attention-DP balancer wait (``attention_dp_config.batching_wait_iters``
+#: default 10, tensorrt_llm/llmapi/llm_args.py ``AttentionDpConfig``), turned on by
+#: InferenceX benchmarks/gptoss_fp4_b200_trt.sh (``enable_balance: true`` with attention DP).
+TRTLLM_BALANCE_WAIT_ITERS = 10
+
+
+def sglang_recv_interval(row: dict[str, str]) -> int:
+    """``--scheduler-recv-interval`` of an InferenceMAX SGLang row, as its script sets it
+    (InferenceX benchmarks/dsr1_fp8_b200.sh and dsr1_fp4_b200.sh at the commit the notes
+    name: 30 from concurrency 16, else 10, the fp8 script's TP 4 branch always 10;
+    dsr1_fp8_h200.sh does not set it: SGLang's default 1)."""
+    notes = row["notes"]
+    if "dsr1_fp8_b200.sh" in notes:
+        return 30 if int(row["tp"]) == 8 and int(row["concurrency"]) >= 16 else 10
+    if "dsr1_fp4_b200.sh" in notes:
+        return 30 if int(row["concurrency"]) >= 16 else 10
+    return 1
+
+
+def client_knobs(row: dict[str, str]) -> dict[str, Any]:
+    """Engine and client settings that shape TTFT (:mod:`parsearch.serve.ttft`), for the
+    InferenceMAX rows (the only rows with a client at fixed concurrency and many requests)."""
+    if "InferenceMAX" not in row["source"]:
+        return {}
+    knobs: dict[str, Any] = {"burst_waves": INFERENCEMAX_WAVES}
+    if row["framework"] == "sglang":
+        knobs["recv_interval"] = sglang_recv_interval(row)
+    if row["framework"] == "tensorrt-llm" and int(row["attention_dp"] or 1) > 1:
+        knobs["balance_wait_iters"] = TRTLLM_BALANCE_WAIT_ITERS
+    return knobs
+
+
 def load_rows(path: Path = DATA) -> list[dict[str, str]]:
     with path.open(encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
@@ -116,7 +154,8 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
                            eplb=row["id"] in EPLB_ROWS,
                            engine=ENGINE_OF[row["framework"]],
                            memory_fraction=float(row.get("memory_fraction") or 0) or None,
-                           concurrency=int(row["concurrency"]) if row["concurrency"] else None)
+                           concurrency=int(row["concurrency"]) if row["concurrency"] else None,
+                           **client_knobs(row))
 
 
 def trtllm_bench_settings(model: ModelSpec, gpu_bytes: float, workload: ServingWorkload,

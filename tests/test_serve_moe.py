@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,11 +14,13 @@ from parsearch.serve.cost import _ACT, decode_bytes, decode_step, serving_all_re
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.moe import (
     SMALL_TILE_ROWS,
+    TILE_N,
     TILE_ROWS,
     ep_imbalance,
     expected_touched_share,
     expert_gemm_time,
     padded_rows,
+    tile_shape_efficiency,
 )
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
 from parsearch.topology.cluster import load_cluster
@@ -100,7 +104,16 @@ def test_one_token_pays_for_its_top_k_experts_only() -> None:
     tiles = 2 * SMALL_TILE_ROWS * model.moe.top_k * per_expert / lay.expert_tp * model.num_layers
     rate = ctx.rates.peak_flops * ctx.rates.gemm * ctx.rates.grouped_gemm
     launches = 2 * model.num_layers * ctx.rates.kernel_s
-    assert _expert_s(1) == pytest.approx(tiles / rate + launches)
+    # each of the two grouped GEMMs at its tile-shape efficiency: gate/up (N = 2 f / etp,
+    # K = h) holds 2/3 of the expert's FLOPs, down (N = h, K = f / etp) 1/3; the top_k
+    # touched experts' output tiles fill a fraction of one wave over the SMs
+    h, f = model.hidden_size, model.moe.expert_ffn_hidden_size / lay.expert_tp
+    k, sms = model.moe.top_k, ctx.rates.sm_count
+    up = tile_shape_efficiency(2 * f, h, k * math.ceil(2 * f / TILE_N), sms)
+    down = tile_shape_efficiency(h, f, k * math.ceil(h / TILE_N), sms)
+    shaped = tiles * (2 / 3 / up + 1 / 3 / down)
+    assert _expert_s(1) == pytest.approx(shaped / rate + launches)
+    assert _expert_s(1) > tiles / rate + launches  # the shape never speeds a GEMM up
 
 
 def test_small_batch_tp8_decode_stays_near_the_weight_read() -> None:

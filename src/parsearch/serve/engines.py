@@ -31,7 +31,13 @@ from __future__ import annotations
 #: FlashInfer CUTLASS grouped MoE GEMM above).
 MIN_MOE_KERNEL_EFFICIENCY = 0.2
 #: Fused MoE grouped-GEMM rate over the profile's (dense large-GEMM x grouped) rate.
-MOE_KERNEL_EFFICIENCY: dict[str, float] = {"trtllm": 0.3, "vllm": 0.3, "sglang": 1.0}
+#: It multiplies the per-expert tile-shape efficiency (:func:`parsearch.serve.moe.
+#: tile_shape_efficiency`: N tile quantization and each tile's fixed cost against its depth
+#: K), so it is the kernel's rate on a well-shaped expert GEMM, the same for 8 large experts
+#: and 128 small ones.  Fitted 2026-12-06 on the 47 in-sample TensorRT-LLM MoE rows
+#: (benchmarks/fit_serving_moe.py: 0.45, MAPE 15.6%; leave one model out 16.3%); before the
+#: tile shape was priced the fit gave 0.3.
+MOE_KERNEL_EFFICIENCY: dict[str, float] = {"trtllm": 0.45, "vllm": 0.45, "sglang": 1.0}
 
 
 def moe_kernel_efficiency(engine: str) -> float:

@@ -25,6 +25,7 @@ from parsearch.serve.cost import (
     InstanceLinks,
     Rates,
     StepTime,
+    decode_bytes,
     decode_step,
     decode_tpot_s,
     instance_links,
@@ -34,8 +35,10 @@ from parsearch.serve.cost import (
 )
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, kv_bytes_per_token
 from parsearch.serve.memory import GIB, gpu_memory, max_sequences
+from parsearch.serve.prefix_cache import computed_prompt_tokens
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.serve.speculative import Speculation, speculation_for, speculative_tpot_s
+from parsearch.serve.ttft import TtftInputs, ttft_parts
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.topology.hardware import GpuProfile
@@ -266,6 +269,27 @@ def step_residual_s(running: int, step_s: float) -> float:
     return 0.0 if running <= 1 else step_s / 2.0
 
 
+def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingLayout,
+                t: InstanceTimes, cycle_s: float, queue_s: float) -> TtftInputs:
+    """What :func:`parsearch.serve.ttft.ttft_parts` needs of one aggregated instance: a decode
+    step (verify + drafts with speculation), the KV reads the running decodes add to a step
+    beside a prefill chunk (their weights are read by the chunk anyway, Sarathi-Serve §4),
+    and the workload's engine and client knobs."""
+    w = ctx.workload
+    per_step = ctx.speculation.tokens_per_step if ctx.speculation is not None else 1.0
+    step_s = t.tpot_decode_s * per_step  # a decode step (verify + drafts) emits per_step
+    kv = decode_bytes(ctx.model, w, run_layout, ctx.counts, ctx.window)[1]
+    return TtftInputs(
+        engine=w.engine, prompt_tokens=computed_prompt_tokens(w.isl, w.prefix_cache_hit),
+        budget=w.max_num_batched_tokens, running=run_layout.batch,
+        step_decodes=math.ceil(run_layout.batch / run_layout.attention_dp),
+        in_flight=layout.batch, prefill_alone_s=t.ttft_s, busy_s=t.prefill_busy_s,
+        step_s=step_s, ride_s=run_layout.pp * kv / ctx.rates.hbm_Bps, cycle_s=cycle_s,
+        slot_queue_s=queue_s, recv_interval=w.recv_interval,
+        balance_wait_iters=w.balance_wait_iters if run_layout.attention_dp > 1 else 0,
+        burst_waves=w.burst_waves if w.concurrency is not None else None)
+
+
 def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
                         num_gpus: int) -> ServingEstimate:
     """Score one aggregated (continuous batching) layout.
@@ -294,10 +318,8 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     queue_s = queue_delay_s(layout.batch, run_layout.batch, completions)
     replicas = _replicas_for(ctx, layout, completions, num_gpus)
     placed = layout if replicas == layout.replicas else replace(layout, replicas=replicas)
-    # waits for a slot, then for the step running when it arrives, then prefills
-    per_step = ctx.speculation.tokens_per_step if ctx.speculation is not None else 1.0
-    step_s = t.tpot_decode_s * per_step  # a decode step (verify + drafts) emits per_step
-    ttft_ms = (queue_s + t.ttft_s + step_residual_s(run_layout.batch, step_s)) * 1e3
+    # waits for a slot, for the scheduler, for the prefills ahead, then prefills
+    ttft_ms = ttft_parts(ttft_inputs(ctx, layout, run_layout, t, cycle, queue_s)).total_s * 1e3
     carries = placed.gpus <= num_gpus
     return ServingEstimate(
         layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas,

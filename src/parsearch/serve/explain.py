@@ -25,11 +25,12 @@ from parsearch.serve.evaluate import (
     ServingEstimate,
     evaluate_aggregated,
     instance_times,
-    step_residual_s,
+    ttft_inputs,
 )
 from parsearch.serve.memory import GIB, gpu_memory, stage_weights
 from parsearch.serve.space import serving_violations
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
+from parsearch.serve.ttft import ttft_parts
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 
 _KEYS = {"tp": "tp", "pp": "pp", "ep": "ep", "adp": "attention_dp", "dp": "attention_dp",
@@ -171,13 +172,17 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
                       spec_draft_cost=ctx.speculation.draft_cost,
                       tpot_decode_without_speculation=times.plain_tpot_s * 1e3)
     p = times.prefill
-    per_step = ctx.speculation.tokens_per_step if ctx.speculation is not None else 1.0
+    parts = ttft_parts(ttft_inputs(ctx, lay, running, times,
+                                   est.tpot_ms / 1e3 * workload.mean_osl, est.queue_ms / 1e3))
     prefill = {"memory": p.memory_s * 1e3, "compute": p.compute_s * 1e3,
                "communication": p.comm_s * 1e3, "kernels_and_non_gemm": p.overhead_s * 1e3,
                "stage_pass": p.total_s * 1e3, "ttft_alone": times.ttft_s * 1e3,
                "busy_per_request_under_load": times.prefill_busy_s * 1e3,
-               "wait_for_running_step": step_residual_s(running.batch,
-                                                        times.tpot_decode_s * per_step) * 1e3,
+               "wait_for_running_step": parts.pickup_s * 1e3,
+               "attention_dp_balance_wait": parts.balance_wait_s * 1e3,
+               "prefills_queued_ahead": parts.prefill_queue_s * 1e3,
+               "first_wave_burst": parts.burst_s * 1e3,
+               "decodes_riding_prefill_chunks": parts.ride_along_s * 1e3,
                "queue": est.queue_ms, "ttft": est.ttft_ms}
     queue = {"in_flight_per_instance": float(lay.batch),
              "running_per_instance": float(running.batch),

@@ -14,6 +14,8 @@ tile, at the GEMM rate of the kernel; not a fixed launch time per expert.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from parsearch.cost.routing import trained_imbalance
@@ -30,6 +32,17 @@ from parsearch.serve.spec import ServingLayout
 #: of the CUTLASS grouped GEMMs TensorRT-LLM's MoE runs; 16 the M of ``mma.sync`` m16n8k16.
 TILE_ROWS = 64
 SMALL_TILE_ROWS = 16
+#: N tile of the grouped GEMM: an expert's output columns are padded up to a multiple of it.
+#: 128 is assumed: the N of Hopper's ``wgmma`` tiles in the CUTLASS and DeepGEMM grouped
+#: kernels ranges over 64-256 and 128 is the common choice of their default configurations.
+TILE_N = 128
+#: Fixed cost of one output tile in K elements (pipeline prologue, epilogue, scale handling):
+#: a tile of depth K runs at ``K / (K + K0)`` of the main-loop rate.  K0 = 480 reproduces
+#: DeepGEMM's FP8 GEMM table on H800 at M = 4096 within ~5% across K = 512-16384 (775
+#: TFLOPS at K = 512, 1212 at 1536, 1168-1214 at 2048, 1410 at 7168, 1520 at 16384;
+#: deepseek-ai/DeepGEMM README "Performance" at commit 327ec92f6977e7fee022cb76a8f273b75483c3d8),
+#: where the GEMMs are compute bound, so the K dependence is the kernel's own.
+TILE_K_OVERHEAD = 480.0
 #: GEMMs per expert and layer: gate/up (fused into one) and down, launched once per layer
 #: for all experts (one grouped kernel each).
 EXPERT_GEMMS = 2
@@ -76,6 +89,26 @@ def padded_rows(rows: float, tile: int = TILE_ROWS) -> float:
     return max(float(tile), rows + tile / 2.0)
 
 
+def tile_shape_efficiency(n: float, k: float, tiles: float = 0.0,
+                          sm_count: int | None = None) -> float:
+    """Share of the main-loop rate a grouped GEMM keeps for its per-expert shape: output
+    columns ``n`` padded to :data:`TILE_N` (tile quantization in N; the rows' padding to the
+    M tile is counted in the FLOPs, :func:`padded_rows`), each tile's fixed cost
+    :data:`TILE_K_OVERHEAD` against its depth ``k``, and, when the GPU's SM count is known,
+    wave quantization of ``tiles`` output tiles over the SMs (a persistent grouped kernel
+    runs ``ceil(tiles / SMs)`` waves; NVIDIA "Matrix Multiplication Background User's Guide",
+    wave quantization).  The engine's fitted factor multiplies it, so that one factor means
+    the same for 8 large experts and 128 small ones."""
+    if n <= 0 or k <= 0:
+        return 1.0
+    n_util = n / (math.ceil(n / TILE_N) * TILE_N)
+    k_util = k / (k + TILE_K_OVERHEAD)
+    wave = 1.0
+    if sm_count and tiles > 0:
+        wave = tiles / (math.ceil(tiles / sm_count) * sm_count)
+    return n_util * k_util * wave
+
+
 def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts,
                      rates: Rates, tokens_stage: float, rows_tokens: float,
                      imbalance: float = 1.0, kernel_efficiency: float = 1.0) -> float:
@@ -100,8 +133,22 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     local = moe.num_experts / layout.ep
     share = expected_touched_share(moe.top_k, moe.num_experts, rows_tokens)
     rows = rows_tokens * moe.top_k / moe.num_experts / share * imbalance
-    padded = padded_rows(rows, tile_rows(rows_tokens, moe.num_experts))
-    flops = 2.0 * padded * share * local * per_expert / layout.expert_tp * n_moe
+    tile = tile_rows(rows_tokens, moe.num_experts)
+    padded = padded_rows(rows, tile)
+    # gate/up: N = (per-expert params / (h f) - 1) f / etp (2 f for a gated MLP), K = h;
+    # down: N = h, K = f / etp
+    h, f_rank = float(model.hidden_size), moe.expert_ffn_hidden_size / layout.expert_tp
+    up_share = max(0.0, per_expert / (h * moe.expert_ffn_hidden_size) - 1.0)
+    touched = share * local
+    m_tiles = math.ceil(padded / tile)
+    up_n, down_n = up_share * f_rank, h
+    eff_up = tile_shape_efficiency(up_n, h, touched * m_tiles * math.ceil(up_n / TILE_N),
+                                   rates.sm_count)
+    eff_down = tile_shape_efficiency(down_n, f_rank,
+                                     touched * m_tiles * math.ceil(down_n / TILE_N),
+                                     rates.sm_count)
+    flops_up = 2.0 * padded * touched * h * up_n * n_moe
+    flops_down = 2.0 * padded * touched * h * f_rank * n_moe
     launches = EXPERT_GEMMS * n_moe * rates.kernel_s
     rate = rates.peak_flops * rates.gemm * rates.grouped_gemm * kernel_efficiency
-    return flops / rate + launches
+    return (flops_up / eff_up + flops_down / eff_down) / rate + launches

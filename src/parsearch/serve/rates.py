@@ -31,6 +31,7 @@ class Rates:
     memory_bound: float      # counted non-GEMM bytes times this (fusion the count misses)
     collective_latency_s: float
     alltoall: float
+    sm_count: int | None = None  # for wave quantization (serve.moe.tile_shape_efficiency)
 
 
 def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
@@ -59,6 +60,7 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
         memory_bound=profile.memory_bound_factor,
         collective_latency_s=profile.collective_latency_s,
         alltoall=profile.alltoall_efficiency,
+        sm_count=gpu.sm_count,
     )
 
 

@@ -108,6 +108,14 @@ class ServingWorkload:
     ``prefix_cache_hit``: share of each prompt's tokens found in the prefix cache (vLLM
     automatic prefix caching, SGLang RadixAttention, TensorRT-LLM KV cache reuse), which
     prefill does not compute; :mod:`parsearch.serve.prefix_cache`.
+    ``recv_interval``: decode steps between the engine's polls for new requests (SGLang
+    ``--scheduler-recv-interval``, default 1).  ``balance_wait_iters``: iterations
+    TensorRT-LLM's attention-DP balancer holds a context request (``attention_dp_config:
+    enable_balance``, ``batching_wait_iters`` default 10; 0: balancer off).
+    ``burst_waves``: the client sends ``concurrency * burst_waves`` requests, all at once at
+    an idle engine with at most ``concurrency`` in flight (bench_serving ``--request-rate
+    inf --max-concurrency``), so the first wave arrives together (None: steady arrivals).
+    All three shape TTFT only (:mod:`parsearch.serve.ttft`).
     """
 
     isl: int
@@ -132,6 +140,9 @@ class ServingWorkload:
     draft_cost: float | None = None
     prefix_cache_hit: float = 0.0
     eplb: bool = False
+    recv_interval: int = 1
+    balance_wait_iters: int = 0
+    burst_waves: float | None = None
     _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
@@ -156,6 +167,12 @@ class ServingWorkload:
         require_positive_int(owner, "max_batch", self.max_batch)
         require_positive_int(owner, "max_num_batched_tokens", self.max_num_batched_tokens)
         require_positive_int(owner, "max_instance_gpus", self.max_instance_gpus)
+        require_positive_int(owner, "recv_interval", self.recv_interval)
+        wait = self.balance_wait_iters
+        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+            raise SpecError(f"{owner}: balance_wait_iters must be a whole number >= 0, got "
+                            f"{self.balance_wait_iters!r}")
+        _optional_positive(owner, "burst_waves", self.burst_waves)
         if len(self.mix) > MAX_LENGTH_CLASSES:
             raise SpecError(f"{owner}: mix has {len(self.mix)} length classes; at most "
                             f"{MAX_LENGTH_CLASSES} (merge similar lengths)")

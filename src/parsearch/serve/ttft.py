@@ -1,0 +1,146 @@
+"""Time to first token of a request under continuous batching at a fixed concurrency.
+
+A request that arrives at a busy aggregated instance waits, in order, for
+
+1. a running slot, when the KV pool or the batch limit is full (Little's law,
+   :func:`parsearch.serve.evaluate.queue_delay_s`);
+2. the scheduler to pick it up: the residual of the step under way (half a step,
+   Kleinrock, Queueing Systems Vol. 1, §5.2), or, when the engine polls its request socket
+   only every ``recv_interval`` decode steps, half of that interval (SGLang
+   ``--scheduler-recv-interval``: python/sglang/srt/managers/scheduler_recv_skipper.py adds 1
+   per decode step and receives once the count reaches the interval);
+3. TensorRT-LLM's attention-DP balancer, when on: context requests are held up to
+   ``batching_wait_iters`` iterations (default 10) so that every attention-DP rank gets one
+   (tensorrt_llm/llmapi/llm_args.py ``AttentionDpConfig``);
+4. the prefills queued ahead of it (:func:`prefill_queue_wait_s`, M/D/1);
+5. under a benchmark client that starts a burst of ``concurrency`` requests at an idle engine
+   (bench_serving with ``--request-rate inf --max-concurrency C``: every request task is
+   created at once, a semaphore lets C through; the warm-up requests finish before the run,
+   InferenceX utils/bench_serving/benchmark_serving.py), the first wave's prefills queue
+   behind one another (:func:`burst_wait_s`);
+6. its own prefill, split into chunks of the token budget left after the running decodes
+   (:func:`chunk_iterations`); where the engine mixes decodes into prefill steps (vLLM V1,
+   TensorRT-LLM in-flight batching) each chunk's step also carries the running decodes
+   (Sarathi-Serve, Agrawal et al. 2024, arXiv 2403.02310 §3-4: a hybrid batch costs the
+   chunk plus the piggybacked decodes' attention and KV reads; the weights are read once).
+
+The first token is streamed as soon as it is sampled on all three engines: SGLang's
+``stream_interval`` sends output ``len(output_ids) % interval == 1``, i.e. the first token
+(scheduler_output_processor_mixin.py ``stream_output_generation``); TensorRT-LLM's PyExecutor
+creates a response at ``py_decoding_iter == 1`` whatever ``stream_interval``
+(tensorrt_llm/_torch/pyexecutor/py_executor.py ``_handle_responses``).  So the streaming
+interval adds nothing to TTFT (it shows in the inter-token latency only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: Engines whose scheduler puts running decodes and prefill chunks in one step.  vLLM V1
+#: schedules the running requests first and fills the rest of ``max_num_batched_tokens``
+#: with waiting prompts (vllm/v1/core/sched/scheduler.py ``schedule``: "First, schedule the
+#: RUNNING requests", then the WAITING ones from the remaining ``token_budget``);
+#: TensorRT-LLM's in-flight batching counts generation tokens in ``max_num_tokens``
+#: (docs "Tuning Max Batch Size and Max Num Tokens").  SGLang runs a prefill batch apart
+#: from the decodes unless ``--enable-mixed-chunk`` (server_args ``enable_mixed_chunk``
+#: default False).
+MIXED_PREFILL: dict[str, bool] = {"vllm": True, "trtllm": True, "sglang": False}
+#: Largest prefill share of instance time the M/D/1 wait is evaluated at (the formula
+#: diverges at 1; a saturated instance is throttled by the closed loop instead).
+MAX_PREFILL_SHARE = 0.95
+
+
+def chunk_iterations(prompt_tokens: float, budget: int, running: int, mixed: bool) -> int:
+    """Scheduler steps one prompt's prefill spans: the token budget per step less one token
+    for each running decode when decodes share the step (vLLM V1 / TensorRT-LLM, above), at
+    least one token per step."""
+    room = budget - running if mixed else budget
+    return max(1, math.ceil(prompt_tokens / max(1, room)))
+
+
+def pickup_wait_s(running: int, step_s: float, recv_interval: int = 1) -> float:
+    """Mean wait between a request's arrival and the scheduler step that admits it.
+
+    A request arriving at a random time during back-to-back steps of length ``T`` waits the
+    residual ``T / 2`` (Kleinrock §5.2); an engine that receives only every ``R`` steps
+    admits it at the next of those, ``R T / 2`` on average.  Alone (``running`` 1) it finds
+    the engine idle and waits nothing (``trtllm-bench latency`` sends one at a time)."""
+    if running <= 1:
+        return 0.0
+    return max(1, recv_interval) * step_s / 2.0
+
+
+def prefill_queue_wait_s(prefill_share: float, busy_s: float) -> float:
+    """Mean wait for the prefills queued ahead: Pollaczek-Khinchine for deterministic service
+    (M/D/1, Kleinrock §5.5), ``W = rho S / (2 (1 - rho))`` with ``S`` the instance time one
+    prompt's prefill occupies and ``rho`` the share of instance time spent prefilling."""
+    rho = min(max(prefill_share, 0.0), MAX_PREFILL_SHARE)
+    return rho * busy_s / (2.0 * (1.0 - rho))
+
+
+def burst_wait_s(in_flight: int, waves: float | None, busy_s: float) -> float:
+    """Mean extra wait of a burst: ``in_flight`` requests arrive together at an idle instance
+    and are prefilled one after another, the k-th after ``k - 1`` others, mean
+    ``(C - 1) / 2`` prefills; the burst is the first of ``waves`` requests per slot (the
+    client sends ``C * waves``), so the mean over all requests carries ``1 / waves`` of it.
+    None: no burst (steady arrivals)."""
+    if waves is None or in_flight <= 1:
+        return 0.0
+    return (in_flight - 1) / 2.0 * busy_s / max(1.0, waves)
+
+
+@dataclass(frozen=True)
+class TtftParts:
+    """Time to first token and its parts, seconds (module docstring, items 1-6)."""
+
+    slot_queue_s: float
+    pickup_s: float
+    balance_wait_s: float
+    prefill_queue_s: float
+    burst_s: float
+    prefill_s: float
+    ride_along_s: float
+
+    @property
+    def total_s(self) -> float:
+        return (self.slot_queue_s + self.pickup_s + self.balance_wait_s + self.prefill_queue_s
+                + self.burst_s + self.prefill_s + self.ride_along_s)
+
+
+@dataclass(frozen=True)
+class TtftInputs:
+    """What one instance's TTFT depends on (times in seconds)."""
+
+    engine: str
+    prompt_tokens: float   # computed prompt tokens of one request
+    budget: int            # max_num_batched_tokens / chunked_prefill_size / max_num_tokens
+    running: int           # requests in the running batch
+    step_decodes: int      # running decodes in the step of the rank that prefills the prompt
+    in_flight: int         # requests in the instance (running + queued)
+    prefill_alone_s: float  # the prompt prefilled alone (all chunks, all stages)
+    busy_s: float          # instance time one prompt's prefill occupies under load
+    step_s: float          # one decode step of the running batch
+    ride_s: float          # what the running decodes add to a step beside a prefill chunk
+    cycle_s: float         # time for the running batch to turn over once (osl steps + prefills)
+    slot_queue_s: float = 0.0
+    recv_interval: int = 1
+    balance_wait_iters: int = 0
+    burst_waves: float | None = None
+
+
+def ttft_parts(x: TtftInputs) -> TtftParts:
+    """TTFT of a request in steady state, plus the burst share (module docstring)."""
+    mixed = MIXED_PREFILL.get(x.engine, True)
+    chunks = chunk_iterations(x.prompt_tokens, x.budget, x.step_decodes, mixed)
+    busy_share = x.running * x.busy_s / x.cycle_s if x.cycle_s > 0 else 0.0
+    alone = x.running <= 1
+    return TtftParts(
+        slot_queue_s=x.slot_queue_s,
+        pickup_s=pickup_wait_s(x.running, x.step_s, x.recv_interval),
+        balance_wait_s=0.0 if alone else x.balance_wait_iters * x.step_s,
+        prefill_queue_s=0.0 if alone else prefill_queue_wait_s(busy_share, x.busy_s),
+        burst_s=burst_wait_s(x.in_flight, x.burst_waves, x.busy_s),
+        prefill_s=x.prefill_alone_s,
+        ride_along_s=chunks * x.ride_s if mixed and not alone else 0.0,
+    )
