@@ -42,6 +42,8 @@ class RunSetup:
     cpu_offloading: bool | None
     cpu_offloading_num_layers: int | None
     fsdp: bool | None
+    #: Megatron-FSDP ``data_parallel_sharding_strategy`` of an FSDP recipe (None: unstated)
+    fsdp_sharding: str | None
     cuda_graphs: bool | None
     cuda_graph_scope: tuple[str, ...]
     fp8_param_gather: bool | None
@@ -150,6 +152,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         cpu_offloading=_flag(cell.get("cpu_offloading", "")),
         cpu_offloading_num_layers=_int(cell.get("cpu_offloading_num_layers", "")),
         fsdp=_flag(cell.get("fsdp", "")),
+        fsdp_sharding=cell.get("fsdp_sharding", "").strip() or None,
         cuda_graphs=(None if not graphs else graphs not in ("none", "false", "no")),
         cuda_graph_scope=graph_scope(cell.get("cuda_graph_scope", "")),
         fp8_param_gather=_flag(cell.get("fp8_param_gather", "")),
@@ -240,6 +243,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
     train: dict[str, object] = {}
     if setup.fsdp is not None:
         train["fsdp"] = setup.fsdp
+    if setup.fsdp and setup.fsdp_sharding is not None:
+        train["fsdp_strategy"] = setup.fsdp_sharding
     if setup.recompute == "selective" and setup.recompute_modules:
         train["recompute_modules"] = setup.recompute_modules
     # Only Megatron's block method counts recomputed layers; with the uniform method
