@@ -4,7 +4,9 @@ Engines run all experts of a layer in one fused grouped kernel per projection (v
 ``fused_moe``: tokens sorted by expert, "moe_align_block_size" pads each expert's rows to the
 kernel's block and gives an expert with no token no block; TensorRT-LLM's CUTLASS MoE
 grouped GEMM likewise), so a step pays for the touched experts' rows, padded to the MMA
-tile, at the GEMM rate of the kernel; not a fixed launch time per expert.
+tile, at the GEMM rate of the kernel; not a fixed launch time per expert.  That rate depends
+on the per-expert GEMM shape (:func:`tile_shape_efficiency`: N tile quantization, each tile's
+fixed cost against its depth K, wave quantization over the SMs).
 
 >>> round(expected_touched_share(8, 128, 1), 4)     # one token touches its top-8 of 128
 0.0625

@@ -30,6 +30,12 @@ The first token is streamed as soon as it is sampled on all three engines: SGLan
 creates a response at ``py_decoding_iter == 1`` whatever ``stream_interval``
 (tensorrt_llm/_torch/pyexecutor/py_executor.py ``_handle_responses``).  So the streaming
 interval adds nothing to TTFT (it shows in the inter-token latency only).
+
+Provenance: the InferenceX scripts and bench_serving are read at InferenceX commit
+``1fc5d73cdd31c7fbdd657f3c7e5ec2180f4b0598`` (TensorRT-LLM script at ``1825e7f0``); the
+SGLang, TensorRT-LLM and vLLM files named above were read from the public sources in the
+project's code index, whose copies do not record their commit, so they are not pinned to
+the exact releases the measured runs used (SGLang 0.5.6, TensorRT-LLM 1.2.0rc2, vLLM 0.13).
 """
 
 from __future__ import annotations
