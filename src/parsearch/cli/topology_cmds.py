@@ -108,7 +108,8 @@ def _fabric_summary(fabric: Fabric) -> dict[str, Any]:
             "leaf_uplink_share": _finite(fabric.leaf_uplink_share_Bps.min()) if n else None,
             "pod_uplink_share": _finite(fabric.pod_uplink_share_Bps.min()) if n else None,
         },
-        "efficiency": {"nvlink": c.nvlink_efficiency, "network": c.network_efficiency},
+        "efficiency": {"nvlink": c.nvlink_efficiency, "network": c.network_efficiency,
+                       "network_collectives": c.collective_efficiency},
         "latency_us": {k: v * 1e6 for k, v in fabric.tier_latency_s.items()},
     }
 
@@ -161,6 +162,10 @@ def run_cluster_show(args: argparse.Namespace) -> int:
         rows.append(("core", share, n_eff, share * n_eff, summary["latency_us"]["core"]))
     print_table(("tier", "line GB/s per GPU", "efficiency", "achievable GB/s", "latency us"),
                 rows)
+    if cluster.collective_efficiency != cluster.network_efficiency:
+        print(f"data-parallel collectives across nodes run at {cluster.collective_efficiency:g} "
+              "of line rate (network_collective_efficiency; sends at "
+              f"{cluster.network_efficiency:g})")
     return 0
 
 
