@@ -42,6 +42,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("grad bytes", {"grad_bytes": 2.0}, {}),
     ("optimizer bytes", {"optimizer_bytes": 8.0}, {}),
     ("odd optimizer bytes", {"optimizer_bytes": 10.0}, {}),
+    ("bf16 moments", {}, {"bf16_moments": True}),
     ("recompute layers", {"recompute_num_layers": 2}, {}),
     ("recompute modules", {"recompute_modules": ("core_attn", "mlp")}, {}),
     ("offload", {"activation_offload_layers": 2}, {}),

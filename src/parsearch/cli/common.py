@@ -152,9 +152,17 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                      help="with recompute=full: recompute only the first N layers of each "
                      "model chunk (Megatron --recompute-method block); default all")
     mem.add_argument("--recompute-modules", type=choice_list(RECOMPUTE_MODULES),
-                     default=("core_attn",), metavar="LIST",
+                     default=None, metavar="LIST",
                      help="with recompute=selective: modules to recompute among "
-                     f"{','.join(RECOMPUTE_MODULES)} (default core_attn)")
+                     f"{','.join(RECOMPUTE_MODULES)} (default: chosen per layout, the first "
+                     "of core_attn, +moe_act,layernorm, +mla_up_proj, +shared_experts, "
+                     "+mlp,moe that fits)")
+    mem.add_argument("--bf16-moments", action=argparse.BooleanOptionalAction, default=None,
+                     help="Adam moments in BF16 (Megatron --use-precision-aware-optimizer "
+                     "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16: 8 bytes of optimizer "
+                     "state per parameter instead of 12; distributed optimizer only); default: "
+                     "chosen per layout only where it is needed to fit or saves >= 1%% of "
+                     "the step")
     mem.add_argument("--activation-offload-layers", type=non_negative_int, default=0,
                      metavar="K", help="offload the activations of the first K layers of "
                      "each model chunk to host memory (default 0)")
@@ -256,8 +264,11 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        metavar="F", help="share of GPU memory a layout must leave free to "
                        "count as fitting (default 0.05: allocator fragmentation and "
                        "workspaces the memory model does not count)")
-    group.add_argument("--fp8-param-gather", action="store_true",
-                       help="FP8 primary weights: no BF16 weight copy, FP8 parameter all-gather")
+    group.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction,
+                       default=None, help="FP8 primary weights (Megatron --fp8-param-gather; "
+                       "--precision fp8/fp4 only): no BF16 weight copy, FP8 parameter "
+                       "all-gather; default: chosen per layout only where it is needed to fit "
+                       "or saves >= 1%% of the step")
 
 
 def _fraction(text: str) -> float:
@@ -301,14 +312,14 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
         distributed_optimizer=args.distributed_optimizer,
         weight_bytes=args.weight_bytes,
         grad_bytes=args.grad_bytes,
-        optimizer_bytes=args.optimizer_bytes,
+        optimizer_bytes=(8.0 if getattr(args, "bf16_moments", None) else args.optimizer_bytes),
         sequence_parallel=args.sequence_parallel,
         max_vpp=args.max_vpp,
         max_cp=getattr(args, "max_cp", None),
         fsdp=args.fsdp,
         fsdp_strategy=args.fsdp_strategy,
         recompute_num_layers=args.recompute_num_layers,
-        recompute_modules=tuple(args.recompute_modules),
+        recompute_modules=tuple(args.recompute_modules or ("core_attn",)),
         activation_offload_layers=args.activation_offload_layers,
     )
 
@@ -319,7 +330,10 @@ def searched_features(args: argparse.Namespace) -> tuple[str, ...]:
     if getattr(args, "no_feature_search", False):
         return ()
     return tuple(name for name in SEARCHABLE_FEATURES if getattr(args, name, None) is None
-                 and not (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ())))
+                 and not (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ()))
+                 # --optimizer-bytes other than 12 states the optimizer state: pinned
+                 and not (name == "bf16_moments"
+                          and getattr(args, "optimizer_bytes", 12.0) != 12.0))
 
 
 def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: TrainingSpec,
@@ -367,7 +381,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         moe_flex_backend=args.moe_flex_backend,
         memory_margin=args.memory_margin,
         param_gather_bytes=1.0 if args.fp8_param_gather else 2.0,
-        memory=MemoryOptions(fp8_param_gather=args.fp8_param_gather,
+        memory=MemoryOptions(fp8_param_gather=bool(args.fp8_param_gather),
                              moe_imbalance=args.moe_imbalance or 1.0),
     )
     return build_cost_model(model, training, fabric, profile=profile,

@@ -204,6 +204,10 @@ def feature_label(plan: Any) -> str:
     if plan.cuda_graphs:
         scope = ",".join(_SCOPE_SHORT.get(s, s) for s in plan.cuda_graph_scope)
         parts.append("cg" + (f":{scope}" if scope else ""))
+    if plan.recompute_granularity == "selective" and plan.recompute_modules != ("core_attn",):
+        parts.append("rc:" + ",".join(plan.recompute_modules))  # memory_features.py
+    parts += [label for on, label in ((plan.moment_dtype == "bf16", "bf16-moments"),
+                                      (plan.fp8_param_gather, "fp8-gather")) if on]
     return "+".join(parts) or "-"
 
 
@@ -224,9 +228,13 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
     print_table(headers, rows)
     print(("features: the token dispatcher (flex: DeepEP/HybridEP), +a2a: EP all-to-all "
            "overlap, +shexp: shared-expert overlap; " if moe else "features: ")
-          + "cg: CUDA graphs of whole layers, cg:attn,router,pre: of those parts; chosen per "
-          "layout unless given (" + ("--moe-dispatcher, --[no-]moe-a2a-overlap, " if moe else "")
-          + "--[no-]cuda-graphs, --cuda-graph-scope)")
+          + "cg: CUDA graphs of whole layers, cg:attn,router,pre: of those parts; rc: selective "
+          "recompute modules beyond core_attn; bf16-moments: BF16 Adam moments; fp8-gather: "
+          "FP8 parameter gather (these two change numerics: chosen only to fit or for >= 1% "
+          "speed); chosen per layout unless given ("
+          + ("--moe-dispatcher, --[no-]moe-a2a-overlap, " if moe else "")
+          + "--[no-]cuda-graphs, --cuda-graph-scope, --recompute-modules, --[no-]bf16-moments, "
+          "--[no-]fp8-param-gather)")
     if precision != "bf16":
         print(f"mfu%: model FLOPs over the GPU's dense BF16 peak; {precision} GEMMs run at a "
               "higher peak, so it can pass what a BF16 run could reach.")

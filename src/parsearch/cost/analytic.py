@@ -42,6 +42,14 @@ from parsearch.cost.feature_search import (
 )
 from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
+from parsearch.cost.memory_features import (
+    apply_setting,
+    effective_training,
+    optimizer_step_bytes,
+    score_memory_features,
+    searches_memory_features,
+    setting_of,
+)
 from parsearch.cost.option_checks import check_precision_options
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import recompute_shares
@@ -223,6 +231,12 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     ``capacity_bytes``, ``slowest_stage``, ``peak_memory_stage``.
     ``with_memory=False`` skips the memory model (time only).
     """
+    if searches_memory_features(cm):  # recompute modules, BF16 moments, FP8 gather per layout
+        return score_memory_features(cm, cols, with_memory, score_columns,
+                                     usable_memory_bytes(cm.fabric.gpu, cm.options))
+    training = effective_training(cm.training, cm.options)  # the memory features chosen
+    if training is not cm.training:
+        cm = replace(cm, training=training)
     if searches_graphs(cm):  # CUDA graphs chosen per layout, then the rest (feature_search.py)
         return score_graph_levels(cm, cols, with_memory, score_columns)
     if cm.variants and with_memory:
@@ -278,7 +292,8 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
         ((pcols["dp"] * pcols["cp"]).astype(np.float64), pcols["edp"].astype(np.float64)),
         grad_bytes=opt.grad_reduce_bytes, gather_bytes=opt.param_gather_bytes,
         distributed_optimizer=training.distributed_optimizer, fsdp=training.fsdp,
-        hbm_Bps=fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency)
+        hbm_Bps=fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency,
+        optimizer_step_bytes=optimizer_step_bytes(training))
     settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
                              cm.profile.step_overhead_s, cm.profile.comm_sm_share,
                              fsdp_weights_sharded=training.fsdp_strategy == "optim_grads_params")
@@ -425,9 +440,17 @@ def estimate_from_row(cm: CostModel, scores: dict[str, np.ndarray], i: int,
         peak_memory_stage=int(scores["peak_memory_stage"][i]),
         tokens_per_s_per_gpu_range=band.interval(predicted) if band else None,
         range_basis=band.method if band else "",
-        options=(cm.variants[int(scores["feature_variant"][i])] if "feature_variant" in scores
-                 else cm.options),
+        options=_row_options(cm, scores, i),
     )
+
+
+def _row_options(cm: CostModel, scores: dict[str, np.ndarray], i: int) -> CostOptions:
+    """The features row ``i`` was priced with (a searched feature: the one chosen)."""
+    options = (cm.variants[int(scores["feature_variant"][i])] if "feature_variant" in scores
+               else cm.options)
+    if "memory_setting" in scores:
+        options = apply_setting(options, setting_of(cm, int(scores["memory_setting"][i])))
+    return options
 
 
 def estimate(cm: CostModel, layout: Layout) -> Estimate:

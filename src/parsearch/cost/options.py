@@ -35,7 +35,8 @@ FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
 #: Features the search may choose per layout (``CostOptions.search_features``;
 #: :mod:`parsearch.cost.feature_search`).
 SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
-                                        "moe_shared_expert_overlap", "cuda_graphs")
+                                        "moe_shared_expert_overlap", "cuda_graphs",
+                                        "recompute_modules", "bf16_moments", "fp8_param_gather")
 #: Megatron-Core ``--cuda-graph-impl`` values (besides ``none``) the model prices:
 #: per-layer graphs from Transformer Engine's ``make_graphed_callables`` or Megatron's own
 #: ``CudaGraphManager``, or one graph of the whole forward-backward (``full_iteration``).
@@ -117,6 +118,11 @@ class CostOptions:
       every feature as given.
     * ``moe_dispatchers_available``: the dispatchers the software stack has, which a
       searched dispatcher is chosen among (:mod:`parsearch.cost.stacks`).
+    * ``recompute_modules``: the selective recompute modules priced (``None``: the training
+      spec's); ``bf16_moments``: Adam moments in BF16 (precision-aware optimizer, 8 bytes of
+      optimizer state per parameter instead of the training spec's 12).  Both are set by the
+      memory-feature search (:mod:`parsearch.cost.memory_features`), which applies them to
+      the training spec it prices.
     """
 
     causal: bool = True
@@ -148,6 +154,8 @@ class CostOptions:
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     search_features: tuple[str, ...] = ()
     moe_dispatchers_available: tuple[str, ...] = MOE_DISPATCHERS
+    recompute_modules: tuple[str, ...] | None = None
+    bf16_moments: bool = False
 
     def __post_init__(self) -> None:
         unknown_features = [f for f in self.search_features if f not in SEARCHABLE_FEATURES]
@@ -231,6 +239,12 @@ class CostOptions:
             if not (math.isfinite(value) and value > 0):
                 raise SpecError(f"{name} must be a positive number of bytes, got {value!r}")
         self._route_memory()
+
+    @property
+    def fp8_param_gather(self) -> bool:
+        """FP8 primary weights (``--fp8-param-gather``): the memory model's switch, named as
+        the searched feature."""
+        return self.memory.fp8_param_gather
 
     def _route_memory(self) -> None:
         """Give the memory model the routing the time model prices: one router loads the

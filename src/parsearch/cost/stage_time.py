@@ -100,6 +100,7 @@ def stage_coefficients(
     distributed_optimizer: bool,
     fsdp: bool,
     hbm_Bps: float,
+    optimizer_step_bytes: float = OPTIMIZER_STEP_BYTES,
 ) -> StageCoefficients:
     """Fold the unit prices and parameters of every price row into stage coefficients.
 
@@ -147,7 +148,8 @@ def stage_coefficients(
     shards_dense, shards_expert = shards
     if not (distributed_optimizer or fsdp):
         shards_dense = shards_expert = np.ones(n)
-    block(_OPT)[:] = ((dense / shards_dense + expert / shards_expert) * OPTIMIZER_STEP_BYTES
+    # bytes per parameter: OPTIMIZER_STEP_BYTES, 22 with BF16 Adam moments (memory_features.py)
+    block(_OPT)[:] = ((dense / shards_dense + expert / shards_expert) * optimizer_step_bytes
                       / hbm_Bps)
     table[_BLOCKS * u] = pp_send
     return StageCoefficients(table, u)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parsearch.cost.communication import flex_backend, shared_expert_overlap_on
+from parsearch.cost.memory_features import effective_training
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
@@ -137,6 +138,9 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
          + (f" ({', '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope
             else " (full iteration)" if plan.cuda_graph_impl == "full_iteration"
             else " (whole layers)")),
+        (plan.moment_dtype == "bf16", "BF16 Adam moments (precision-aware optimizer)"),
+        (plan.recompute_granularity == "selective",
+         f"selective recompute ({', '.join(plan.recompute_modules)})"),
         (plan.fsdp, "Megatron-FSDP"),
         (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers)"),
         (not plan.flash_attention, "unfused attention"),
@@ -255,6 +259,8 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
                 fp8_recipe: str = "auto") -> LaunchPlan:
     """Resolve what the cost model priced for ``layout`` into launch switches."""
     opt = options if options is not None else CostOptions()
+    # the memory features the search chose (recompute modules, BF16 moments) as priced
+    training = effective_training(training, opt)
     lay = layout
     pipeline, per_stage = _pipeline(model, training, lay)
     granularity, method, rec_layers, modules = _recompute(training, lay)

@@ -50,6 +50,7 @@ from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.feature_search import graph_rank
 from parsearch.cost.memory import memory_arrays
+from parsearch.cost.memory_features import least_memory
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
 from parsearch.cost.unit_prices import cached_unit_compute, process_groups, stage_features
@@ -276,6 +277,7 @@ def _group_memory_floor(cm: CostModel,
                         cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`memory_floor` per ``(shape, vpp)`` group, and each row's group."""
     rep, inverse = _groups(cols, (*SHAPE_AXES, "vpp"))
+    cm = least_memory(cm)  # searched memory features: the state of the setting holding least
     r = wide_columns({k: np.asarray(v)[rep] for k, v in cols.items()})
     mem = memory_arrays(cm.model, cm.training, r["tp"], r["cp"], r["pp"], r["ep"], r["etp"],
                         r["vpp"], r["mbs"], r["dp"], r["edp"], r["recompute"], r["sp"],

@@ -39,6 +39,15 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.feature_search import searches_graphs
 from parsearch.cost.memory import MemoryOptions, memory_arrays
+from parsearch.cost.memory_features import (
+    first_fitting,
+    least_memory,
+    memory_settings,
+    needs_full_choice,
+    numerics_penalty,
+    searches_memory_features,
+    with_setting,
+)
 from parsearch.errors import SpecError
 from parsearch.layout.rules import rule_context
 from parsearch.layout.space import AXIS_ORDER, LayoutTable, axis_candidates
@@ -149,9 +158,10 @@ def scan_table(cm: CostModel, table: LayoutTable, *, considered: int | None = No
     for start in range(0, len(table), chunk_rows):
         stop = min(start + chunk_rows, len(table))
         chunk = {k: v[start:stop] for k, v in table.columns.items()}
-        if rows is None:
-            fits = np.nonzero(fitting_mask(cm.model, cm.training, cm.options.memory, hbm,
-                                           chunk))[0]
+        if rows is None:  # under the setting holding the least (searched memory features)
+            least = least_memory(cm)
+            fits = np.nonzero(fitting_mask(least.model, least.training, least.options.memory,
+                                           hbm, chunk))[0]
         else:
             fits = rows[(rows >= start) & (rows < stop)] - start
         if len(fits):
@@ -206,8 +216,102 @@ def _peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.asarray(mem.total, dtype=np.float64).reshape(-1)
 
 
+def _quick_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
+                         timed: dict[str, np.ndarray], variant: np.ndarray | None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """With memory features searched (:mod:`~parsearch.cost.memory_features`): ``timed``
+    holds the time-only scores under the base setting (pinned numerics, cheapest recompute
+    set).  Where that setting fits with the row's fastest feature set and no numerics
+    feature can save :data:`NUMERICS_MIN_GAIN`, it is the choice (memory only); rows that
+    fit under no setting stay out.  Returns memory, tokens/s and the positions still to be
+    chosen by :func:`_full_memory_choice`."""
+    n = len(cols["tp"])
+    if not n:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    base = with_setting(cm, memory_settings(cm)[0][0])
+    total = _variant_memory(base, cols, variant)
+    tokens = np.array(timed["tokens_per_s"], dtype=np.float64, copy=True)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    full = np.nonzero(needs_full_choice(cm, timed, total <= hbm))[0]
+    if len(full):  # those that fit under no setting (the least-memory one) stay out
+        least = _peak_memory(least_memory(cm), {k: v[full] for k, v in cols.items()})
+        total[full] = np.inf
+        full = full[least <= hbm]
+    return total, tokens, full
+
+
+def _full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
+                        timed: dict[str, np.ndarray], threshold: float = -np.inf
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Memory and tokens/s of rows the base setting may not be the choice of: priced per
+    numerics combination at their first fitting recompute set (time first, then memory as
+    :func:`_memory_and_tokens` prices it); each keeps the fastest that fits, a numerics
+    combination only where needed to fit or :data:`NUMERICS_MIN_GAIN` faster.  Rows whose
+    time is below ``threshold`` cannot enter the answer and are not priced further."""
+    n = len(cols["tp"])
+    settings = memory_settings(cm)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    best_tokens = np.full(n, -np.inf)
+    best_total = np.full(n, np.inf)
+    best_numerics = np.zeros(n, dtype=np.int64)
+    best_weighed = np.full(n, -np.inf)
+    firsts = [first_fitting(cm, chain, cols, hbm) for chain in settings]
+    best_k = firsts[0].copy()
+    for ci, chain in enumerate(settings):
+        numerics = chain[0].numerics
+        fitting = firsts[ci] < len(chain)  # fits somewhere along the chain
+        if ci:  # a numerics combination: where the base fits nowhere, the best so far
+            # changes numerics too, this one fits with less recompute, or it may save enough
+            fitting &= (~np.isfinite(best_tokens) | (best_numerics > 0) | (firsts[ci] < best_k)
+                        | needs_full_choice(cm, timed, np.ones(n, dtype=bool)))
+        rows = np.nonzero(fitting)[0]
+        for index in np.unique(firsts[ci][rows]):
+            group = rows[firsts[ci][rows] == index]
+            priced = with_setting(cm, chain[int(index)])
+            g_cols = {k: v[group] for k, v in cols.items()}
+            g_timed = score_columns(priced, g_cols, with_memory=False)
+            g_tokens = np.asarray(g_timed["tokens_per_s"], dtype=np.float64)
+            fast = np.nonzero(g_tokens >= threshold)[0]
+            g_total = np.full(len(group), np.inf)
+            if len(fast):
+                g_variant = g_timed.get("feature_variant")
+                g_total[fast], g_tokens[fast] = _memory_and_tokens(
+                    priced, {k: v[fast] for k, v in g_cols.items()}, g_tokens[fast],
+                    None if g_variant is None else np.asarray(g_variant)[fast])
+            # each numerics-changing feature weighed as NUMERICS_MIN_GAIN of the step
+            weighed = g_tokens / numerics_penalty(numerics)
+            take = (g_total <= hbm) & (~np.isfinite(best_weighed[group])
+                                       | (weighed > best_weighed[group]))
+            where = group[take]
+            best_weighed[where] = weighed[take]
+            best_k[where] = index
+            best_tokens[where] = g_tokens[take]
+            best_total[where] = g_total[take]
+            best_numerics[where] = numerics
+    return best_total, best_tokens
+
+
+def _variant_memory(cm: CostModel, cols: dict[str, np.ndarray],
+                    variant: np.ndarray | None) -> np.ndarray:
+    """Peak bytes per GPU of each layout under its feature set ``variant`` (an index into
+    ``cm.variants``; ``None``: ``cm.options``)."""
+    if not cm.variants or variant is None:
+        return _peak_memory(cm, cols)
+    total = np.zeros(len(variant))
+    memory = [v.memory for v in cm.variants]
+    for options in dict.fromkeys(memory):  # one memory model per distinct memory options
+        rows = np.nonzero(np.isin(variant, [i for i, m in enumerate(memory) if m == options]))[0]
+        if len(rows):
+            owner = cm.variants[memory.index(options)]
+            total[rows] = _peak_memory(replace(cm, options=owner, variants=()),
+                                       {k: v[rows] for k, v in cols.items()})
+    return total
+
+
 def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.ndarray,
-                       variant: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                       variant: np.ndarray | None,
+                       timed: dict[str, np.ndarray] | None = None,
+                       threshold: float = -np.inf) -> tuple[np.ndarray, np.ndarray]:
     """Peak bytes per GPU and tokens/s of layouts whose time-only tokens/s is ``tokens``.
 
     Without feature sets to choose from, the memory model alone (the time is already
@@ -217,6 +321,13 @@ def _memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nd
     sets without the overlap (the fastest that fits; never faster than the time-only
     number).
     """
+    if timed is not None and searches_memory_features(cm):
+        total, tokens, full = _quick_memory_choice(cm, cols, timed, variant)
+        if len(full):
+            total[full], tokens[full] = _full_memory_choice(
+                cm, {k: v[full] for k, v in cols.items()},
+                {k: v[full] for k, v in timed.items()}, threshold)
+        return total, tokens
     if not cm.variants or variant is None:
         return _peak_memory(cm, cols), tokens
     if not len(cols["tp"]):
@@ -249,14 +360,7 @@ def _graph_level_memory(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.n
     memory under its fastest set (its graph level's static buffers included); those it
     does not fit are scored again, choosing among the sets that fit
     (:func:`~parsearch.cost.feature_search.score_graph_levels`)."""
-    total = np.zeros(len(variant))
-    memory = [v.memory for v in cm.variants]
-    for options in dict.fromkeys(memory):  # one memory model per distinct memory options
-        rows = np.nonzero(np.isin(variant, [i for i, m in enumerate(memory) if m == options]))[0]
-        if len(rows):
-            owner = cm.variants[memory.index(options)]
-            total[rows] = _peak_memory(replace(cm, options=owner, variants=()),
-                                       {k: v[rows] for k, v in cols.items()})
+    total = _variant_memory(cm, cols, variant)
     tokens = np.array(tokens, dtype=np.float64, copy=True)
     hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
     misfit = np.nonzero(total > hbm)[0]
@@ -327,6 +431,8 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     memory_out: list[np.ndarray] = []
     shapes_out: list[np.ndarray] = []
     k, start, block, threshold = 0, 0, max(1, first_rows), -np.inf
+    memory_features = searches_memory_features(cm)
+    deferred: list[np.ndarray] = []
     while k < len(order) and bound[order[k]] >= threshold:
         # shapes k..j-1: about `block` rows, none whose bound is already below the answer
         j = max(k + 1, int(np.searchsorted(ends, start + block, side="left")))
@@ -336,8 +442,11 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         chunk = {name: v[rows] for name, v in table.columns.items()}
         # time first, then memory only where the throughput can still enter the answer
         timed = score_columns(cm, chunk, with_memory=False) if len(rows) else {}
-        tokens = np.asarray(timed["tokens_per_s"]) if len(rows) else np.zeros(0)
+        # an upper bound where memory features may still change the time (memory_features.py)
+        tokens = (np.asarray(timed.get("tokens_per_s_bound", timed["tokens_per_s"]))
+                  if len(rows) else np.zeros(0))
         variant = timed.get("feature_variant")
+        choice_keys = ("tokens_per_s", "step_time_s", "time_dp_comm", "time_optimizer")
         # fastest first, in small batches, so the answer's bar rises before most memory is priced
         keep = np.nonzero(tokens >= threshold)[0]
         keep = keep[np.argsort(-tokens[keep], kind="stable")]
@@ -349,10 +458,16 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
             batch *= 2
             if not len(part):
                 break  # sorted: the rest are slower still
-            total, priced = _memory_and_tokens(cm, {name: v[part] for name, v in chunk.items()},
-                                               tokens[part],
-                                               None if variant is None
-                                               else np.asarray(variant)[part])
+            sub = {name: v[part] for name, v in chunk.items()}
+            part_variant = None if variant is None else np.asarray(variant)[part]
+            if memory_features:  # the rows needing the full choice wait for the block's end,
+                # when the bar is higher (memory_features.py)
+                total, priced, full = _quick_memory_choice(
+                    cm, sub, {key: np.asarray(timed[key])[part] for key in choice_keys},
+                    part_variant)
+                deferred.append(part[full])
+            else:
+                total, priced = _memory_and_tokens(cm, sub, tokens[part], part_variant)
             ok = (total <= hbm) & (priced >= threshold)
             fits = part[ok]
             if len(fits):
@@ -360,6 +475,20 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                 tokens_out.append(priced[ok])
                 memory_out.append(total[ok])
                 shapes_out.append(shape_of_row[rows[fits]])
+                threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
+        late = np.concatenate(deferred) if deferred else np.zeros(0, dtype=np.int64)
+        late = late[tokens[late] >= threshold]
+        deferred = []
+        if len(late):
+            total, priced = _full_memory_choice(
+                cm, {name: v[late] for name, v in chunk.items()},
+                {key: np.asarray(timed[key])[late] for key in choice_keys}, threshold)
+            ok = (total <= hbm) & (priced >= threshold)
+            if np.any(ok):
+                rows_out.append(rows[late[ok]])
+                tokens_out.append(priced[ok])
+                memory_out.append(total[ok])
+                shapes_out.append(shape_of_row[rows[late[ok]]])
                 threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
         if on_rows is not None:
             on_rows(int(ends[j - 1]) - start)
