@@ -227,7 +227,8 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        "chosen per layout")
     group.add_argument("--no-feature-search", action="store_true",
                        help="price every feature left unset at its fixed default (alltoall, "
-                       "no overlaps, no CUDA graphs) instead of choosing it per layout")
+                       "no overlaps, no CUDA graphs, recompute modules core_attn, FP32 Adam "
+                       "moments, BF16 parameter gather) instead of choosing it per layout")
     group.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction,
                        default=True, help="overlap the DP gradient reduce-scatter with "
                        "backward (default on)")

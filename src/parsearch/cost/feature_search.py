@@ -170,6 +170,11 @@ def runnable(options: CostOptions, cols: dict[str, np.ndarray],
     """Which layouts Megatron accepts ``options`` with (module docstring's preconditions;
     without ``training``, the CUDA-graph ones that depend on the layout only)."""
     ok = graphs_runnable(options, training, cols)
+    if (options.moe_shared_expert_overlap and training is not None
+            and "shared_experts" in training.recompute_modules):
+        # Megatron-Core TransformerConfig.__post_init__ (d98e8a64): "shared_experts recompute
+        # cannot work with --moe-shared-expert-overlap" (selective granularity only)
+        ok &= cols["recompute"] != RECOMPUTE_CODES["selective"]
     if options.moe_a2a_overlap:
         ok &= cols["ep"] > 1
         ok &= cols["recompute"] != RECOMPUTE_CODES["full"]

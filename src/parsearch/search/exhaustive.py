@@ -37,7 +37,7 @@ from parsearch.cost.analytic import (
     usable_memory_bytes,
     wide_columns,
 )
-from parsearch.cost.feature_search import searches_graphs
+from parsearch.cost.feature_search import graph_level, searches_graphs
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.cost.memory_features import (
     first_fitting,
@@ -369,10 +369,29 @@ def _graph_level_memory(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.n
         total[misfit] = least
         misfit = misfit[least <= hbm]
     if len(misfit):
-        scores = score_columns(cm, {k: v[misfit] for k, v in cols.items()})
-        total[misfit] = np.asarray(scores["mem_total"], dtype=np.float64)
-        tokens[misfit] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
+        # where no graph level fits even its least-memory set, only the eager sets can be
+        # chosen: scored among those alone (the same choice, one level instead of all)
+        sub = {k: v[misfit] for k, v in cols.items()}
+        eager = _no_graph_fits(cm, sub, hbm)
+        off = tuple(v for v in cm.variants if not v.cuda_graphs)
+        for rows, model in ((misfit[eager], replace(cm, options=off[0], variants=off)),
+                            (misfit[~eager], cm)):
+            if len(rows):
+                scores = score_columns(model, {k: v[rows] for k, v in cols.items()})
+                total[rows] = np.asarray(scores["mem_total"], dtype=np.float64)
+                tokens[rows] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
     return total, tokens
+
+
+def _no_graph_fits(cm: CostModel, cols: dict[str, np.ndarray], hbm: float) -> np.ndarray:
+    """Which layouts no CUDA-graph level of ``cm.variants`` fits, each level at its
+    least-memory set (without the all-to-all overlap's extra warm-up chunk)."""
+    fits = np.zeros(len(cols["tp"]), dtype=bool)
+    for level in dict.fromkeys(graph_level(v) for v in cm.variants if v.cuda_graphs):
+        sets = [v for v in cm.variants if graph_level(v) == level]
+        least = next((v for v in sets if not v.moe_a2a_overlap), sets[0])
+        fits |= _peak_memory(replace(cm, options=least, variants=()), cols) <= hbm
+    return ~fits
 
 
 def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bool = False,
