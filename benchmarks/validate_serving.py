@@ -394,24 +394,28 @@ def sweep_choice(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Layout choice inside the sweeps (held-out sources that run every TP/EP/attention-DP
     shape of a question): rows of one question (source, engine, model, GPU, precision,
     lengths, concurrency) on different layouts, ranked by output tokens/s per GPU.  Share
-    of questions whose measured best layout is parsearch's best too, and the measured
-    tokens/s per GPU of parsearch's pick over the measured best (1 = no loss)."""
+    of questions whose measured best layout is parsearch's best too, the measured
+    tokens/s per GPU of parsearch's pick over the measured best (1 = no loss), and the share
+    whose measured best is in the top 5 of parsearch's whole search for that question (a
+    sweep has no publisher's pick, so its measured best stands in for one)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         if r["ape"] is not None:
             groups[(r["source"], r["engine"], r["model"], r["gpu"], r["precision"], r["isl"],
                      r["osl"], r["concurrency"])].append(r)
-    hits, ratios = [], []
+    hits, ratios, in_top5 = [], [], []
     for rows in groups.values():
         if len(rows) < 2:
             continue
         best = max(rows, key=lambda r: r["measured"] / r["gpus"])
         pick = max(rows, key=lambda r: r["predicted"] / r["gpus"])
         hits.append(float(pick is best))
+        in_top5.append(float(bool(best["top5"])))
         ratios.append((pick["measured"] / pick["gpus"]) / (best["measured"] / best["gpus"]))
     return {"questions": len(hits), "best_agrees": _mean(hits),
             "pick_over_best": _mean(ratios),
-            "worst_pick_over_best": min(ratios) if ratios else None}
+            "worst_pick_over_best": min(ratios) if ratios else None,
+            "best_in_top5": _mean(in_top5)}
 
 
 def _pct(value: float | None) -> str:
@@ -500,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  layout choice in the sweeps: {c['questions']} questions, measured best is "
               f"parsearch's best in {_pct(c['best_agrees'])}; parsearch's pick reaches "
               f"{_pct(c['pick_over_best'])} of the best measured tokens/s per GPU on average "
-              f"(worst {_pct(c['worst_pick_over_best'])})")
+              f"(worst {_pct(c['worst_pick_over_best'])}); measured best in parsearch's top 5 "
+              f"in {_pct(c['best_in_top5'])}")
     return 0
 
 if __name__ == "__main__":
