@@ -31,6 +31,7 @@ from parsearch.launch.plan import launch_plan, priced_features
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
+from parsearch.search.exhaustive import rank_feasible, scan_bounded, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
@@ -77,7 +78,7 @@ def cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     hbm = fabric.gpu.hbm_bytes
     margin = min(max(1.0 - target / hbm, 0.0), 0.999999999)
     cm = replace(cm, options=replace(cm.options, memory_margin=margin))
-    return cm, cols
+    return cm, cols, table
 
 
 def _priced(cm, setting, cols):  # type: ignore[no-untyped-def]
@@ -89,7 +90,7 @@ def _priced(cm, setting, cols):  # type: ignore[no-untyped-def]
 def test_memory_never_grows_and_time_never_shrinks_along_the_chain(case) -> None:  # type: ignore[no-untyped-def]
     """Each set of the chain holds the previous one: its selective layouts hold at most the
     activations and re-run at least the work, so the first set that fits is the fastest."""
-    cm, cols = case
+    cm, cols, _ = case
     selective = np.asarray(cols["recompute"]) == RECOMPUTE_CODES["selective"]
     assume(selective.any())
     cols = {k: v[selective] for k, v in cols.items()}
@@ -108,7 +109,7 @@ def test_the_chosen_setting_is_never_beaten_by_a_fitting_one(case) -> None:  # t
     """Against every setting Megatron runs (each numerics combination at every chain set):
     the choice fits where any fits, and no fitting setting is faster (a setting with more
     numerics-changing features only by less than NUMERICS_MIN_GAIN)."""
-    cm, cols = case
+    cm, cols, _ = case
     chosen = score_columns(cm, cols)
     picked = [setting_of(cm, int(i)) for i in chosen["memory_setting"]]
     for combo in memory_settings(cm):
@@ -128,7 +129,7 @@ def test_preconditions_are_never_violated(case) -> None:  # type: ignore[no-unty
     """BF16 moments only with Adam and the distributed optimizer (Megatron-Core
     optimizer/__init__.py at d98e8a64); FP8 gather only in FP8/FP4 with the distributed
     optimizer (arguments.py); recompute modules only where the model has them."""
-    cm, cols = case
+    cm, cols, _ = case
     chosen = score_columns(cm, cols)
     model, training = cm.model, cm.training
     for i in np.asarray(chosen["memory_setting"]):
@@ -149,7 +150,7 @@ def test_preconditions_are_never_violated(case) -> None:  # type: ignore[no-unty
 @given(cases(), st.sets(st.sampled_from(MEMORY_FEATURES)))
 def test_pinned_features_stay_as_given(case, pinned) -> None:  # type: ignore[no-untyped-def]
     """A feature left out of the search keeps its given value in every chosen setting."""
-    cm, cols = case
+    cm, cols, _ = case
     options = replace(cm.options, search_features=tuple(f for f in MEMORY_FEATURES
                                                         if f not in pinned))
     cm = replace(cm, options=options)
@@ -239,3 +240,18 @@ def test_launch_plan_applies_the_chosen_setting() -> None:
     text = " ".join(args)
     assert "--recompute-modules core_attn moe_act" in text
     assert any("BF16 Adam moments" in f for f in priced_features(plan))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=SLOW)
+@given(cases(), st.integers(1, 5), st.booleans())
+def test_bounded_scan_chooses_as_the_full_scan(case, top: int, diverse: bool) -> None:  # type: ignore[no-untyped-def]
+    """The bounded search (memory-only check where the pinned setting fits, the rest priced
+    at the block's end) finds the layouts, speeds and memory of the full scan."""
+    cm, _, table = case
+    full = scan_table(cm, table)
+    bounded = scan_bounded(cm, table, top=top, diverse=diverse, first_rows=1)
+    picks_full = rank_feasible(full, top=top, diverse=diverse)
+    picks = rank_feasible(bounded, top=top, diverse=diverse)
+    assert full.feasible_rows[picks_full].tolist() == bounded.feasible_rows[picks].tolist()
+    np.testing.assert_allclose(bounded.tokens_per_s[picks], full.tokens_per_s[picks_full],
+                               rtol=1e-9)
