@@ -80,6 +80,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
 NOT_LAUNCH_SETTINGS = {
     "memory_margin": "a safety margin on what counts as fitting; it does not change the run",
     "search_features": "which features the search chooses; the chosen ones are launched",
+    "chosen_features": "which memory features the search turned on; priced_features says so",
     "causal": "a property of the model's attention mask, fixed by the model",
     "memory": "memory-accounting knobs (fp8_param_gather is enumerated above)",
     "micro_batch_sizes": "candidate set; the layout's mbs is launched",

@@ -189,9 +189,18 @@ def memory_settings(cm: CostModel) -> tuple[tuple[MemorySetting, ...], ...]:
 
 
 def apply_setting(options: CostOptions, setting: MemorySetting) -> CostOptions:
-    """``options`` with ``setting`` applied, the memory features no longer searched."""
+    """``options`` with ``setting`` applied, the memory features no longer searched (those
+    the search turned on named in ``chosen_features``)."""
+    searched = set(options.search_features)
+    chosen = tuple(name for name, on in (
+        ("recompute_modules", "recompute_modules" in searched),
+        ("bf16_moments", setting.bf16_moments and not options.bf16_moments),
+        ("fp8_param_gather", setting.fp8_param_gather and not options.memory.fp8_param_gather))
+        if on and name in searched)
     return replace(
         options, recompute_modules=setting.recompute_modules, bf16_moments=setting.bf16_moments,
+        chosen_features=options.chosen_features + tuple(c for c in chosen
+                                                        if c not in options.chosen_features),
         param_gather_bytes=1.0 if setting.fp8_param_gather else options.param_gather_bytes,
         memory=replace(options.memory, fp8_param_gather=setting.fp8_param_gather),
         search_features=tuple(f for f in options.search_features if f not in MEMORY_FEATURES))

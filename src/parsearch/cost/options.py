@@ -122,7 +122,8 @@ class CostOptions:
       spec's); ``bf16_moments``: Adam moments in BF16 (precision-aware optimizer, 8 bytes of
       optimizer state per parameter instead of the training spec's 12).  Both are set by the
       memory-feature search (:mod:`parsearch.cost.memory_features`), which applies them to
-      the training spec it prices.
+      the training spec it prices; ``chosen_features`` names those of them it turned on
+      (so the output can say a numerics-changing feature was chosen, not given).
     """
 
     causal: bool = True
@@ -156,6 +157,7 @@ class CostOptions:
     moe_dispatchers_available: tuple[str, ...] = MOE_DISPATCHERS
     recompute_modules: tuple[str, ...] | None = None
     bf16_moments: bool = False
+    chosen_features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown_features = [f for f in self.search_features if f not in SEARCHABLE_FEATURES]

@@ -88,6 +88,9 @@ class LaunchPlan:
     # --cuda-graph-impl when cuda_graphs (per-layer transformer_engine / local, or one
     # full_iteration graph)
     cuda_graph_impl: str = "transformer_engine"
+    # memory features the search chose (not given): recompute_modules, bf16_moments,
+    # fp8_param_gather (cost/memory_features.py)
+    chosen_features: tuple[str, ...] = ()
 
 
 def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
@@ -118,7 +121,7 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
     named = (
         (plan.fp8_attention, "FP8 attention"),
         (plan.fp8_output_proj, "MXFP8 LM head"),
-        (plan.fp8_param_gather, "FP8 parameter gather"),
+        (plan.fp8_param_gather, "FP8 parameter gather" + _chosen(plan, "fp8_param_gather")),
         (plan.moe_dispatcher is not None,
          f"{plan.moe_dispatcher} dispatcher"
          + (f" ({plan.flex_backend})" if plan.flex_backend else "")),
@@ -138,7 +141,8 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
          + (f" ({', '.join(plan.cuda_graph_scope)})" if plan.cuda_graph_scope
             else " (full iteration)" if plan.cuda_graph_impl == "full_iteration"
             else " (whole layers)")),
-        (plan.moment_dtype == "bf16", "BF16 Adam moments (precision-aware optimizer)"),
+        (plan.moment_dtype == "bf16", "BF16 Adam moments (precision-aware optimizer)"
+         + _chosen(plan, "bf16_moments")),
         (plan.recompute_granularity == "selective",
          f"selective recompute ({', '.join(plan.recompute_modules)})"),
         (plan.fsdp, "Megatron-FSDP"),
@@ -146,6 +150,13 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (not plan.flash_attention, "unfused attention"),
     )
     return tuple(out + [text for on, text in named if on])
+
+
+def _chosen(plan: LaunchPlan, feature: str) -> str:
+    """" (chosen ...)" where the search turned a numerics-changing feature on."""
+    return (" (chosen by the search: needed to fit or >= 1% faster; changes numerics, pin "
+            "it off with --no-" + feature.replace("_", "-") + ")"
+            if feature in plan.chosen_features else "")
 
 
 def pipeline_layout_string(model: ModelSpec, pp: int, vpp: int, split: str) -> str | None:
@@ -378,6 +389,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         conflicts=tuple(conflicts),
         megatron_lm_gaps=tuple(gaps),
         cuda_graph_impl=opt.cuda_graph_impl,
+        chosen_features=opt.chosen_features,
     )
 
 
