@@ -267,17 +267,9 @@ def _full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
         rows = np.nonzero(fitting)[0]
         for index in np.unique(firsts[ci][rows]):
             group = rows[firsts[ci][rows] == index]
-            priced = with_setting(cm, chain[int(index)])
-            g_cols = {k: v[group] for k, v in cols.items()}
-            g_timed = score_columns(priced, g_cols, with_memory=False)
-            g_tokens = np.asarray(g_timed["tokens_per_s"], dtype=np.float64)
-            fast = np.nonzero(g_tokens >= threshold)[0]
-            g_total = np.full(len(group), np.inf)
-            if len(fast):
-                g_variant = g_timed.get("feature_variant")
-                g_total[fast], g_tokens[fast] = _memory_and_tokens(
-                    priced, {k: v[fast] for k, v in g_cols.items()}, g_tokens[fast],
-                    None if g_variant is None else np.asarray(g_variant)[fast])
+            g_total, g_tokens = _price_group(with_setting(cm, chain[int(index)]),
+                                             {k: v[group] for k, v in cols.items()},
+                                             threshold, hbm)
             # each numerics-changing feature weighed as NUMERICS_MIN_GAIN of the step
             weighed = g_tokens / numerics_penalty(numerics)
             take = (g_total <= hbm) & (~np.isfinite(best_weighed[group])
@@ -289,6 +281,36 @@ def _full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
             best_total[where] = g_total[take]
             best_numerics[where] = numerics
     return best_total, best_tokens
+
+
+def _price_group(cm: CostModel, cols: dict[str, np.ndarray], threshold: float, hbm: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Memory and tokens/s of layouts under one memory setting: time first, then memory
+    where the time can enter the answer (as :func:`scan_bounded` prices a block).  With CUDA
+    graphs searched, layouts that no graph level fits are priced among the eager feature
+    sets alone (the choice the graph search would make, at one level's cost)."""
+    n = len(cols["tp"])
+    total, tokens = np.full(n, np.inf), np.zeros(n)
+    parts = [(np.arange(n), cm)]
+    if searches_graphs(cm):
+        eager = _no_graph_fits(cm, cols, hbm)
+        off = tuple(v for v in cm.variants if not v.cuda_graphs)
+        parts = [(np.nonzero(eager)[0], replace(cm, options=off[0], variants=off)),
+                 (np.nonzero(~eager)[0], cm)]
+    for rows, model in parts:
+        if not len(rows):
+            continue
+        sub = {k: v[rows] for k, v in cols.items()}
+        timed = score_columns(model, sub, with_memory=False)
+        tokens[rows] = np.asarray(timed["tokens_per_s"], dtype=np.float64)
+        fast = rows[tokens[rows] >= threshold]
+        if len(fast):
+            variant = timed.get("feature_variant")
+            at = np.searchsorted(rows, fast)
+            total[fast], tokens[fast] = _memory_and_tokens(
+                model, {k: v[at] for k, v in sub.items()}, tokens[fast],
+                None if variant is None else np.asarray(variant)[at])
+    return total, tokens
 
 
 def _variant_memory(cm: CostModel, cols: dict[str, np.ndarray],
