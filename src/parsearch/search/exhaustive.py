@@ -40,6 +40,7 @@ from parsearch.cost.analytic import (
 from parsearch.cost.feature_search import graph_level, searches_graphs
 from parsearch.cost.memory import MemoryOptions, memory_arrays
 from parsearch.cost.memory_features import (
+    bound_ratio,
     first_fitting,
     least_memory,
     memory_settings,
@@ -257,19 +258,27 @@ def _full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
     best_weighed = np.full(n, -np.inf)
     firsts = [first_fitting(cm, chain, cols, hbm) for chain in settings]
     best_k = firsts[0].copy()
+    # the pinned combination's time at its chain set (time only: no graph level excluded),
+    # and how much faster any numerics combination can be at the same set
+    base_time = np.full(n, np.inf)
+    ratio = bound_ratio(cm, timed)
     for ci, chain in enumerate(settings):
         numerics = chain[0].numerics
         fitting = firsts[ci] < len(chain)  # fits somewhere along the chain
         if ci:  # a numerics combination: where the base fits nowhere, the best so far
-            # changes numerics too, this one fits with less recompute, or it may save enough
+            # changes numerics too, this one fits with less recompute, or it may save enough;
+            # never where at the same set it cannot reach the bar
             fitting &= (~np.isfinite(best_tokens) | (best_numerics > 0) | (firsts[ci] < best_k)
                         | needs_full_choice(cm, timed, np.ones(n, dtype=bool)))
+            fitting &= ~((firsts[ci] == firsts[0]) & (base_time * ratio < threshold))
         rows = np.nonzero(fitting)[0]
         for index in np.unique(firsts[ci][rows]):
             group = rows[firsts[ci][rows] == index]
-            g_total, g_tokens = _price_group(with_setting(cm, chain[int(index)]),
-                                             {k: v[group] for k, v in cols.items()},
-                                             threshold, hbm)
+            g_total, g_tokens, g_time = _price_group(with_setting(cm, chain[int(index)]),
+                                                     {k: v[group] for k, v in cols.items()},
+                                                     threshold, hbm)
+            if ci == 0:
+                base_time[group] = g_time
             # each numerics-changing feature weighed as NUMERICS_MIN_GAIN of the step
             weighed = g_tokens / numerics_penalty(numerics)
             take = (g_total <= hbm) & (~np.isfinite(best_weighed[group])
@@ -284,13 +293,15 @@ def _full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
 
 
 def _price_group(cm: CostModel, cols: dict[str, np.ndarray], threshold: float, hbm: float
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Memory and tokens/s of layouts under one memory setting: time first, then memory
-    where the time can enter the answer (as :func:`scan_bounded` prices a block).  With CUDA
-    graphs searched, layouts that no graph level fits are priced among the eager feature
-    sets alone (the choice the graph search would make, at one level's cost)."""
+    where the time can enter the answer (as :func:`scan_bounded` prices a block), and the
+    time-only tokens/s.  With CUDA graphs searched, layouts that no graph level fits are
+    priced among the eager feature sets alone (the choice the graph search would make, at
+    one level's cost)."""
     n = len(cols["tp"])
     total, tokens = np.full(n, np.inf), np.zeros(n)
+    time_only = np.zeros(n)
     parts = [(np.arange(n), cm)]
     if searches_graphs(cm):
         eager = _no_graph_fits(cm, cols, hbm)
@@ -303,6 +314,7 @@ def _price_group(cm: CostModel, cols: dict[str, np.ndarray], threshold: float, h
         sub = {k: v[rows] for k, v in cols.items()}
         timed = score_columns(model, sub, with_memory=False)
         tokens[rows] = np.asarray(timed["tokens_per_s"], dtype=np.float64)
+        time_only[rows] = tokens[rows]
         fast = rows[tokens[rows] >= threshold]
         if len(fast):
             variant = timed.get("feature_variant")
@@ -310,7 +322,7 @@ def _price_group(cm: CostModel, cols: dict[str, np.ndarray], threshold: float, h
             total[fast], tokens[fast] = _memory_and_tokens(
                 model, {k: v[at] for k, v in sub.items()}, tokens[fast],
                 None if variant is None else np.asarray(variant)[at])
-    return total, tokens
+    return total, tokens, time_only
 
 
 def _variant_memory(cm: CostModel, cols: dict[str, np.ndarray],
