@@ -294,7 +294,6 @@ def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memor
         return out
     cols = {k: np.asarray(v) for k, v in cols.items()}
     n = len(cols["tp"])
-    firsts = [first_fitting(cm, chain, cols, hbm) for chain in settings]
     out: dict[str, np.ndarray] = {}
     best = np.full(n, np.inf)
     best_fits = np.zeros(n, dtype=bool)
@@ -303,17 +302,18 @@ def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memor
         numerics = chain[0].numerics
         if ci == 0:  # every row gets a price: where nothing fits, the least recompute-heavy
             rows = np.arange(n)
-            firsts[0] = np.minimum(firsts[0], len(chain) - 1)
+            first = np.minimum(first_fitting(cm, chain, cols, hbm), len(chain) - 1)
         else:  # only where the base may lose: it does not fit, this combination fits with less
             # recompute, or the DP + optimizer time it can shrink reaches the gain needed
             saveable = numerics_saving(cm, out)
             chain_index = np.asarray(out["memory_setting"]) % len(chain)
-            rows = np.nonzero((firsts[ci] < len(chain))
-                              & (~best_fits | (best_numerics > 0) | (firsts[ci] < chain_index)
-                                 | (saveable >= NUMERICS_MIN_GAIN * best)))[0]
+            may = (~best_fits | (best_numerics > 0) | (saveable >= NUMERICS_MIN_GAIN * best))
+            rows = np.nonzero(may | (chain_index > 0))[0]
+            first = first_fitting(cm, chain, {k: v[rows] for k, v in cols.items()}, hbm)
+            keep = (first < len(chain)) & (may[rows] | (first < chain_index[rows]))
+            rows, first = rows[keep], first[keep]
         if not len(rows):
             continue
-        first = firsts[ci][rows]
         for index in np.unique(first):
             local = np.nonzero(first == index)[0]
             where = rows[local]
