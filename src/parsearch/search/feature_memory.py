@@ -1,0 +1,265 @@
+"""Memory of the layouts a bounded scan may keep, with the features chosen per layout.
+
+:func:`~parsearch.search.exhaustive.scan_bounded` prices time first and memory only for the
+layouts fast enough to enter the answer; this module prices that memory where features are
+chosen per layout: each layout's fastest MoE / CUDA-graph feature set
+(:mod:`parsearch.cost.feature_search`), and the memory-saving features
+(:mod:`parsearch.cost.memory_features`): a layout whose pinned setting fits with its fastest
+other features, and where no numerics-changing feature can save enough, is settled by a
+memory-only check (:func:`quick_memory_choice`); the rest are priced per numerics
+combination at their first fitting recompute set (:func:`full_memory_choice`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from parsearch.cost.analytic import CostModel, score_columns, usable_memory_bytes, wide_columns
+from parsearch.cost.feature_search import graph_level, searches_graphs
+from parsearch.cost.memory import memory_arrays
+from parsearch.cost.memory_features import (
+    bound_ratio,
+    first_fitting,
+    least_memory,
+    memory_settings,
+    needs_full_choice,
+    numerics_penalty,
+    searches_memory_features,
+    with_setting,
+)
+
+
+def peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Peak bytes per GPU of each layout (``memory_arrays``' total)."""
+    if not len(cols["tp"]):
+        return np.zeros(0)
+    cols = wide_columns(cols)
+    mem = memory_arrays(cm.model, cm.training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
+                        cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
+                        cols["recompute"], cols["sp"], cm.options.memory)
+    return np.asarray(mem.total, dtype=np.float64).reshape(-1)
+
+
+def quick_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
+                         timed: dict[str, np.ndarray], variant: np.ndarray | None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """With memory features searched (:mod:`~parsearch.cost.memory_features`): ``timed``
+    holds the time-only scores under the base setting (pinned numerics, cheapest recompute
+    set).  Where that setting fits with the row's fastest feature set and no numerics
+    feature can save :data:`NUMERICS_MIN_GAIN`, it is the choice (memory only); rows that
+    fit under no setting stay out.  Returns memory, tokens/s and the positions still to be
+    chosen by :func:`full_memory_choice`."""
+    n = len(cols["tp"])
+    if not n:
+        return np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64)
+    base = with_setting(cm, memory_settings(cm)[0][0])
+    total = variant_memory(base, cols, variant)
+    tokens = np.array(timed["tokens_per_s"], dtype=np.float64, copy=True)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    full = np.nonzero(needs_full_choice(cm, timed, total <= hbm))[0]
+    if len(full):  # those that fit under no setting (the least-memory one) stay out
+        least = peak_memory(least_memory(cm), {k: v[full] for k, v in cols.items()})
+        total[full] = np.inf
+        full = full[least <= hbm]
+    return total, tokens, full
+
+
+def full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
+                        timed: dict[str, np.ndarray], threshold: float = -np.inf
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Memory and tokens/s of rows the base setting may not be the choice of: priced per
+    numerics combination at their first fitting recompute set (time first, then memory as
+    :func:`memory_and_tokens` prices it); each keeps the fastest that fits, a numerics
+    combination only where needed to fit or :data:`NUMERICS_MIN_GAIN` faster.  Rows whose
+    time is below ``threshold`` cannot enter the answer and are not priced further."""
+    n = len(cols["tp"])
+    settings = memory_settings(cm)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    best_tokens = np.full(n, -np.inf)
+    best_total = np.full(n, np.inf)
+    best_numerics = np.zeros(n, dtype=np.int64)
+    best_weighed = np.full(n, -np.inf)
+    firsts = [first_fitting(cm, chain, cols, hbm) for chain in settings]
+    best_k = firsts[0].copy()
+    # the pinned combination's time at its chain set (time only: no graph level excluded),
+    # and how much faster any numerics combination can be at the same set
+    base_time = np.full(n, np.inf)
+    ratio = bound_ratio(cm, timed)
+    for ci, chain in enumerate(settings):
+        numerics = chain[0].numerics
+        fitting = firsts[ci] < len(chain)  # fits somewhere along the chain
+        if ci:  # a numerics combination: where the base fits nowhere, the best so far
+            # changes numerics too, this one fits with less recompute, or it may save enough;
+            # never where at the same set it cannot reach the bar
+            fitting &= (~np.isfinite(best_tokens) | (best_numerics > 0) | (firsts[ci] < best_k)
+                        | needs_full_choice(cm, timed, np.ones(n, dtype=bool)))
+            fitting &= ~((firsts[ci] == firsts[0]) & (base_time * ratio < threshold))
+        rows = np.nonzero(fitting)[0]
+        for index in np.unique(firsts[ci][rows]):
+            group = rows[firsts[ci][rows] == index]
+            g_total, g_tokens, g_time = price_group(with_setting(cm, chain[int(index)]),
+                                                     {k: v[group] for k, v in cols.items()},
+                                                     threshold, hbm)
+            if ci == 0:
+                base_time[group] = g_time
+            # each numerics-changing feature weighed as NUMERICS_MIN_GAIN of the step
+            weighed = g_tokens / numerics_penalty(numerics)
+            take = (g_total <= hbm) & (~np.isfinite(best_weighed[group])
+                                       | (weighed > best_weighed[group]))
+            where = group[take]
+            best_weighed[where] = weighed[take]
+            best_k[where] = index
+            best_tokens[where] = g_tokens[take]
+            best_total[where] = g_total[take]
+            best_numerics[where] = numerics
+    return best_total, best_tokens
+
+
+def price_group(cm: CostModel, cols: dict[str, np.ndarray], threshold: float, hbm: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Memory and tokens/s of layouts under one memory setting: time first, then memory
+    where the time can enter the answer (as :func:`scan_bounded` prices a block), and the
+    time-only tokens/s.  With CUDA graphs searched, layouts that no graph level fits are
+    priced among the eager feature sets alone (the choice the graph search would make, at
+    one level's cost)."""
+    n = len(cols["tp"])
+    total, tokens = np.full(n, np.inf), np.zeros(n)
+    time_only = np.zeros(n)
+    parts = [(np.arange(n), cm)]
+    if searches_graphs(cm):
+        eager = no_graph_fits(cm, cols, hbm)
+        off = tuple(v for v in cm.variants if not v.cuda_graphs)
+        parts = [(np.nonzero(eager)[0], replace(cm, options=off[0], variants=off)),
+                 (np.nonzero(~eager)[0], cm)]
+    for rows, model in parts:
+        if not len(rows):
+            continue
+        sub = {k: v[rows] for k, v in cols.items()}
+        timed = score_columns(model, sub, with_memory=False)
+        tokens[rows] = np.asarray(timed["tokens_per_s"], dtype=np.float64)
+        time_only[rows] = tokens[rows]
+        fast = rows[tokens[rows] >= threshold]
+        if len(fast):
+            variant = timed.get("feature_variant")
+            at = np.searchsorted(rows, fast)
+            total[fast], tokens[fast] = memory_and_tokens(
+                model, {k: v[at] for k, v in sub.items()}, tokens[fast],
+                None if variant is None else np.asarray(variant)[at])
+    return total, tokens, time_only
+
+
+def variant_memory(cm: CostModel, cols: dict[str, np.ndarray],
+                    variant: np.ndarray | None) -> np.ndarray:
+    """Peak bytes per GPU of each layout under its feature set ``variant`` (an index into
+    ``cm.variants``; ``None``: ``cm.options``)."""
+    if not cm.variants or variant is None:
+        return peak_memory(cm, cols)
+    total = np.zeros(len(variant))
+    memory = [v.memory for v in cm.variants]
+    for options in dict.fromkeys(memory):  # one memory model per distinct memory options
+        rows = np.nonzero(np.isin(variant, [i for i, m in enumerate(memory) if m == options]))[0]
+        if len(rows):
+            owner = cm.variants[memory.index(options)]
+            total[rows] = peak_memory(replace(cm, options=owner, variants=()),
+                                       {k: v[rows] for k, v in cols.items()})
+    return total
+
+
+def memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.ndarray,
+                       variant: np.ndarray | None,
+                       timed: dict[str, np.ndarray] | None = None,
+                       threshold: float = -np.inf) -> tuple[np.ndarray, np.ndarray]:
+    """Peak bytes per GPU and tokens/s of layouts whose time-only tokens/s is ``tokens``.
+
+    Without feature sets to choose from, the memory model alone (the time is already
+    known).  With them, ``variant`` is each layout's fastest set from the time-only pass;
+    a set with the all-to-all overlap holds one more warm-up chunk when interleaved, so
+    those layouts get that memory, and the ones it does not fit are priced again among the
+    sets without the overlap (the fastest that fits; never faster than the time-only
+    number).
+    """
+    if timed is not None and searches_memory_features(cm):
+        total, tokens, full = quick_memory_choice(cm, cols, timed, variant)
+        if len(full):
+            total[full], tokens[full] = full_memory_choice(
+                cm, {k: v[full] for k, v in cols.items()},
+                {k: v[full] for k, v in timed.items()}, threshold)
+        return total, tokens
+    if not cm.variants or variant is None:
+        return peak_memory(cm, cols), tokens
+    if not len(cols["tp"]):
+        return np.zeros(0), np.zeros(0)
+    if searches_graphs(cm):
+        return graph_level_memory(cm, cols, tokens, np.asarray(variant))
+    total = peak_memory(cm, cols)
+    tokens = np.array(tokens, dtype=np.float64, copy=True)
+    overlapping = [i for i, v in enumerate(cm.variants) if v.moe_a2a_overlap]
+    without = tuple(v for v in cm.variants if not v.moe_a2a_overlap)
+    if cm.options.moe_a2a_overlap or not overlapping or not without:
+        return total, tokens  # one memory class: the base options' memory is every set's
+    rows = np.nonzero(np.isin(variant, overlapping) & (cols["vpp"] > 1))[0]
+    if len(rows):
+        sub = {k: v[rows] for k, v in cols.items()}
+        total[rows] = peak_memory(replace(cm, options=cm.variants[overlapping[0]],
+                                           variants=()), sub)
+        misfit = rows[total[rows] > usable_memory_bytes(cm.fabric.gpu, cm.options)]
+        if len(misfit):
+            sub = {k: v[misfit] for k, v in cols.items()}
+            scores = score_columns(replace(cm, options=without[0], variants=without), sub)
+            total[misfit] = np.asarray(scores["mem_total"], dtype=np.float64)
+            tokens[misfit] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
+    return total, tokens
+
+
+def graph_level_memory(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.ndarray,
+                        variant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`memory_and_tokens` when CUDA graphs are chosen per layout: each layout's
+    memory under its fastest set (its graph level's static buffers included); those it
+    does not fit are scored again, choosing among the sets that fit
+    (:func:`~parsearch.cost.feature_search.score_graph_levels`)."""
+    total = variant_memory(cm, cols, variant)
+    tokens = np.array(tokens, dtype=np.float64, copy=True)
+    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
+    misfit = np.nonzero(total > hbm)[0]
+    if len(misfit):  # those that fit no set (the base set holds the least) stay out
+        least = peak_memory(cm, {k: v[misfit] for k, v in cols.items()})
+        total[misfit] = least
+        misfit = misfit[least <= hbm]
+    if len(misfit):
+        # where no graph level fits even its least-memory set, only the eager sets can be
+        # chosen: scored among those alone (the same choice, one level instead of all)
+        sub = {k: v[misfit] for k, v in cols.items()}
+        eager = no_graph_fits(cm, sub, hbm)
+        off = tuple(v for v in cm.variants if not v.cuda_graphs)
+        for rows, model in ((misfit[eager], replace(cm, options=off[0], variants=off)),
+                            (misfit[~eager], cm)):
+            if len(rows):
+                scores = score_columns(model, {k: v[rows] for k, v in cols.items()})
+                total[rows] = np.asarray(scores["mem_total"], dtype=np.float64)
+                tokens[rows] = np.asarray(scores["tokens_per_s"], dtype=np.float64)
+    return total, tokens
+
+
+def no_graph_fits(cm: CostModel, cols: dict[str, np.ndarray], hbm: float) -> np.ndarray:
+    """Which layouts no CUDA-graph level of ``cm.variants`` fits, each level at its
+    least-memory set (without the all-to-all overlap's extra warm-up chunk)."""
+    fits = np.zeros(len(cols["tp"]), dtype=bool)
+    for level in dict.fromkeys(graph_level(v) for v in cm.variants if v.cuda_graphs):
+        sets = [v for v in cm.variants if graph_level(v) == level]
+        least = next((v for v in sets if not v.moe_a2a_overlap), sets[0])
+        fits |= peak_memory(replace(cm, options=least, variants=()), cols) <= hbm
+    return ~fits
+
+
+__all__ = [
+    "full_memory_choice",
+    "graph_level_memory",
+    "memory_and_tokens",
+    "no_graph_fits",
+    "peak_memory",
+    "price_group",
+    "quick_memory_choice",
+    "variant_memory",
+]
