@@ -101,6 +101,24 @@ def test_searched_features_stay_within_the_stack(name: str) -> None:
         assert stack.moe_shared_expert_overlap or not variant.moe_shared_expert_overlap
 
 
+@pytest.mark.parametrize("name", STACK_NAMES)
+def test_memory_features_a_stack_lacks_leave_the_search(name: str) -> None:
+    """Recompute modules beyond core_attn (Megatron-LM 2025-04), BF16 Adam moments
+    (2024-12) and FP8 parameter gather (2024-09) are searched only where the stack has
+    them; asked for by the user on a stack without them, the answer names the fix."""
+    stack = get_stack(name)
+    options = stack_options(stack, CostOptions(search_features=SEARCHABLE_FEATURES))
+    for feature, available in (("recompute_modules", stack.recompute_modules),
+                               ("bf16_moments", stack.precision_aware_optimizer),
+                               ("fp8_param_gather", stack.fp8_param_gather)):
+        assert (feature in options.search_features) == available, feature
+    if not stack.precision_aware_optimizer:
+        with pytest.raises(SpecError, match="BF16 Adam moments"):
+            stack_options(stack, CostOptions(bf16_moments=True),
+                          explicit=frozenset({"bf16_moments"}))
+        assert not stack_options(stack, CostOptions(bf16_moments=True)).bf16_moments
+
+
 def test_the_default_stack_changes_nothing() -> None:
     stack = get_stack(DEFAULT_STACK)
     options = CostOptions(search_features=SEARCHABLE_FEATURES)

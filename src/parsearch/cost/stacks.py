@@ -48,6 +48,15 @@ class SoftwareStack:
     hybridep: bool
     #: per-layer CUDA graphs of Transformer Engine (``--cuda-graph-impl transformer_engine``)
     cuda_graphs: bool = True
+    #: ``--recompute-modules`` beyond core attention (Megatron-LM commit 3b141a2471,
+    #: 2025-04-05, "Add output-discarding recomputation method")
+    recompute_modules: bool = True
+    #: the precision-aware optimizer's BF16 Adam moments (``--use-precision-aware-optimizer``,
+    #: Megatron-LM commit 47a175b4c4, 2024-12-19)
+    precision_aware_optimizer: bool = True
+    #: FP8 primary weights gathered in FP8 (``--fp8-param-gather``, Megatron-LM commit
+    #: 033d8b0de5, 2024-09-05)
+    fp8_param_gather: bool = True
 
     def missing(self) -> tuple[str, ...]:
         """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
@@ -60,7 +69,10 @@ class SoftwareStack:
                  ("moe_a2a_overlap", "the MoE all-to-all overlap"),
                  ("moe_shared_expert_overlap", "the shared-expert overlap"),
                  ("hybridep", "HybridEP"),
-                 ("cuda_graphs", "per-layer CUDA graphs"))
+                 ("cuda_graphs", "per-layer CUDA graphs"),
+                 ("recompute_modules", "recompute modules beyond core attention"),
+                 ("precision_aware_optimizer", "BF16 Adam moments"),
+                 ("fp8_param_gather", "FP8 parameter gather"))
         moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep"}
         out = [words for field_name, words in names if not getattr(self, field_name)
                and (self.moe_dispatchers or field_name not in moe_only)]
@@ -84,7 +96,8 @@ _MEGATRON_2021 = SoftwareStack(
     context_parallel=False, sequence_parallel=False, selective_recompute=False,
     distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
     tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
-    moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False)
+    moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False,
+    recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=False)
 # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective recompute (§4.2,
 # §5); still no fused attention, no context parallelism, and its memory analysis (§4.1)
 # keeps the optimizer state unsharded.
@@ -101,7 +114,7 @@ _MCORE_011 = replace(
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
     context_parallel=True, distributed_optimizer=True, flash_attention=True,
     tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
-    moe_shared_expert_overlap=True)
+    moe_shared_expert_overlap=True, precision_aware_optimizer=True, fp8_param_gather=True)
 # Megatron-Core 0.12.0: "DeepEP support, compatible with all the parallelisms".
 _MCORE_012 = replace(
     _MCORE_011, name="mcore-0.12", released="2025-04",
@@ -114,7 +127,7 @@ _MCORE_012 = replace(
 _MCORE_014 = replace(
     _MCORE_012, name="mcore-0.14", released="2025-09",
     source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
-    moe_a2a_overlap=True, cuda_graphs=True)
+    moe_a2a_overlap=True, cuda_graphs=True, recompute_modules=True)
 # Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the cost
 # model prices.
 _MCORE_CURRENT = replace(
@@ -205,6 +218,7 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
         changes[feature] = False
         if feature == "cuda_graphs":
             changes["cuda_graph_scope"] = ()
+    changes.update(_memory_features(stack, options, explicit, searched))
     if stack.moe_dispatchers:
         dispatchers = tuple(d for d in options.moe_dispatchers_available
                             if d in stack.moe_dispatchers)
@@ -222,3 +236,31 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
         changes["moe_flex_backend"] = "deepep"
     changes["search_features"] = tuple(f for f in options.search_features if f in searched)
     return replace(options, **changes)  # type: ignore[arg-type]
+
+
+def _memory_features(stack: SoftwareStack, options: CostOptions, explicit: frozenset[str],
+                     searched: set[str]) -> dict[str, object]:
+    """The memory-saving features ``stack`` lacks: out of the search (``searched`` is
+    updated), and off unless the user asked for them, which is an error."""
+    changes: dict[str, object] = {}
+    modules = options.recompute_modules
+    if not stack.recompute_modules:
+        searched.discard("recompute_modules")
+        if modules is not None and tuple(modules) != ("core_attn",):
+            if "recompute_modules" in explicit:
+                raise _refuse(stack, "recompute modules beyond core_attn",
+                              "use --recompute-modules core_attn")
+            changes["recompute_modules"] = None
+    if not stack.precision_aware_optimizer:
+        searched.discard("bf16_moments")
+        if options.bf16_moments:
+            if "bf16_moments" in explicit:
+                raise _refuse(stack, "BF16 Adam moments", "drop --bf16-moments")
+            changes["bf16_moments"] = False
+    if not stack.fp8_param_gather:
+        searched.discard("fp8_param_gather")
+        if options.fp8_param_gather:
+            if "fp8_param_gather" in explicit:
+                raise _refuse(stack, "FP8 parameter gather", "drop --fp8-param-gather")
+            changes["memory"] = replace(options.memory, fp8_param_gather=False)
+    return changes
