@@ -244,23 +244,24 @@ def _memory_features(stack: SoftwareStack, options: CostOptions, explicit: froze
     updated), and off unless the user asked for them, which is an error."""
     changes: dict[str, object] = {}
     modules = options.recompute_modules
-    if not stack.recompute_modules:
-        searched.discard("recompute_modules")
-        if modules is not None and tuple(modules) != ("core_attn",):
-            if "recompute_modules" in explicit:
-                raise _refuse(stack, "recompute modules beyond core_attn",
-                              "use --recompute-modules core_attn")
-            changes["recompute_modules"] = None
-    if not stack.precision_aware_optimizer:
-        searched.discard("bf16_moments")
-        if options.bf16_moments:
-            if "bf16_moments" in explicit:
-                raise _refuse(stack, "BF16 Adam moments", "drop --bf16-moments")
-            changes["bf16_moments"] = False
-    if not stack.fp8_param_gather:
-        searched.discard("fp8_param_gather")
-        if options.fp8_param_gather:
-            if "fp8_param_gather" in explicit:
-                raise _refuse(stack, "FP8 parameter gather", "drop --fp8-param-gather")
-            changes["memory"] = replace(options.memory, fp8_param_gather=False)
+    checks = (  # (feature, the stack has it, on now, what it is, the fix, what turns it off)
+        ("recompute_modules", stack.recompute_modules,
+         modules is not None and tuple(modules) != ("core_attn",),
+         "recompute modules beyond core_attn", "use --recompute-modules core_attn",
+         {"recompute_modules": None}),
+        ("bf16_moments", stack.precision_aware_optimizer, options.bf16_moments,
+         "BF16 Adam moments", "drop --bf16-moments", {"bf16_moments": False}),
+        ("fp8_param_gather", stack.fp8_param_gather, options.fp8_param_gather,
+         "FP8 parameter gather", "drop --fp8-param-gather",
+         {"memory": replace(options.memory, fp8_param_gather=False)}),
+    )
+    for feature, available, on, words, fix, off in checks:
+        if available:
+            continue
+        searched.discard(feature)
+        if not on:
+            continue
+        if feature in explicit:
+            raise _refuse(stack, words, fix)
+        changes.update(off)
     return changes
