@@ -73,14 +73,6 @@ def clusters() -> dict[str, ClusterSpec]:
     }
 
 
-def megatron_deepspeed_2022(options: CostOptions) -> CostOptions:
-    """What the trial's Megatron-DeepSpeed ran (INDEPENDENT_RUNS.md): no fused attention,
-    no TP overlap, DeepSpeed's gradient reduction and ZeRO-1 all-gather after the last
-    micro-batch (no ``overlap_comm`` in its config), FP16 gradients reduced in FP16."""
-    return replace(options, memory_margin=0.0, flash_attention=False, tp_comm_overlap=False,
-                   overlap_grad_reduce=False, overlap_param_gather=False, grad_reduce_bytes=2.0)
-
-
 @dataclass(frozen=True)
 class Priced:
     """One row on one fabric."""
@@ -102,15 +94,12 @@ class Priced:
 
 
 def price(runs: list[PublishedRun], cluster: ClusterSpec) -> list[Priced]:
-    """Each run as stated (ZeRO-1, FP16 gradients, full recompute) on ``cluster``."""
+    """Each run as stated on ``cluster``, with its source's accounting
+    (``runs.source_accounting``: ZeRO-1, FP16 gradients, no overlaps, no FlashAttention)."""
     fabric = build_fabric(cluster, 384)
-    options = megatron_deepspeed_2022(CostOptions())
-    out = []
-    for run in runs:
-        training = replace(training_spec(run), grad_bytes=2.0)
-        cost_model = run_cost_model(run, fabric, options, training)
-        out.append(Priced(run, estimate(cost_model, run.layout)))
-    return out
+    options = replace(CostOptions(), memory_margin=0.0)
+    return [Priced(run, estimate(run_cost_model(run, fabric, options, training_spec(run)),
+                                 run.layout)) for run in runs]
 
 
 def price_as_validate(runs: list[PublishedRun], cluster: ClusterSpec) -> list[tuple[float, float]]:
