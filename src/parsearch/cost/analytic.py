@@ -296,7 +296,7 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
         optimizer_step_bytes=optimizer_step_bytes(training))
     settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
                              cm.profile.step_overhead_s, cm.profile.comm_sm_share,
-                             fsdp_weights_sharded=training.fsdp_strategy == "optim_grads_params")
+                             fsdp_weights_sharded=training.fsdp_shards_weights)
     del prices, params, groups
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)

@@ -491,6 +491,12 @@ class TrainingSpec:
         require_non_negative_int(owner, "activation_offload_layers", value)
 
     @property
+    def fsdp_shards_weights(self) -> bool:
+        """FSDP that shards the weights too (``optim_grads_params``, ZeRO-3); ZeRO-2
+        (``optim_grads``) keeps them whole."""
+        return self.fsdp and self.fsdp_strategy == "optim_grads_params"
+
+    @property
     def tokens_per_step(self) -> int:
         """Tokens processed by one optimizer step."""
         return self.seq_len * self.global_batch

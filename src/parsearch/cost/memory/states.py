@@ -196,7 +196,7 @@ def stage_model_state(
         "optimizer_bytes": training.optimizer_bytes,
         "distributed_optimizer": training.distributed_optimizer,
         "fully_sharded": training.fsdp,
-        "weights_sharded": training.fsdp_strategy == "optim_grads_params",
+        "weights_sharded": training.fsdp_shards_weights,
     }
     dense = model_state_bytes(params.dense, shard_degree=dp * cp, **common)
     expert = model_state_bytes(params.expert, shard_degree=edp, **common)
@@ -205,7 +205,7 @@ def stage_model_state(
         # formulas.md §7.7: FP8 GEMMs keep a low-precision copy of every GEMM weight
         # next to the BF16 one, unless FP8 primary weights replace the BF16 copy.
         low = LOW_PRECISION_BYTES[training.precision]
-        shard = training.fsdp and training.fsdp_strategy == "optim_grads_params"
+        shard = training.fsdp_shards_weights
         gemm_params = params.dense_gemm / (dp * cp if shard else 1)
         gemm_params = gemm_params + params.expert / (edp if shard else 1)
         per_param = low - training.weight_bytes if options.fp8_param_gather else low
@@ -216,8 +216,7 @@ def stage_model_state(
         # one layer (grad_bytes: fp32 or BF16 main grads) before its reduce-scatter.
         # ZeRO-2 holds its weights whole: only the gradient bucket is transient.
         per_layer = (params.dense + params.expert) / np.maximum(params.layers, 1)
-        gathered = 2.0 * training.weight_bytes if training.fsdp_strategy == "optim_grads_params" \
-            else 0.0
+        gathered = 2.0 * training.weight_bytes if training.fsdp_shards_weights else 0.0
         weights = weights + per_layer * (gathered + training.grad_bytes)
     return ModelStateBytes(
         weights=weights,
