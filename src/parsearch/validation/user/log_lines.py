@@ -96,7 +96,7 @@ def looks_like_iteration(line: str) -> bool:
     """Whether ``line`` (colour codes removed) is meant as an iteration line of a known form."""
     return (("iteration" in line and "elapsed time per iteration" in line)
             or ("train_step_timing in s:" in line and _NEMO_ITERATION.search(line) is not None)
-            or ("train_step_timing in s=" in line and _BAR_COUNT.search(line) is not None))
+            or is_redraw(line))
 
 
 def is_redraw(draw: str) -> bool:
