@@ -109,12 +109,25 @@ def sglang_recv_interval(row: dict[str, str]) -> int:
     return 1
 
 
+def is_tensorrt_engine(row: dict[str, str]) -> bool:
+    """Rows run on TensorRT engines (``trtllm-build``), not TensorRT-LLM's PyTorch backend:
+    the v0.13.0 perf overview says so in its source name (SERVING_RUNS.md)."""
+    return row["framework"] == "tensorrt-llm" and "TensorRT engines" in row["source"]
+
+
 def client_knobs(row: dict[str, str]) -> dict[str, Any]:
     """Engine and client settings that shape TTFT (:mod:`parsearch.serve.ttft`), for the
-    InferenceMAX rows (the only rows with a client at fixed concurrency and many requests)."""
+    InferenceMAX rows (the only rows with a client at fixed concurrency and many requests).
+    Their client sends text to the engine's OpenAI server (bench_serving random dataset,
+    ``--backend vllm``/``openai``), which tokenizes it (``text_prompts``); the vLLM scripts
+    set ``async-scheduling: true`` (gptoss_fp4_{b200,h100,h200}.sh); SGLang and
+    TensorRT-LLM keep their overlap schedulers on (no ``--disable-overlap-schedule`` or
+    ``disable_overlap_scheduler`` in dsr1_*.sh, gptoss_fp4_b200_trt.sh), the engines'
+    defaults."""
     if "InferenceMAX" not in row["source"]:
         return {}
-    knobs: dict[str, Any] = {"burst_waves": INFERENCEMAX_WAVES}
+    knobs: dict[str, Any] = {"burst_waves": INFERENCEMAX_WAVES, "text_prompts": True,
+                             "async_scheduling": True}
     if row["framework"] == "sglang":
         knobs["recv_interval"] = sglang_recv_interval(row)
     if row["framework"] == "tensorrt-llm" and int(row["attention_dp"] or 1) > 1:
@@ -155,7 +168,7 @@ def workload_for(row: dict[str, str]) -> ServingWorkload:
                            engine=ENGINE_OF[row["framework"]],
                            memory_fraction=float(row.get("memory_fraction") or 0) or None,
                            concurrency=int(row["concurrency"]) if row["concurrency"] else None,
-                           **client_knobs(row))
+                           tensorrt_engine=is_tensorrt_engine(row), **client_knobs(row))
 
 
 def trtllm_bench_settings(model: ModelSpec, gpu_bytes: float, workload: ServingWorkload,

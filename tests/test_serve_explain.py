@@ -38,7 +38,8 @@ def test_parts_add_up_to_the_totals() -> None:
         2 * (dec["stage_pass"] + dec["pipeline_hop"]) + dec["host_step"], abs=1e-3)
     assert dec["tpot"] == pytest.approx(dec["tpot_decode_only"]
                                         + dec["prefill_stalls_per_token"], abs=1e-3)
-    ttft_parts = ("queue", "ttft_alone", "wait_for_running_step", "attention_dp_balance_wait",
+    ttft_parts = ("queue", "ttft_alone", "tokenize_prompt", "wait_for_running_step",
+                  "attention_dp_balance_wait",
                   "prefills_queued_ahead", "first_wave_burst", "decodes_riding_prefill_chunks")
     assert pre["ttft"] == pytest.approx(sum(pre[k] for k in ttft_parts), rel=1e-4)
     assert d["layout"]["replicas"] == 2 and d["batch"] == 300

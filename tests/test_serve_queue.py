@@ -16,9 +16,11 @@ from parsearch.topology.cluster import load_cluster
 
 
 def _at(concurrency: int, *, name: str = "llama3-70b", cluster: str = "dgx-h200",
-        tp: int = 1, isl: int = 128, osl: int = 2048, engine: str = "trtllm"):
+        tp: int = 1, isl: int = 128, osl: int = 2048, engine: str = "trtllm",
+        async_scheduling: bool | None = None):
     w = ServingWorkload(isl=isl, osl=osl, precision="fp8", kv_precision="fp8",
-                        concurrency=concurrency, engine=engine)
+                        concurrency=concurrency, engine=engine,
+                        async_scheduling=async_scheduling)
     ctx = _context(get_preset(name), load_cluster(cluster), w, None, None)
     return evaluate_aggregated(ctx, ServingLayout(tp, 1, 1, 1, concurrency, 1), tp)
 
@@ -93,9 +95,15 @@ def test_more_concurrency_never_lowers_ttft(name, tp, isl, osl, low, extra, engi
 def test_an_arriving_request_waits_half_the_running_step() -> None:
     assert step_residual_s(1, 0.04) == 0.0       # alone: the engine is idle
     assert step_residual_s(2, 0.04) == pytest.approx(0.02)
-    alone, pair = _at(1, tp=4, cluster="dgx-h100"), _at(2, tp=4, cluster="dgx-h100")
+    kw = {"tp": 4, "cluster": "dgx-h100", "async_scheduling": False}
+    alone, pair = _at(1, **kw), _at(2, **kw)
     # batch 1: TTFT is the prefill alone; batch 2 adds half of its decode step (TPOT here)
     assert pair.ttft_ms - alone.ttft_ms == pytest.approx(pair.tpot_ms / 2, rel=0.05)
+    # an engine that forms its next batch while one runs admits the request a step later
+    ahead = _at(2, tp=4, cluster="dgx-h100", async_scheduling=True)
+    assert ahead.ttft_ms - pair.ttft_ms == pytest.approx(pair.tpot_ms, rel=0.05)
+    assert _at(1, tp=4, cluster="dgx-h100", async_scheduling=True).ttft_ms == pytest.approx(
+        alone.ttft_ms)  # alone, nothing runs ahead of it
 
 
 def test_disaggregated_decode_above_the_kv_cache_queues() -> None:

@@ -273,6 +273,7 @@ def test_explain_ttft_parts_add_up_with_speculation() -> None:
     r = explain_serving(model=_LLAMA, cluster="dgx-h100", num_gpus=8, workload=w,
                         layout="tp=4")
     p = r.prefill
-    ttft_parts = ("queue", "ttft_alone", "wait_for_running_step", "attention_dp_balance_wait",
+    ttft_parts = ("queue", "ttft_alone", "tokenize_prompt", "wait_for_running_step",
+                  "attention_dp_balance_wait",
                   "prefills_queued_ahead", "first_wave_burst", "decodes_riding_prefill_chunks")
     assert p["ttft"] == pytest.approx(sum(p[k] for k in ttft_parts), rel=1e-4)

@@ -43,3 +43,19 @@ MOE_KERNEL_EFFICIENCY: dict[str, float] = {"trtllm": 0.45, "vllm": 0.45, "sglang
 def moe_kernel_efficiency(engine: str) -> float:
     """The engine's fused-MoE grouped-GEMM factor (1 for an engine without one)."""
     return MOE_KERNEL_EFFICIENCY.get(engine, 1.0)
+
+
+#: Whether each engine, left at its defaults, forms the next batch while the current one
+#: runs (a new request then joins one step later, :func:`parsearch.serve.ttft.pickup_wait_s`):
+#: vLLM's ``SchedulerConfig.async_scheduling`` defaults to None, which VllmConfig turns on
+#: unless an incompatible option is set (vllm/config/vllm.py, recent releases; older ones
+#: need ``--async-scheduling``); SGLang's overlap scheduler is on unless
+#: ``--disable-overlap-schedule`` (server_args ``disable_overlap_schedule`` False);
+#: TensorRT-LLM's PyTorch backend runs the overlap scheduler unless
+#: ``disable_overlap_scheduler`` (llm_args.py, default False; docs "Overlap Scheduler").
+SCHEDULES_AHEAD: dict[str, bool] = {"vllm": True, "sglang": True, "trtllm": True}
+
+
+def schedules_ahead(engine: str, setting: bool | None = None) -> bool:
+    """Whether ``engine`` schedules one step ahead: ``setting`` when given, else its default."""
+    return SCHEDULES_AHEAD.get(engine, False) if setting is None else setting

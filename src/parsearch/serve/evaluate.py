@@ -33,6 +33,8 @@ from parsearch.serve.cost import (
     prefill_packed_tokens,
     prefill_step,
 )
+from parsearch.serve.engines import schedules_ahead
+from parsearch.serve.frontend import tokenize_s
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, kv_bytes_per_token
 from parsearch.serve.memory import GIB, gpu_memory, max_sequences
 from parsearch.serve.prefix_cache import computed_prompt_tokens
@@ -287,7 +289,10 @@ def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingL
         step_s=step_s, ride_s=run_layout.pp * kv / ctx.rates.hbm_Bps, cycle_s=cycle_s,
         slot_queue_s=queue_s, recv_interval=w.recv_interval,
         balance_wait_iters=w.balance_wait_iters if run_layout.attention_dp > 1 else 0,
-        burst_waves=w.burst_waves if w.concurrency is not None else None)
+        burst_waves=w.burst_waves if w.concurrency is not None else None,
+        lookahead=schedules_ahead(w.engine, w.async_scheduling),
+        # the server tokenizes the whole text prompt, cached prefix included
+        tokenize_s=tokenize_s(w.isl) if w.text_prompts else 0.0)
 
 
 def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,

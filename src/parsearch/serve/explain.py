@@ -178,6 +178,7 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
                "communication": p.comm_s * 1e3, "kernels_and_non_gemm": p.overhead_s * 1e3,
                "stage_pass": p.total_s * 1e3, "ttft_alone": times.ttft_s * 1e3,
                "busy_per_request_under_load": times.prefill_busy_s * 1e3,
+               "tokenize_prompt": parts.tokenize_s * 1e3,
                "wait_for_running_step": parts.pickup_s * 1e3,
                "attention_dp_balance_wait": parts.balance_wait_s * 1e3,
                "prefills_queued_ahead": parts.prefill_queue_s * 1e3,

@@ -11,7 +11,12 @@ KV heads replicated when TP exceeds them), vLLM/SGLang expert-parallel MoE (expe
 over the ``tp * dp`` ranks), and the practice of keeping TP inside one NVLink domain
 (vLLM docs "Distributed inference and serving": TP within a node, PP across nodes), and
 an instance either inside one node or on whole nodes (multi-node engines are launched
-one process group per node, vLLM/SGLang ``--nnodes``).
+one process group per node, vLLM/SGLang ``--nnodes``).  Attention DP exists only where the
+engine offers it: TensorRT-LLM's TensorRT-engine workflow maps a model by ``trtllm-build``
+``--tp_size``/``--pp_size`` and the checkpoint converter's ``--moe_tp_size``/
+``--moe_ep_size`` (v0.13.0 docs), with no attention-DP mapping; attention DP is its PyTorch
+backend's ``enable_attention_dp`` (LLM API), so a ``tensorrt_engine`` workload keeps
+``attention_dp`` 1 (rule S12).
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: Serv
             out.append(Violation("S6", "ep-width",
                                  f"ep={ep} must divide the stage width tp*attention_dp={width} "
                                  f"and the {model.moe.num_experts} experts"))
+        if adp != 1 and workload.tensorrt_engine:
+            out.append(Violation("S12", "engine-attention-dp",
+                                 f"attention_dp={adp}: TensorRT-LLM's TensorRT-engine workflow "
+                                 "has no attention DP (use its PyTorch backend)"))
     g = layout.gpus_per_replica
     if g > num_gpus:
         out.append(Violation("S7", "budget",
@@ -112,7 +121,8 @@ def enumerate_serving_layouts(model: ModelSpec, workload: ServingWorkload, num_g
     largest = min(num_gpus, workload.max_instance_gpus)
     tps = [t for t in _divisors(model.num_attention_heads) if t <= min(domain_size, largest)]
     for tp in tps:
-        adps = range(1, largest // tp + 1) if model.moe is not None else (1,)
+        adps = (range(1, largest // tp + 1)
+                if model.moe is not None and not workload.tensorrt_engine else (1,))
         for adp in adps:
             width = tp * adp
             eps = _divisors(width) if model.moe is not None else [1]
@@ -138,7 +148,7 @@ def require_serving_layouts(model: ModelSpec, workload: ServingWorkload, num_gpu
     if not layouts:
         raise NoValidLayoutError(
             f"no serving layout of {model.name} on {num_gpus} GPUs satisfies the rules "
-            f"(S1-S11: tp divides {model.num_attention_heads} heads and fits an NVLink domain "
+            f"(S1-S12: tp divides {model.num_attention_heads} heads and fits an NVLink domain "
             f"of {domain_size}; batch >= pp); try more GPUs or a larger --max-batch"
         )
     return layouts

@@ -115,7 +115,15 @@ class ServingWorkload:
     ``burst_waves``: the client sends ``concurrency * burst_waves`` requests, all at once at
     an idle engine with at most ``concurrency`` in flight (bench_serving ``--request-rate
     inf --max-concurrency``), so the first wave arrives together (None: steady arrivals).
-    All three shape TTFT only (:mod:`parsearch.serve.ttft`).
+    ``async_scheduling``: the engine forms its next batch while the current one runs, so a
+    new request joins one step later (vLLM ``--async-scheduling``, SGLang's overlap
+    scheduler, TensorRT-LLM's overlap scheduler; None: the engine's default,
+    :func:`parsearch.serve.engines.schedules_ahead`).  ``text_prompts``: prompts arrive as
+    text at the engine's OpenAI-compatible server, which tokenizes them one at a time
+    (:mod:`parsearch.serve.frontend`; False: token ids, as ``trtllm-bench`` sends).
+    All of these shape TTFT only (:mod:`parsearch.serve.ttft`).
+    ``tensorrt_engine``: TensorRT-LLM's TensorRT-engine workflow (``trtllm-build``) instead
+    of its PyTorch backend; its mapping has no attention DP (space rule S12).
     """
 
     isl: int
@@ -143,6 +151,9 @@ class ServingWorkload:
     recv_interval: int = 1
     balance_wait_iters: int = 0
     burst_waves: float | None = None
+    async_scheduling: bool | None = None
+    text_prompts: bool = False
+    tensorrt_engine: bool = False
     _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
@@ -186,6 +197,13 @@ class ServingWorkload:
         require_choice(owner, "mode", self.mode, SERVING_MODES)
         if not isinstance(self.eplb, bool):
             raise SpecError(f"{owner}: eplb must be true or false, got {self.eplb!r}")
+        for name in ("text_prompts", "tensorrt_engine"):
+            if not isinstance(getattr(self, name), bool):
+                raise SpecError(f"{owner}: {name} must be true or false, got "
+                                f"{getattr(self, name)!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise SpecError(f"{owner}: async_scheduling must be true, false or None, got "
+                            f"{self.async_scheduling!r}")
         if not isinstance(self.ep_overlap, bool):
             raise SpecError(f"{owner}: ep_overlap must be true or false, got {self.ep_overlap!r}")
         object.__setattr__(self, "_classes", self.mix or (LengthClass(self.isl, self.osl, 1.0),))

@@ -4,11 +4,20 @@ A request that arrives at a busy aggregated instance waits, in order, for
 
 1. a running slot, when the KV pool or the batch limit is full (Little's law,
    :func:`parsearch.serve.evaluate.queue_delay_s`);
+0. the server's tokenization of its prompt, when it arrives as text
+   (:mod:`parsearch.serve.frontend`);
 2. the scheduler to pick it up: the residual of the step under way (half a step,
    Kleinrock, Queueing Systems Vol. 1, §5.2), or, when the engine polls its request socket
    only every ``recv_interval`` decode steps, half of that interval (SGLang
    ``--scheduler-recv-interval``: python/sglang/srt/managers/scheduler_recv_skipper.py adds 1
-   per decode step and receives once the count reaches the interval);
+   per decode step and receives once the count reaches the interval); plus one whole step
+   when the engine schedules one step ahead (``lookahead``): the batch that runs next was
+   formed while the current one ran, so a new request joins the one after it (vLLM
+   ``--async-scheduling``: the engine core keeps two batches in flight,
+   ``max_concurrent_batches = 2``, and its authors note in vllm-project/vllm PR #19970 that
+   a new request waits one more scheduling step; SGLang's overlap scheduler,
+   ``event_loop_overlap``, launches batch N+1 before it processes batch N's result;
+   TensorRT-LLM's overlap scheduler, ``_executor_loop_overlap``, likewise);
 3. TensorRT-LLM's attention-DP balancer, when on: context requests are held up to
    ``batching_wait_iters`` iterations (default 10) so that every attention-DP rank gets one
    (tensorrt_llm/llmapi/llm_args.py ``AttentionDpConfig``);
@@ -17,7 +26,8 @@ A request that arrives at a busy aggregated instance waits, in order, for
    (bench_serving with ``--request-rate inf --max-concurrency C``: every request task is
    created at once, a semaphore lets C through; the warm-up requests finish before the run,
    InferenceX utils/bench_serving/benchmark_serving.py), the first wave's prefills queue
-   behind one another (:func:`burst_wait_s`);
+   behind one another (:func:`burst_wait_s`), each at the pace of the slower of the
+   tokenizer and the engine (:func:`parsearch.serve.frontend.burst_stage_s`);
 6. its own prefill, split into chunks of the token budget left after the running decodes
    (:func:`chunk_iterations`); where the engine mixes decodes into prefill steps (vLLM V1,
    TensorRT-LLM in-flight batching) each chunk's step also carries the running decodes
@@ -43,6 +53,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from parsearch.serve.frontend import burst_stage_s
+
 #: Engines whose scheduler puts running decodes and prefill chunks in one step.  vLLM V1
 #: schedules the running requests first and fills the rest of ``max_num_batched_tokens``
 #: with waiting prompts (vllm/v1/core/sched/scheduler.py ``schedule``: "First, schedule the
@@ -65,16 +77,19 @@ def chunk_iterations(prompt_tokens: float, budget: int, running: int, mixed: boo
     return max(1, math.ceil(prompt_tokens / max(1, room)))
 
 
-def pickup_wait_s(running: int, step_s: float, recv_interval: int = 1) -> float:
+def pickup_wait_s(running: int, step_s: float, recv_interval: int = 1,
+                  lookahead: bool = False) -> float:
     """Mean wait between a request's arrival and the scheduler step that admits it.
 
     A request arriving at a random time during back-to-back steps of length ``T`` waits the
     residual ``T / 2`` (Kleinrock §5.2); an engine that receives only every ``R`` steps
-    admits it at the next of those, ``R T / 2`` on average.  Alone (``running`` 1) it finds
+    admits it at the next of those, ``R T / 2`` on average.  An engine that schedules one
+    step ahead (``lookahead``, module docstring item 2) has already formed the next batch,
+    so the request waits one step more: ``R T / 2 + T``.  Alone (``running`` 1) it finds
     the engine idle and waits nothing (``trtllm-bench latency`` sends one at a time)."""
     if running <= 1:
         return 0.0
-    return max(1, recv_interval) * step_s / 2.0
+    return max(1, recv_interval) * step_s / 2.0 + (step_s if lookahead else 0.0)
 
 
 def prefill_queue_wait_s(prefill_share: float, busy_s: float) -> float:
@@ -98,9 +113,10 @@ def burst_wait_s(in_flight: int, waves: float | None, busy_s: float) -> float:
 
 @dataclass(frozen=True)
 class TtftParts:
-    """Time to first token and its parts, seconds (module docstring, items 1-6)."""
+    """Time to first token and its parts, seconds (module docstring, items 0-6)."""
 
     slot_queue_s: float
+    tokenize_s: float
     pickup_s: float
     balance_wait_s: float
     prefill_queue_s: float
@@ -110,8 +126,8 @@ class TtftParts:
 
     @property
     def total_s(self) -> float:
-        return (self.slot_queue_s + self.pickup_s + self.balance_wait_s + self.prefill_queue_s
-                + self.burst_s + self.prefill_s + self.ride_along_s)
+        return (self.slot_queue_s + self.tokenize_s + self.pickup_s + self.balance_wait_s
+                + self.prefill_queue_s + self.burst_s + self.prefill_s + self.ride_along_s)
 
 
 @dataclass(frozen=True)
@@ -133,6 +149,8 @@ class TtftInputs:
     recv_interval: int = 1
     balance_wait_iters: int = 0
     burst_waves: float | None = None
+    lookahead: bool = False    # the engine forms the next batch while one runs (item 2)
+    tokenize_s: float = 0.0    # host time to tokenize the prompt (0: sent as token ids)
 
 
 def ttft_parts(x: TtftInputs) -> TtftParts:
@@ -143,10 +161,11 @@ def ttft_parts(x: TtftInputs) -> TtftParts:
     alone = x.running <= 1
     return TtftParts(
         slot_queue_s=x.slot_queue_s,
-        pickup_s=pickup_wait_s(x.running, x.step_s, x.recv_interval),
+        tokenize_s=x.tokenize_s,
+        pickup_s=pickup_wait_s(x.running, x.step_s, x.recv_interval, x.lookahead),
         balance_wait_s=0.0 if alone else x.balance_wait_iters * x.step_s,
         prefill_queue_s=0.0 if alone else prefill_queue_wait_s(busy_share, x.busy_s),
-        burst_s=burst_wait_s(x.in_flight, x.burst_waves, x.busy_s),
+        burst_s=burst_wait_s(x.in_flight, x.burst_waves, burst_stage_s(x.busy_s, x.tokenize_s)),
         prefill_s=x.prefill_alone_s,
         ride_along_s=chunks * x.ride_s if mixed and not alone else 0.0,
     )
