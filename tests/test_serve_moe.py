@@ -192,3 +192,22 @@ def test_a_slower_moe_kernel_slows_prefill_more_than_memory_bound_decode() -> No
     fast, slow = times("sglang"), times("trtllm")   # factors 1.0 and 0.3
     assert slow.prefill_busy_s > 1.3 * fast.prefill_busy_s
     assert slow.tpot_decode_s < 1.3 * fast.tpot_decode_s
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"]),
+       ep=st.sampled_from([2, 4, 8]), batch=st.sampled_from([1, 8, 64, 512]))
+def test_expert_parallel_without_attention_dp_needs_no_all_to_all(name: str, ep: int,
+                                                                  batch: int) -> None:
+    # with TP attention every rank holds all tokens: EP combines by the same all-reduce as
+    # tensor-sliced experts (vLLM use_all2all_kernels = dp > 1 and ep); with attention DP
+    # the tokens live on one rank each and must be dispatched and combined
+    from parsearch.serve.cost import _layer_comm
+    model = get_preset(name)
+    ctx = _context(model, load_cluster("dgx-h100"), ServingWorkload(isl=8, osl=8), None, None)
+    tp_only = ServingLayout(8, 1, 1, 1, batch, 1)
+    with_ep = ServingLayout(8, 1, ep, 1, batch, 1)
+    assert _layer_comm(model, with_ep, ctx.links(with_ep), ctx.rates, batch, batch) == (
+        _layer_comm(model, tp_only, ctx.links(tp_only), ctx.rates, batch, batch))
+    dp = ServingLayout(1, 1, ep, 8, max(batch, 8), 1)
+    assert _layer_comm(model, dp, ctx.links(dp), ctx.rates, batch / 8, batch)[2] > 0

@@ -179,7 +179,8 @@ def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, r
     one all-reduce over tp of the rank's tokens each.  Routed experts with ep = 1 are
     tensor-sliced over the stage width: with attention DP the stage's tokens are gathered
     and the outputs reduce-scattered (priced as one all-reduce of the stage's tokens),
-    without it one all-reduce over tp.  With ep > 1: FP8 dispatch + BF16 combine
+    without it one all-reduce over tp, with or without ep (below).  With ep > 1 and
+    attention DP: FP8 dispatch + BF16 combine
     all-to-alls of the tokens each GPU owns over the EP group, an all-reduce over the
     expert-TP slices, and one over tp for the shared experts' partial sums.  The busiest
     EP rank receives ``imbalance`` times the mean routed tokens (:func:`ep_imbalance`).
@@ -189,7 +190,13 @@ def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, r
     dense = attn + attn
     if model.moe is None:
         return dense, dense, 0.0
-    if layout.ep == 1:
+    if layout.ep == 1 or layout.attention_dp == 1:
+        # Without attention DP every rank of the stage already holds all its tokens, so
+        # expert parallelism needs no all-to-all: each rank runs its experts on the tokens
+        # routed to them and the stage's one MoE all-reduce sums the partial outputs, as
+        # with tensor-sliced experts (vLLM FusedMoEParallelConfig.use_all2all_kernels is
+        # ``dp_size > 1 and use_ep``; SGLang's default ``--moe-a2a-backend none``
+        # combines by all-reduce; TensorRT-LLM's MoE all-to-all serves attention DP).
         if layout.attention_dp > 1:
             gathered = serving_all_reduce(links.width, tokens_stage * h * _ACT, rates)
             return dense, attn + gathered, 0.0
