@@ -211,3 +211,18 @@ def test_expert_parallel_without_attention_dp_needs_no_all_to_all(name: str, ep:
         _layer_comm(model, tp_only, ctx.links(tp_only), ctx.rates, batch, batch))
     dp = ServingLayout(1, 1, ep, 8, max(batch, 8), 1)
     assert _layer_comm(model, dp, ctx.links(dp), ctx.rates, batch / 8, batch)[2] > 0
+
+
+@given(tp=st.sampled_from([2, 4, 8]), tokens=st.integers(1, 64))
+def test_small_all_reduce_inside_nvlink_pays_the_custom_kernel_latency(tp: int,
+                                                                      tokens: int) -> None:
+    # a decode-sized all-reduce inside one NVLink domain runs the engines' one-kernel
+    # custom all-reduce (sglang PR #2904: 3.7-5.9 us at TP 2-8), not NCCL's call latency
+    from parsearch.serve.cost import CUSTOM_ALL_REDUCE_LATENCY_S
+    model = get_preset("llama3-70b")
+    ctx = _context(model, load_cluster("dgx-h100"), ServingWorkload(isl=8, osl=8), None, None)
+    layout = ServingLayout(tp, 1, 1, 1, tokens, 1)
+    size = tokens * model.hidden_size * _ACT
+    t = serving_all_reduce(ctx.links(layout).tp, size, ctx.rates)
+    assert 3.7e-6 <= CUSTOM_ALL_REDUCE_LATENCY_S <= 5.9e-6
+    assert CUSTOM_ALL_REDUCE_LATENCY_S <= t < ctx.rates.collective_latency_s + 5e-6

@@ -37,6 +37,12 @@ KERNELS_PER_LAYER = 12
 #: asynchronous scheduling (assumption: vLLM V1 and TensorRT-LLM overlap most host work;
 #: 0.3 ms remains, the order of the gaps between steps in their published traces).
 STEP_OVERHEAD_S = 3e-4
+#: Call latency of the engines' own one-kernel NVLink all-reduce (vLLM/SGLang custom
+#: all-reduce, TensorRT-LLM ONESHOT/TWOSHOT): 3.7-5.9 us on H100 for 512 B-4 KB at TP 2-8,
+#: against 8.5-10.1 us for the same sizes through vLLM's NCCL-era path (sgl-project/sglang
+#: PR #2904 table, without CUDA graphs); the middle of that range.  NCCL's ring keeps the
+#: profile's collective latency.
+CUSTOM_ALL_REDUCE_LATENCY_S = 5e-6
 #: Bytes per element of MoE dispatch (FP8) and combine (BF16) traffic (DeepEP README:
 #: "FP8 dispatching and BF16 combining").
 DISPATCH_BYTES, COMBINE_BYTES = 1.0, 2.0
@@ -81,11 +87,11 @@ def serving_all_reduce(link: LinkArrays, size_bytes: float, rates: Rates) -> flo
     n = float(link.size)
     if n <= 1:
         return 0.0
-    alpha = rates.collective_latency_s
-    ring = float(all_reduce_time(link, size_bytes)) + alpha
+    ring = float(all_reduce_time(link, size_bytes)) + rates.collective_latency_s
     if float(link.members_per_domain) < n:  # crosses domains: NCCL only
         return ring
     bw = float(link.nvlink_bandwidth_Bps)
+    alpha = CUSTOM_ALL_REDUCE_LATENCY_S  # one kernel and a peer flag exchange, not NCCL's
     one_shot = alpha + (n - 1.0) * size_bytes / bw
     two_shot = 2.0 * alpha + 2.0 * (n - 1.0) / n * size_bytes / bw
     return min(ring, one_shot, two_shot)
