@@ -134,7 +134,12 @@ def stage_coefficients(
         dense[j], expert[j] = params[unit][0], params[unit][1]
     a_dp, l_dp = linear_collective(dp_link)
     a_edp, l_edp = linear_collective(edp_link)
-    fixed = np.broadcast_to(l_dp + l_edp, (n,))
+    # Megatron-Core builds its gradient buffers from the parameters of each group, the
+    # expert-data-parallel ones only from expert parameters (core/distributed/
+    # distributed_data_parallel.py, expert_parallel_buffers): a dense model issues no EDP
+    # collective and pays none of its latency.
+    has_experts = np.any(expert > 0.0, axis=0)
+    fixed = np.broadcast_to(l_dp + np.where(has_experts, l_edp, 0.0), (n,))
     reduce_per_byte = dense * np.broadcast_to(a_dp, (n,)) + expert * np.broadcast_to(a_edp, (n,))
     if fsdp or distributed_optimizer:
         block(_REDUCE)[:] = reduce_per_byte * grad_bytes
