@@ -20,7 +20,7 @@ from parsearch.serve.frontend import (
 )
 from parsearch.serve.space import enumerate_serving_layouts, serving_violations
 from parsearch.serve.spec import ServingLayout, ServingWorkload
-from parsearch.serve.ttft import TtftInputs, pickup_wait_s, ttft_parts
+from parsearch.serve.ttft import TtftInputs, closed_loop_share, pickup_wait_s, ttft_parts
 from parsearch.topology.cluster import load_cluster
 
 
@@ -96,3 +96,23 @@ def test_tensorrt_engine_workflow_has_no_attention_dp(name: str) -> None:
     assert set(trt) == {lay for lay in both if lay.attention_dp == 1}
     dp = next(lay for lay in both if lay.attention_dp > 1)
     assert any(v.rule == "S12" for v in serving_violations(model, engine, dp, 8, 8, 8))
+
+
+@given(waves=st.floats(1.0, 100.0), c=st.integers(1, 4096), more=st.floats(0.0, 100.0))
+def test_a_closed_loop_run_loses_at_most_half_a_request_per_slot(waves: float, c: int,
+                                                                 more: float) -> None:
+    share = closed_loop_share(waves, c)
+    assert waves / (waves + 0.5) <= share <= 1.0
+    assert closed_loop_share(waves + more, c) >= share  # longer runs drain relatively less
+    assert closed_loop_share(None, c) == 1.0 and closed_loop_share(waves, 1) == 1.0
+
+
+def test_closed_loop_client_lowers_throughput_not_latency() -> None:
+    def est(waves: float | None):
+        w = ServingWorkload(isl=1000, osl=500, precision="fp8", kv_precision="fp8",
+                            concurrency=32, engine="vllm", burst_waves=waves)
+        ctx = _context(get_preset("llama3-8b"), load_cluster("dgx-h100"), w, None, None)
+        return evaluate_aggregated(ctx, ServingLayout(1, 1, 1, 1, 32, 1), 1)
+    steady, run = est(None), est(10.0)
+    assert run.tpot_ms == pytest.approx(steady.tpot_ms)
+    assert run.tokens_per_s == pytest.approx(steady.tokens_per_s * closed_loop_share(10.0, 32))

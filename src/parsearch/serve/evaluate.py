@@ -40,7 +40,7 @@ from parsearch.serve.memory import GIB, gpu_memory, max_sequences
 from parsearch.serve.prefix_cache import computed_prompt_tokens
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.serve.speculative import Speculation, speculation_for, speculative_tpot_s
-from parsearch.serve.ttft import TtftInputs, ttft_parts
+from parsearch.serve.ttft import TtftInputs, closed_loop_share, ttft_parts
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.topology.hardware import GpuProfile
@@ -318,7 +318,10 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     osl = w.mean_osl
     cycle = osl * t.tpot_decode_s + run_layout.batch * t.prefill_busy_s
     tpot = cycle / osl
-    per_instance = run_layout.batch * osl / cycle
+    # a fixed-count closed-loop client measures the steady rate less its final drain
+    waves = w.burst_waves if w.concurrency is not None else None
+    per_instance = (run_layout.batch * osl / cycle
+                    * closed_loop_share(waves, w.concurrency or 1))
     completions = run_layout.batch / cycle  # requests/s one instance finishes
     queue_s = queue_delay_s(layout.batch, run_layout.batch, completions)
     replicas = _replicas_for(ctx, layout, completions, num_gpus)

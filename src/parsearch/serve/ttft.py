@@ -111,6 +111,20 @@ def burst_wait_s(in_flight: int, waves: float | None, busy_s: float) -> float:
     return (in_flight - 1) / 2.0 * busy_s / max(1.0, waves)
 
 
+def closed_loop_share(waves: float | None, concurrency: int) -> float:
+    """Share of the steady rate a fixed-count closed-loop run measures: a client that sends
+    ``waves * C`` requests through ``C`` slots (bench_serving ``--max-concurrency C``) divides
+    all output tokens by the whole run, whose end drains.  When the last request is handed
+    out, each of the other ``C - 1`` slots is on average halfway through its request
+    (residual life, Kleinrock Vol. 1 §5.2) and idles for the other half while the last one
+    runs (Graham's list-scheduling bound, 1969: the makespan exceeds the mean load by at
+    most one job), so the run measures ``waves / (waves + (C - 1) / (2 C))`` of the steady
+    rate.  None: an open-ended steady load (1)."""
+    if waves is None or concurrency <= 1:
+        return 1.0
+    return waves / (waves + (concurrency - 1) / (2.0 * concurrency))
+
+
 @dataclass(frozen=True)
 class TtftParts:
     """Time to first token and its parts, seconds (module docstring, items 0-6)."""
