@@ -150,13 +150,16 @@ PRICE_KEY: tuple[str, ...] = ("tp", "cp", "pp", "ep", "etp", "mbs", "sp", "recom
 _ALSO_KEYED: tuple[str, ...] = ("dp", "edp", "m")
 
 
-def _price_rows(training: TrainingSpec,
-                cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+def _price_rows(training: TrainingSpec, cols: dict[str, np.ndarray],
+                variants: tuple[CostOptions, ...] = ()
+                ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(representatives, position)``: one row per distinct price key, and each row's.
 
     ``None`` when pricing every row is as cheap (few rows, or keys all distinct).
     The key is :data:`PRICE_KEY`, plus ``vpp`` with ``--recompute-num-layers``
-    (which recomputes layers per model chunk).
+    (which recomputes layers per model chunk), plus whether the schedule can overlap the
+    expert all-to-all (no pipeline, or an interleaved one) when a feature set among
+    ``variants`` does: which sets a layout may run is part of its price.
     """
     n = len(cols["tp"])
     if n < 256:
@@ -164,6 +167,11 @@ def _price_rows(training: TrainingSpec,
     by_chunk = training.recompute_num_layers is not None or training.activation_offload_layers
     keys = PRICE_KEY + (("vpp",) if by_chunk else ())
     keys += tuple(k for k in _ALSO_KEYED if k in cols)
+    if not by_chunk and any(v.moe_a2a_overlap for v in variants):
+        # Megatron's all-to-all overlap needs pp == 1 or vpp > 1 (feature_search.runnable)
+        cols = {**cols, "a2a_schedulable": ((cols["pp"] == 1) | (cols["vpp"] > 1)
+                                            ).astype(np.uint8)}
+        keys += ("a2a_schedulable",)
     grouped = group_rows(cols, keys)
     if grouped is None or len(grouped[0]) > n // 2:
         return None
@@ -240,7 +248,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     if searches_graphs(cm):  # CUDA graphs chosen per layout, then the rest (feature_search.py)
         return score_graph_levels(cm, cols, with_memory, score_columns)
     if cm.variants and with_memory:
-        return score_fitting_variants(cm, cols, _score_fastest_features)
+        return score_fitting_variants(cm, cols, _score_fastest_features, memory_scores)
     return _score_fastest_features(cm, cols, with_memory=with_memory)
 
 
@@ -257,7 +265,7 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
     # partial recompute counts layers per model chunk): they are computed once per
     # distinct key and looked up by each row (the same elementwise arithmetic, so the
     # same numbers as pricing every row).
-    price_of = _price_rows(training, cols)
+    price_of = _price_rows(training, cols, cm.variants)
     pcols = cols if price_of is None else {k: v[price_of[0]] for k, v in cols.items()}
     groups = process_groups(fabric, pcols)
     shares = recompute_shares(model, training, pcols["recompute"], pp=pcols["pp"],
@@ -327,31 +335,40 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
     flops_per_token = model_flops_per_token(model, training.seq_len, cm.options.causal)
     model_flops = flops_per_token.model_flops * tokens_per_s / fabric.num_gpus
     if with_memory:
-        mem = memory_arrays(model, training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
-                            cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
-                            cols["recompute"], cols["sp"], cm.options.memory, splits=splits,
-                            degree_rows=price_of)
-        out.update({f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64)
-                    for k in MEMORY_KEYS})
-        peak_stage = np.asarray(mem.peak_stage)
+        out.update(memory_scores(cm, cols, splits=splits, degree_rows=price_of))
     else:  # time only (calibration): memory reported as NaN, "fits" as True
         out.update({f"mem_{k}": np.full(n, np.nan) for k in MEMORY_KEYS})
-        peak_stage = np.zeros(n, dtype=np.int64)
+        out.update(fits=np.ones(n, dtype=bool), peak_memory_stage=np.zeros(n, dtype=np.int64))
     out.update(
         step_time_s=step,
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=tokens_per_s / fabric.num_gpus,
         model_tflops_per_gpu=model_flops / 1e12,
         mfu=model_flops / fabric.gpu.peak_flops["bf16"],
-        fits=(out["mem_total"] <= usable_memory_bytes(fabric.gpu, cm.options)
-              if with_memory else np.ones(n, dtype=bool)),
         capacity_bytes=np.full(n, usable_memory_bytes(fabric.gpu, cm.options)),
         slowest_stage=slowest_stage,
-        peak_memory_stage=peak_stage,
     )
     if cm.variants:
         out["feature_variant"] = (np.zeros(n, dtype=np.int64) if choice is None
                                   else choice if price_of is None else choice[price_of[1]])
+    return out
+
+
+def memory_scores(cm: CostModel, cols: dict[str, np.ndarray], *,
+                  splits: list[tuple[int, int, np.ndarray]] | None = None,
+                  degree_rows: tuple[np.ndarray, np.ndarray] | None = None
+                  ) -> dict[str, np.ndarray]:
+    """The memory part of :func:`score_columns`' answer under ``cm.options.memory``:
+    ``mem_<key>`` for each of :data:`MEMORY_KEYS`, ``fits`` and ``peak_memory_stage``
+    (``splits`` and ``degree_rows``: the time pass's row groupings, reused)."""
+    cols = wide_columns(cols)
+    mem = memory_arrays(cm.model, cm.training, cols["tp"], cols["cp"], cols["pp"], cols["ep"],
+                        cols["etp"], cols["vpp"], cols["mbs"], cols["dp"], cols["edp"],
+                        cols["recompute"], cols["sp"], cm.options.memory, splits=splits,
+                        degree_rows=degree_rows)
+    out = {f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64) for k in MEMORY_KEYS}
+    out["fits"] = out["mem_total"] <= usable_memory_bytes(cm.fabric.gpu, cm.options)
+    out["peak_memory_stage"] = np.asarray(mem.peak_stage)
     return out
 
 

@@ -316,14 +316,17 @@ def cheapest_unit_prices(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
 
 def score_fitting_variants(cm: CostModel, cols: dict[str, np.ndarray],
                            score: Callable[[CostModel, dict[str, np.ndarray]],
-                                           dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+                                           dict[str, np.ndarray]],
+                           memory: Callable[[CostModel, dict[str, np.ndarray]],
+                                            dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Scores with each layout's fastest feature set among those whose memory fits.
 
     ``score(cm, cols)`` prices with the fastest feature set per layout (time only decides)
-    and memory under ``cm.options``.  Layouts whose fastest set overlaps the all-to-all
-    may hold one more warm-up chunk: they are priced again among the overlapping sets with that
-    memory, and those that then do not fit, among the sets without the overlap.
-    ``feature_variant`` indexes ``cm.variants``.
+    and memory under ``cm.options``; ``memory(cm, cols)`` prices the memory alone.  Layouts
+    whose fastest set overlaps the all-to-all may hold one more warm-up chunk: their memory
+    is priced again under the overlapping sets' (their time stays: the fastest of all sets
+    is the fastest of the overlapping ones), and those that then do not fit are priced
+    among the sets without the overlap.  ``feature_variant`` indexes ``cm.variants``.
     """
     scores = score(cm, cols)
     with_overlap = tuple(v for v in cm.variants if v.moe_a2a_overlap)
@@ -334,7 +337,8 @@ def score_fitting_variants(cm: CostModel, cols: dict[str, np.ndarray],
     overlap_rows = np.nonzero(np.isin(chosen, [cm.variants.index(v) for v in with_overlap]))[0]
     if not len(overlap_rows):
         return scores
-    _merge(scores, overlap_rows, _sub_scores(cm, with_overlap, cols, overlap_rows, score))
+    _merge(scores, overlap_rows, memory(replace(cm, options=with_overlap[0], variants=()),
+                                        {k: v[overlap_rows] for k, v in cols.items()}))
     misfit = overlap_rows[~np.asarray(scores["fits"], dtype=bool)[overlap_rows]]
     if len(misfit):
         _merge(scores, misfit, _sub_scores(cm, without, cols, misfit, score))

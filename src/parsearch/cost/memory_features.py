@@ -361,16 +361,6 @@ def _saving_share(settings: tuple[tuple[MemorySetting, ...], ...]) -> float:
     return 0.0
 
 
-def bound_ratio(cm: CostModel, timed: dict[str, np.ndarray]) -> np.ndarray:
-    """Per row, how much faster than its pinned-numerics time any numerics combination can
-    be (``step / (step - saving)``, the saving bounded by the exposed DP and optimizer time
-    of ``timed``, which recompute leaves unchanged while it lengthens the step)."""
-    share = _saving_share(memory_settings(cm))
-    step = np.asarray(timed["step_time_s"], dtype=np.float64)
-    save = share * (np.asarray(timed["time_dp_comm"]) + np.asarray(timed["time_optimizer"]))
-    return step / np.maximum(step - save, 1e-30)
-
-
 def optimizer_step_bytes_share() -> float:
     """BF16 moments' optimizer-step bytes over fp32 moments' (22 / 30)."""
     return (_STEP_BYTES_FP32_STATE - 2.0 * (ADAM_FP32_STATE_BYTES - ADAM_BF16_MOMENT_STATE_BYTES)
@@ -415,7 +405,6 @@ __all__ = [
     "MemorySetting",
     "apply_setting",
     "bf16_moments_allowed",
-    "bound_ratio",
     "effective_training",
     "fastest_bound",
     "first_fitting",

@@ -306,9 +306,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         late = late[tokens[late] >= threshold]
         deferred = []
         if len(late):
-            total, priced = full_memory_choice(
-                cm, {name: v[late] for name, v in chunk.items()},
-                {key: np.asarray(timed[key])[late] for key in choice_keys}, threshold)
+            total, priced = full_memory_choice(cm, {name: v[late] for name, v in chunk.items()})
             ok = (total <= hbm) & (priced >= threshold)
             if np.any(ok):
                 rows_out.append(rows[late[ok]])

@@ -6,8 +6,8 @@ chosen per layout: each layout's fastest MoE / CUDA-graph feature set
 (:mod:`parsearch.cost.feature_search`), and the memory-saving features
 (:mod:`parsearch.cost.memory_features`): a layout whose pinned setting fits with its fastest
 other features, and where no numerics-changing feature can save enough, is settled by a
-memory-only check (:func:`quick_memory_choice`); the rest are priced per numerics
-combination at their first fitting recompute set (:func:`full_memory_choice`).
+memory-only check (:func:`quick_memory_choice`); the rest are priced with memory by the rule
+that prices the answer (:func:`full_memory_choice`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,9 @@ from parsearch.cost.analytic import CostModel, score_columns, usable_memory_byte
 from parsearch.cost.feature_search import graph_level, searches_graphs
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
-    bound_ratio,
-    first_fitting,
     least_memory,
     memory_settings,
     needs_full_choice,
-    numerics_penalty,
-    searches_memory_features,
     with_setting,
 )
 
@@ -66,88 +62,20 @@ def quick_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
     return total, tokens, full
 
 
-def full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
-                        timed: dict[str, np.ndarray], threshold: float = -np.inf
+def full_memory_choice(cm: CostModel, cols: dict[str, np.ndarray]
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Memory and tokens/s of rows the base setting may not be the choice of: priced per
-    numerics combination at their first fitting recompute set (time first, then memory as
-    :func:`memory_and_tokens` prices it); each keeps the fastest that fits, a numerics
-    combination only where needed to fit or :data:`NUMERICS_MIN_GAIN` faster.  Rows whose
-    time is below ``threshold`` cannot enter the answer and are not priced further."""
-    n = len(cols["tp"])
-    settings = memory_settings(cm)
-    hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
-    best_tokens = np.full(n, -np.inf)
-    best_total = np.full(n, np.inf)
-    best_numerics = np.zeros(n, dtype=np.int64)
-    best_weighed = np.full(n, -np.inf)
-    firsts = [first_fitting(cm, chain, cols, hbm) for chain in settings]
-    best_k = firsts[0].copy()
-    # the pinned combination's time at its chain set (time only: no graph level excluded),
-    # and how much faster any numerics combination can be at the same set
-    base_time = np.full(n, np.inf)
-    ratio = bound_ratio(cm, timed)
-    for ci, chain in enumerate(settings):
-        numerics = chain[0].numerics
-        fitting = firsts[ci] < len(chain)  # fits somewhere along the chain
-        if ci:  # a numerics combination: where the base fits nowhere, the best so far
-            # changes numerics too, this one fits with less recompute, or it may save enough;
-            # never where at the same set it cannot reach the bar
-            fitting &= (~np.isfinite(best_tokens) | (best_numerics > 0) | (firsts[ci] < best_k)
-                        | needs_full_choice(cm, timed, np.ones(n, dtype=bool)))
-            fitting &= ~((firsts[ci] == firsts[0]) & (base_time * ratio < threshold))
-        rows = np.nonzero(fitting)[0]
-        for index in np.unique(firsts[ci][rows]):
-            group = rows[firsts[ci][rows] == index]
-            g_total, g_tokens, g_time = price_group(with_setting(cm, chain[int(index)]),
-                                                     {k: v[group] for k, v in cols.items()},
-                                                     threshold, hbm)
-            if ci == 0:
-                base_time[group] = g_time
-            # each numerics-changing feature weighed as NUMERICS_MIN_GAIN of the step
-            weighed = g_tokens / numerics_penalty(numerics)
-            take = (g_total <= hbm) & (~np.isfinite(best_weighed[group])
-                                       | (weighed > best_weighed[group]))
-            where = group[take]
-            best_weighed[where] = weighed[take]
-            best_k[where] = index
-            best_tokens[where] = g_tokens[take]
-            best_total[where] = g_total[take]
-            best_numerics[where] = numerics
-    return best_total, best_tokens
-
-
-def price_group(cm: CostModel, cols: dict[str, np.ndarray], threshold: float, hbm: float
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Memory and tokens/s of layouts under one memory setting: time first, then memory
-    where the time can enter the answer (as :func:`scan_bounded` prices a block), and the
-    time-only tokens/s.  With CUDA graphs searched, layouts that no graph level fits are
-    priced among the eager feature sets alone (the choice the graph search would make, at
-    one level's cost)."""
-    n = len(cols["tp"])
-    total, tokens = np.full(n, np.inf), np.zeros(n)
-    time_only = np.zeros(n)
-    parts = [(np.arange(n), cm)]
-    if searches_graphs(cm):
-        eager = no_graph_fits(cm, cols, hbm)
-        off = tuple(v for v in cm.variants if not v.cuda_graphs)
-        parts = [(np.nonzero(eager)[0], replace(cm, options=off[0], variants=off)),
-                 (np.nonzero(~eager)[0], cm)]
-    for rows, model in parts:
-        if not len(rows):
-            continue
-        sub = {k: v[rows] for k, v in cols.items()}
-        timed = score_columns(model, sub, with_memory=False)
-        tokens[rows] = np.asarray(timed["tokens_per_s"], dtype=np.float64)
-        time_only[rows] = tokens[rows]
-        fast = rows[tokens[rows] >= threshold]
-        if len(fast):
-            variant = timed.get("feature_variant")
-            at = np.searchsorted(rows, fast)
-            total[fast], tokens[fast] = memory_and_tokens(
-                model, {k: v[at] for k, v in sub.items()}, tokens[fast],
-                None if variant is None else np.asarray(variant)[at])
-    return total, tokens, time_only
+    """Memory and tokens/s of rows the base setting may not be the choice of, with each
+    row's memory features chosen by the rule that prices the answer
+    (:func:`~parsearch.cost.memory_features.score_memory_features`), so that a layout's
+    number in the scan is the one the answer reports.  The caller passes only the rows
+    whose upper bound (``tokens_per_s_bound``) can still enter the answer."""
+    if not len(cols["tp"]):
+        return np.zeros(0), np.zeros(0)
+    scores = score_columns(cm, cols)
+    tokens = np.asarray(scores["tokens_per_s"], dtype=np.float64)
+    total = np.where(np.asarray(scores["fits"], dtype=bool),
+                     np.asarray(scores["mem_total"], dtype=np.float64), np.inf)
+    return total, tokens
 
 
 def variant_memory(cm: CostModel, cols: dict[str, np.ndarray],
@@ -168,9 +96,7 @@ def variant_memory(cm: CostModel, cols: dict[str, np.ndarray],
 
 
 def memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.ndarray,
-                       variant: np.ndarray | None,
-                       timed: dict[str, np.ndarray] | None = None,
-                       threshold: float = -np.inf) -> tuple[np.ndarray, np.ndarray]:
+                       variant: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Peak bytes per GPU and tokens/s of layouts whose time-only tokens/s is ``tokens``.
 
     Without feature sets to choose from, the memory model alone (the time is already
@@ -180,13 +106,6 @@ def memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nda
     sets without the overlap (the fastest that fits; never faster than the time-only
     number).
     """
-    if timed is not None and searches_memory_features(cm):
-        total, tokens, full = quick_memory_choice(cm, cols, timed, variant)
-        if len(full):
-            total[full], tokens[full] = full_memory_choice(
-                cm, {k: v[full] for k, v in cols.items()},
-                {k: v[full] for k, v in timed.items()}, threshold)
-        return total, tokens
     if not cm.variants or variant is None:
         return peak_memory(cm, cols), tokens
     if not len(cols["tp"]):
@@ -259,7 +178,6 @@ __all__ = [
     "memory_and_tokens",
     "no_graph_fits",
     "peak_memory",
-    "price_group",
     "quick_memory_choice",
     "variant_memory",
 ]
