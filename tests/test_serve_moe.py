@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parsearch.errors import SpecError
+from parsearch.model.params import parameter_counts
 from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context
 from parsearch.serve.cost import _ACT, decode_bytes, decode_step, serving_all_reduce
@@ -226,3 +228,25 @@ def test_small_all_reduce_inside_nvlink_pays_the_custom_kernel_latency(tp: int,
     t = serving_all_reduce(ctx.links(layout).tp, size, ctx.rates)
     assert 3.7e-6 <= CUSTOM_ALL_REDUCE_LATENCY_S <= 5.9e-6
     assert CUSTOM_ALL_REDUCE_LATENCY_S <= t < ctx.rates.collective_latency_s + 5e-6
+
+
+@pytest.mark.parametrize(("cluster", "slower"), [("dgx-b200", True), ("dgx-h100", False)])
+def test_fp8_activations_run_fp4_experts_at_the_fp8_rate(cluster: str, slower: bool) -> None:
+    # Blackwell's mixed FP4 x FP8 MMA runs at the FP8 rate; Hopper has no FP4 MMA at all
+    # (weight-only kernels), so the activations' precision changes nothing there
+    from parsearch.serve.cost import expert_rate
+    model = get_preset("gpt-oss-120b")
+    fp4 = ServingWorkload(isl=8, osl=8, precision="fp4", engine="vllm")
+    mixed = ServingWorkload(isl=8, osl=8, precision="fp4", engine="vllm",
+                            expert_activations="fp8")
+    rates = _context(model, load_cluster(cluster), fp4, None, None).rates
+    ratio = expert_rate(mixed, rates) / expert_rate(fp4, rates)
+    assert ratio == pytest.approx(0.5 if slower else 1.0)
+    layout = ServingLayout(1, 1, 1, 1, 1, 1)
+    counts = parameter_counts(model)
+    t4 = expert_gemm_time(model, layout, counts, rates, 4096, 4096, 1.0, expert_rate(fp4, rates))
+    t8 = expert_gemm_time(model, layout, counts, rates, 4096, 4096, 1.0,
+                          expert_rate(mixed, rates))
+    assert (t8 > t4) if slower else (t8 == pytest.approx(t4))
+    with pytest.raises(SpecError, match="expert_activations"):
+        ServingWorkload(isl=8, osl=8, expert_activations="int4")

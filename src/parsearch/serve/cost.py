@@ -174,6 +174,15 @@ def _stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
     return layers, moe_layers * share, (model.num_layers - moe_layers) * share
 
 
+def expert_rate(workload: ServingWorkload, rates: Rates) -> float:
+    """The routed experts' grouped-GEMM rate over the profile's: the engine's fused-MoE factor
+    (:func:`parsearch.serve.engines.moe_kernel_efficiency`), times the FP8 over FP4 rate when
+    FP4 experts are fed 8-bit activations (``expert_activations`` ``fp8``, e.g. vLLM's
+    ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``; :attr:`Rates.w4a8_scale`)."""
+    mixed = workload.precision == "fp4" and workload.expert_activations == "fp8"
+    return moe_kernel_efficiency(workload.engine) * (rates.w4a8_scale if mixed else 1.0)
+
+
 def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,
                 tokens_rank: float, tokens_stage: float,
                 imbalance: float = 1.0) -> tuple[float, float, float]:
@@ -319,7 +328,7 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     imbalance = ep_imbalance(model, layout, b_m, seqs, workload.eplb)
     gemm_s = (gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
               + expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance,
-                                 moe_kernel_efficiency(workload.engine)))
+                                 expert_rate(workload, rates)))
     attention_s = core / (rates.bf16_flops * rates.attention)
     compute = gemm_s + attention_s
     # The GEMMs (bound by weight reads or FLOPs) and the attention kernels (bound by KV
@@ -385,7 +394,7 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
                              tokens_stage / computed_prompt_tokens(s, hit), workload.eplb)
     compute = (gemm_flops / gemm_rate + core / (rates.bf16_flops * rates.attention * block)
                + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage,
-                                  imbalance, moe_kernel_efficiency(workload.engine)))
+                                  imbalance, expert_rate(workload, rates)))
     prec = ELEMENT_BYTES[workload.precision]
     memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,

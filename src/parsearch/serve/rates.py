@@ -32,6 +32,11 @@ class Rates:
     collective_latency_s: float
     alltoall: float
     sm_count: int | None = None  # for wave quantization (serve.moe.tile_shape_efficiency)
+    #: Rate of an FP4-weight GEMM fed 8-bit activations over the FP4 x FP4 rate: Blackwell's
+    #: mixed-operand MMA (``tcgen05.mma`` kind ``f8f6f4``) runs at the FP8 rate, only FP4 x FP4
+    #: (kinds ``mxf4``/``mxf4nvf4``) at the FP4 rate (PTX ISA, tcgen05.mma kinds); so the
+    #: datasheets' FP8 over FP4 peak.  1 where the GPU has no FP4 tensor cores.
+    w4a8_scale: float = 1.0
 
 
 def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
@@ -61,6 +66,8 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
         collective_latency_s=profile.collective_latency_s,
         alltoall=profile.alltoall_efficiency,
         sm_count=gpu.sm_count,
+        w4a8_scale=(gpu.peak_flops["fp8"] / gpu.peak_flops["fp4"]
+                    if "fp4" in gpu.peak_flops and "fp8" in gpu.peak_flops else 1.0),
     )
 
 

@@ -124,6 +124,10 @@ class ServingWorkload:
     All of these shape TTFT only (:mod:`parsearch.serve.ttft`).
     ``tensorrt_engine``: TensorRT-LLM's TensorRT-engine workflow (``trtllm-build``) instead
     of its PyTorch backend; its mapping has no attention DP (space rule S12).
+    ``expert_activations``: precision of the activations the routed experts' GEMMs take
+    (None: that of the weights); ``fp8`` with FP4 experts runs Blackwell's mixed-operand MMA
+    at the FP8 rate (vLLM ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``;
+    :func:`parsearch.serve.cost.expert_rate`).
     """
 
     isl: int
@@ -154,6 +158,7 @@ class ServingWorkload:
     async_scheduling: bool | None = None
     text_prompts: bool = False
     tensorrt_engine: bool = False
+    expert_activations: str | None = None
     _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
@@ -201,6 +206,9 @@ class ServingWorkload:
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{owner}: {name} must be true or false, got "
                                 f"{getattr(self, name)!r}")
+        if self.expert_activations is not None:
+            require_choice(owner, "expert_activations", self.expert_activations,
+                           WEIGHT_PRECISIONS)
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise SpecError(f"{owner}: async_scheduling must be true, false or None, got "
                             f"{self.async_scheduling!r}")
