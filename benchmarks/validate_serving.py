@@ -130,9 +130,12 @@ def client_knobs(row: dict[str, str]) -> dict[str, Any]:
                              "async_scheduling": True}
     if row["framework"] == "sglang":
         knobs["recv_interval"] = sglang_recv_interval(row)
-    if "gptoss_fp4_b200.sh" in row["notes"]:
+    if "gptoss_fp4_b200.sh" in row["notes"] or "gptoss_fp4_b200_trt.sh" in row["notes"]:
         # gptoss_fp4_b200.sh exports VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1: FlashInfer's
-        # MXFP4-weight, MXFP8-activation MoE (the H100/H200 scripts use Marlin, W4A16)
+        # MXFP4-weight, MXFP8-activation MoE (the H100/H200 scripts use Marlin, W4A16);
+        # gptoss_fp4_b200_trt.sh sets moe_config.backend TRTLLM, which on B200 takes MXFP8
+        # activations with MXFP4 weights (TensorRT-LLM 1.2.0rc2 "Deployment Guide for
+        # GPT-OSS", MoE backend support matrix)
         knobs["expert_activations"] = "fp8"
     if row["framework"] == "tensorrt-llm" and int(row["attention_dp"] or 1) > 1:
         knobs["balance_wait_iters"] = TRTLLM_BALANCE_WAIT_ITERS
