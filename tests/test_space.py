@@ -11,10 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsearch.errors import NoValidLayoutError
+from parsearch.errors import NoValidLayoutError, SpecError
 from parsearch.layout import Layout
 from parsearch.layout.rules import RULES, check_layout, derive_columns, rule_context
 from parsearch.layout.space import enumerate_layouts, require_layouts
+from parsearch.layout.spec import parse_layout_string
 from parsearch.model.specs import RECOMPUTE_MODES, ModelSpec, MoeSpec, TrainingSpec
 from tests.strategies import small_models, small_trainings
 
@@ -225,3 +226,23 @@ def test_uneven_split_admits_embedding_and_loss_stages() -> None:
     assert "at most 4 with pp=2" in violation.message
     even = replace(training, pipeline_split="even")
     assert max(x.pp * x.vpp for x in enumerate_layouts(model, even, 8)) == 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 4]),
+       vpp=st.sampled_from([1, 3]), ep=st.sampled_from([1, 8, 32]), etp=st.sampled_from([1, 2]),
+       mbs=st.sampled_from([1, 2]), sp=st.booleans(),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_layout_option_reads_the_key_search_prints(tp: int, cp: int, pp: int, vpp: int, ep: int,
+                                                   etp: int, mbs: int, sp: bool,
+                                                   recompute: str) -> None:
+    """``--layout`` takes the key a search table prints as well as key=value pairs."""
+    layout = Layout(tp=tp, cp=cp, pp=pp, vpp=vpp, ep=ep, etp=etp, mbs=mbs, sp=sp,
+                    recompute=recompute, num_gpus=1024)
+    assert parse_layout_string(layout.key(), num_gpus=1024) == layout
+    assert parse_layout_string(f"  {layout.key().upper()} ", num_gpus=1024) == layout
+
+
+def test_a_malformed_layout_key_names_both_accepted_forms() -> None:
+    with pytest.raises(SpecError, match=r"neither key=value pairs .* nor a layout key"):
+        parse_layout_string("tp8-pp4-xyz", num_gpus=64)

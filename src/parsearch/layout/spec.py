@@ -134,11 +134,23 @@ def parse_layout_string(text: str, num_gpus: int) -> Layout:
     """Read ``"tp=8,pp=4,cp=1,sp=true,recompute=selective"`` into a :class:`Layout`.
 
     Omitted keys take their defaults (1, false, ``none``).  Unknown keys,
-    repeated keys and malformed values raise :class:`SpecError`.
+    repeated keys and malformed values raise :class:`SpecError`.  The key that
+    ``search`` prints (``tp8-cp1-pp4-...-rsel``, :meth:`Layout.key`) is read too.
 
     >>> parse_layout_string("tp=8,pp=4,sp=true", num_gpus=64).key()
     'tp8-cp1-pp4-vpp1-ep1-etp1-mbs1-sp1-rnone'
+    >>> parse_layout_string("tp2-cp1-pp4-vpp1-ep8-etp1-mbs2-sp1-rsel", num_gpus=64).recompute
+    'selective'
     """
+    if "=" not in text and "," not in text and "-" in text.strip():
+        try:  # the compact key of search's tables
+            return parse_layout_key(text.strip().lower(), num_gpus)
+        except SpecError:
+            raise SpecError(
+                f"layout: {text.strip()!r} is neither key=value pairs (e.g. "
+                "\"tp=8,pp=4,sp=true\") nor a layout key as search prints it "
+                "(e.g. tp8-cp1-pp4-vpp1-ep1-etp1-mbs1-sp1-rnone)"
+            ) from None
     values: dict[str, Any] = {}
     for raw in text.split(","):
         item = raw.strip()
