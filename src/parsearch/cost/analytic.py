@@ -246,7 +246,7 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     if training is not cm.training:
         cm = replace(cm, training=training)
     if searches_graphs(cm):  # CUDA graphs chosen per layout, then the rest (feature_search.py)
-        return score_graph_levels(cm, cols, with_memory, score_columns)
+        return score_graph_levels(cm, cols, with_memory, score_columns, memory_scores)
     if cm.variants and with_memory:
         return score_fitting_variants(cm, cols, _score_fastest_features, memory_scores)
     return _score_fastest_features(cm, cols, with_memory=with_memory)

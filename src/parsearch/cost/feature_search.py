@@ -216,7 +216,10 @@ def searches_graphs(cm: CostModel) -> bool:
 
 
 def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: bool,
-                       score: Callable[..., dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+                       score: Callable[..., dict[str, np.ndarray]],
+                       memory: Callable[[CostModel, dict[str, np.ndarray]],
+                                        dict[str, np.ndarray]] | None = None
+                       ) -> dict[str, np.ndarray]:
     """Scores with each layout's CUDA-graph level chosen (module docstring), and within it
     its MoE features as :func:`score_fitting_variants` chooses them.
 
@@ -226,7 +229,9 @@ def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: 
     off).  A graph only removes host time, but the time model lets some traffic hide in
     the host's gaps at more than one place (a unit's TP and CP traffic, the stage's
     pipeline sends and DP reduction), so a level is compared, never assumed faster.
-    ``feature_variant`` indexes ``cm.variants``.
+    ``feature_variant`` indexes ``cm.variants``.  With memory, ``memory(cm, cols)`` (the
+    memory model alone) first drops from a level the layouts none of its memory classes
+    fits (:func:`_level_may_fit`): they could not take it, so they are not priced there.
     """
     n = len(cols["tp"])
     levels = sorted({graph_level(v) for v in cm.variants},
@@ -240,6 +245,9 @@ def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: 
         off = not sets[0].cuda_graphs
         rows = (np.arange(n) if off
                 else np.nonzero(graphs_runnable(sets[0], cm.training, cols))[0])
+        if not off and with_memory and memory is not None and len(rows):
+            rows = rows[_level_may_fit(cm, sets, {k: v[rows] for k, v in cols.items()},
+                                       memory)]
         if not len(rows):
             continue
         sub = replace(cm, options=sets[0], variants=sets if len(sets) > 1 else ())
@@ -267,6 +275,22 @@ def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: 
             if np.ndim(values):
                 out[key][where] = np.asarray(values)[take]
     return out
+
+
+def _level_may_fit(cm: CostModel, sets: tuple[CostOptions, ...], cols: dict[str, np.ndarray],
+                   memory: Callable[[CostModel, dict[str, np.ndarray]], dict[str, np.ndarray]]
+                   ) -> np.ndarray:
+    """Which layouts may fit at one graph level: :func:`score_fitting_variants` judges a
+    layout's memory under the level's first set, the first set with the all-to-all overlap
+    or the first without it, so a layout none of those fits cannot take the level."""
+    judged = [sets[0]] + [next((v for v in sets if v.moe_a2a_overlap == on), sets[0])
+                          for on in (True, False)]
+    fits = np.zeros(len(cols["tp"]), dtype=bool)
+    for options in dict.fromkeys(o.memory for o in judged):
+        owner = next(o for o in judged if o.memory == options)
+        fits |= np.asarray(memory(replace(cm, options=owner, variants=()), cols)["fits"],
+                           dtype=bool)
+    return fits
 
 
 def cheapest_unit_prices(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
