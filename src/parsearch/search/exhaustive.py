@@ -314,6 +314,8 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                 memory_out.append(total[ok])
                 shapes_out.append(shape_of_row[rows[late[ok]]])
                 threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
+        # the block's scores go before the next block is priced (the scan's peak memory)
+        del rows, chunk, timed, tokens, variant, keep, late
         if on_rows is not None:
             on_rows(int(ends[j - 1]) - start)
         start = int(ends[j - 1])
