@@ -152,3 +152,38 @@ def test_unfused_score_kernels_match_the_hand_count() -> None:
     expected = A100_PROFILE.memory_bound_factor * scores * 20 / hbm
     assert unfused.memory_bound[0] - fused.memory_bound[0] == pytest.approx(expected,
                                                                             rel=1e-9)
+
+
+@pytest.mark.parametrize("run_id, grad_bytes", [("r0317", 2.0), ("r0323", 2.0), ("r0337", 4.0)])
+def test_papers_are_priced_without_the_distributed_optimizer(run_id: str,
+                                                             grad_bytes: float) -> None:
+    # The distributed optimizer reached Megatron-LM main in June 2022, after NAR21 and KOR22
+    # (KOR22 §6.3: "the gradient all-reduce"): optimizer state replicated over DP, one
+    # gradient all-reduce per step; NAR21 --fp16 keeps and reduces FP16 gradients, KOR22 FP32.
+    from parsearch.validation.published.published_runs import load_published_runs, training_spec
+    from parsearch.validation.published.runs import source_accounting
+
+    run = {r.id: r for r in load_published_runs()}[run_id]
+    training, options = source_accounting(run, training_spec(run), CostOptions())
+    assert not training.distributed_optimizer and not training.fsdp
+    assert options.grad_reduce_bytes == grad_bytes
+    assert training.grad_bytes == grad_bytes
+
+
+def test_unsharded_optimizer_prices_an_all_reduce_and_no_gather() -> None:
+    # Without the distributed optimizer the DP traffic is one all-reduce (twice a
+    # reduce-scatter's bytes) and no parameter all-gather.
+    layout = Layout(num_gpus=64, tp=8, pp=1, sp=False, mbs=1)
+    fabric = build_fabric(CLUSTER, layout.num_gpus)
+
+    def dp_time(distributed: bool) -> dict[str, float]:
+        training = TrainingSpec(seq_len=2048, global_batch=64, distributed_optimizer=distributed)
+        options = CostOptions(overlap_grad_reduce=False, overlap_param_gather=False,
+                              grad_reduce_bytes=4.0, param_gather_bytes=2.0)
+        return estimate(build_cost_model(MODEL, training, fabric, options=options), layout).time_s
+
+    sharded, replicated = dp_time(True), dp_time(False)
+    # 4-byte reduce-scatter + 2-byte gather against a 4-byte all-reduce: 8 / 6 of the bytes
+    assert replicated["dp_comm"] == pytest.approx(sharded["dp_comm"] * 8 / 6, rel=0.02)
+    # every rank steps the whole optimizer, not its 1/DP shard
+    assert replicated["optimizer"] > sharded["optimizer"]

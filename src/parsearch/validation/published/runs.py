@@ -178,9 +178,11 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
 
     NVIDIA's Megatron-Bridge performance recipes reduce (and keep) gradients in
     BF16 (``grad_reduce_in_fp32=False`` in their perf configs) and, for FP8/FP4
-    recipes, gather FP8 primary weights; the papers (NAR21, KOR22, Folding) used
-    Megatron's fp32 gradients, and the Folding paper Megatron-Core's all-to-all
-    token dispatcher (no DeepEP deduplication).
+    recipes, gather FP8 primary weights; the Folding paper used Megatron-Core's fp32
+    gradients and all-to-all token dispatcher (no DeepEP deduplication).  NAR21 and
+    KOR22 ran Megatron-LM before its distributed optimizer: optimizer state replicated
+    on every DP rank and one gradient all-reduce per step, NAR21's in FP16 (2 bytes),
+    KOR22's in FP32 (4 bytes).
     """
     if run.source_tag == "FOLD":
         return training, replace(options, moe_dispatcher="alltoall")
@@ -194,9 +196,29 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # default on; NAR21 §4.1), which matters for NAR21's layouts without SP.  NAR21's
         # Megatron-LM (its sc21 scripts date from August 2021) also predates the async
         # backward TP all-reduce (Megatron-LM commit 16c90445, 2021-09-02): it ran exposed.
+        # Neither ran the distributed optimizer: it reached Megatron-LM main on 2022-06-08
+        # (merge d07d29df14, branch lmcafee/distrib-opt-nodupe), after NAR21 (sc21 scripts
+        # 2021-08) and KOR22 (arXiv v1 2022-05-10), whose §6.3 prices its DP overhead as
+        # "the gradient all-reduce required between the data parallel groups".  So each
+        # DP rank keeps the whole optimizer state and the gradients are all-reduced once
+        # per step (no parameter all-gather).
+        # Gradient bytes: NAR21's sc21 CONFIG.sh trains with --fp16 and no
+        # --accumulate-allreduce-grads-in-fp32 (Megatron-LM @de7dc40f883c
+        # megatron/arguments.py: only --bf16 forces FP32), so its FP16 gradients are kept
+        # and all-reduced in 2 bytes.  KOR22 states only "mixed precision" (§6); its
+        # Megatron-LM defaults to gradient-accumulation fusion, which runs only with FP32
+        # gradient accumulation and all-reduce (commit 83b1e42f30, 2022-02-13, by a KOR22
+        # author; --bf16 forces it), so its gradients are read as FP32 (4 bytes, the default).
+        if run.source_tag == "NAR21":
+            training = replace(training, distributed_optimizer=False, grad_bytes=2.0)
+            grad_reduce_bytes = 2.0
+        else:
+            training = replace(training, distributed_optimizer=False, grad_bytes=4.0)
+            grad_reduce_bytes = 4.0
         return training, replace(options, flash_attention=False, tp_comm_overlap=False,
                                  pp_scatter_gather=True,
-                                 tp_async_grad_comm=run.source_tag != "NAR21")
+                                 tp_async_grad_comm=run.source_tag != "NAR21",
+                                 grad_reduce_bytes=grad_reduce_bytes)
     if run.source_tag == "MEGASCALE":
         # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
         # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
