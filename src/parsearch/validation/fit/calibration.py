@@ -136,15 +136,28 @@ def prepare_rows(runs: Iterable[PublishedRun], *, options: CostOptions | None = 
 
 
 def predict(rows: Sequence[PreparedRow], profile: EfficiencyProfile | None = None) -> np.ndarray:
-    """Predicted tokens/s/GPU of each row (under ``profile``, else its own profile)."""
+    """Predicted tokens/s/GPU of each row (under ``profile``, else its own profile).
+
+    Rows priced by the same cost model (a user's runs of one model on one cluster and GPU
+    count) are scored in one call, each layout a row of it: a fit prices every row many
+    times, and one call per row made calibration's time grow with the rows' count twice
+    over."""
     out = np.empty(len(rows))
+    groups: dict[tuple[object, ...], list[int]] = {}
     for i, row in enumerate(rows):
         cm = row.cost_model
+        own_profile = id(cm.profile) if profile is None else None  # else replaced below
+        key = (id(cm.fabric), own_profile, cm.model, cm.training, cm.options, cm.variants)
+        groups.setdefault(key, []).append(i)
+    for members in groups.values():
+        cm = rows[members[0]].cost_model
         if profile is not None:
             cm = replace(cm, profile=profile,
                          options=replace(cm.options, moe_imbalance=None).resolved(profile))
-        out[i] = float(score_columns(cm, row.columns, with_memory=False)
-                       ["tokens_per_s_per_gpu"][0])
+        columns = {name: np.concatenate([rows[i].columns[name] for i in members])
+                   for name in rows[members[0]].columns}
+        out[members] = np.asarray(score_columns(cm, columns, with_memory=False)
+                                  ["tokens_per_s_per_gpu"], dtype=np.float64)
     return out
 
 

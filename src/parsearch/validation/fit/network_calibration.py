@@ -44,6 +44,7 @@ from parsearch.cost.efficiency import Prior
 from parsearch.errors import SpecError, TopologyError
 from parsearch.files import is_file
 from parsearch.topology.cluster import ClusterSpec, load_cluster, topologies_dir
+from parsearch.topology.fabric import Fabric
 from parsearch.topology.gpu_profile import GpuProfile
 from parsearch.topology.hardware import load_gpu_profile
 from parsearch.topology.power import compute_speed
@@ -191,16 +192,18 @@ def with_cluster_factors(cm: CostModel, factors: Mapping[str, float]) -> CostMod
 
 def rows_with_cluster_factors(rows: Sequence[PreparedRow],
                               factors: Mapping[str, float]) -> list[PreparedRow]:
-    """``rows`` each priced on its cluster corrected by ``factors``."""
+    """``rows`` each priced on its cluster corrected by ``factors`` (one corrected fabric per
+    fabric the rows share, so rows of one cluster stay priced together)."""
     if all(v == 1.0 for v in factors.values()):
         return list(rows)
-    models: dict[int, CostModel] = {}
+    fabrics: dict[int, Fabric] = {}
     out = []
     for row in rows:
-        key = id(row.cost_model)
-        if key not in models:
-            models[key] = with_cluster_factors(row.cost_model, factors)
-        out.append(replace(row, cost_model=models[key]))
+        cm = row.cost_model
+        key = id(cm.fabric)
+        if key not in fabrics:
+            fabrics[key] = with_cluster_factors(cm, factors).fabric
+        out.append(replace(row, cost_model=replace(cm, fabric=fabrics[key])))
     return out
 
 
