@@ -154,16 +154,14 @@ def trtllm_bench_settings(model: ModelSpec, gpu_bytes: float, workload: ServingW
     requests = max(cache / (per_token * (workload.isl + workload.osl)), 1.0)
     raw_bs = min(requests, 4096) / pp
     raw_token = min(raw_bs * (1 + workload.isl / workload.osl), 32768)
-    if raw_bs < 256:
-        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        max_bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        max_bs = 256 * math.ceil(raw_bs / 256)
-    if raw_token < 4096:
-        max_token = max(2048, 256 * math.ceil(raw_token / 256))
-    elif raw_token < 8192:
-        max_token = 512 * math.ceil(raw_token / 512)
-    else:
-        max_token = 1024 * math.ceil(raw_token / 1024)
+    max_bs = _round_up(raw_bs, 64, ((256, 32), (1024, 128)), 256)
+    max_token = _round_up(raw_token, 2048, ((4096, 256), (8192, 512)), 1024)
     return max_bs, max_token
+
+
+def _round_up(value: float, least: int, tiers: tuple[tuple[int, int], ...], last: int) -> int:
+    """``value`` rounded up to the step of its tier (the first ``(below, step)`` whose
+    ``below`` it is under, else ``last``), never under ``least`` (tuning.py's rounding)."""
+    step = next((s for below, s in tiers if value < below), last)
+    rounded = step * math.ceil(value / step)
+    return max(least, rounded) if value < tiers[0][0] else rounded
