@@ -9,6 +9,7 @@ interleaved schedule, so ``vpp`` decides it although it is not otherwise part of
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
+from parsearch.search.exhaustive import rank_feasible, scan_bounded
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 
@@ -67,3 +69,32 @@ def test_a_row_is_priced_the_same_alone_and_in_a_large_batch(
         if index and rows.any():
             assert np.all(runnable(variant, {k: v[rows] for k, v in cols.items()},
                                    cm.training))
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(diverse=st.booleans(), top=st.sampled_from([3, 8]),
+       cluster=st.sampled_from(["dgx-h100", "gb200-nvl72"]))
+def test_the_scan_keeps_the_number_the_answer_reports(diverse: bool, top: int,
+                                                      cluster: str) -> None:
+    """Each layout the bounded scan keeps has the throughput and memory that pricing it
+    alone gives (its features, memory features included, chosen by the same rule), on a
+    table large enough to be priced in batches."""
+    model = get_preset("qwen3-30b-a3b")
+    training = TrainingSpec(seq_len=4096, global_batch=512, micro_batch_sizes=(1, 2))
+    gpus = 64
+    table = enumerate_layouts(model, training, gpus)
+    cm = build_cost_model(model, training, build_fabric(load_cluster(cluster), gpus),
+                          options=CostOptions(search_features=SEARCHABLE_FEATURES))
+    scan = scan_bounded(cm, table, top=top, diverse=diverse)
+    picks = rank_feasible(scan, top=top, diverse=diverse)
+    assert len(picks) == top
+    for position in picks:
+        row = int(scan.feasible_rows[position])
+        alone = score_columns(cm, {k: v[row:row + 1] for k, v in table.columns.items()})
+        assert bool(alone["fits"][0])
+        assert float(scan.tokens_per_s[position]) == pytest.approx(
+            float(alone["tokens_per_s"][0]), rel=1e-9)
+        assert float(scan.memory_bytes[position]) == pytest.approx(
+            float(alone["mem_total"][0]), rel=1e-9)
+    tokens = scan.tokens_per_s[picks]
+    assert np.all(np.diff(tokens) <= 1e-9 * tokens[0])  # best first
