@@ -231,7 +231,7 @@ def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: 
     pipeline sends and DP reduction), so a level is compared, never assumed faster.
     ``feature_variant`` indexes ``cm.variants``.  With memory, ``memory(cm, cols)`` (the
     memory model alone) first drops from a level the layouts none of its memory classes
-    fits (:func:`_level_may_fit`): they could not take it, so they are not priced there.
+    fits (:func:`level_may_fit`): they could not take it, so they are not priced there.
     """
     n = len(cols["tp"])
     levels = sorted({graph_level(v) for v in cm.variants},
@@ -246,7 +246,7 @@ def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: 
         rows = (np.arange(n) if off
                 else np.nonzero(graphs_runnable(sets[0], cm.training, cols))[0])
         if not off and with_memory and memory is not None and len(rows):
-            rows = rows[_level_may_fit(cm, sets, {k: v[rows] for k, v in cols.items()},
+            rows = rows[level_may_fit(cm, sets, {k: v[rows] for k, v in cols.items()},
                                        memory)]
         if not len(rows):
             continue
@@ -277,7 +277,7 @@ def score_graph_levels(cm: CostModel, cols: dict[str, np.ndarray], with_memory: 
     return out
 
 
-def _level_may_fit(cm: CostModel, sets: tuple[CostOptions, ...], cols: dict[str, np.ndarray],
+def level_may_fit(cm: CostModel, sets: tuple[CostOptions, ...], cols: dict[str, np.ndarray],
                    memory: Callable[[CostModel, dict[str, np.ndarray]], dict[str, np.ndarray]]
                    ) -> np.ndarray:
     """Which layouts may fit at one graph level: :func:`score_fitting_variants` judges a
@@ -400,6 +400,7 @@ __all__ = [
     "graph_level",
     "graph_levels",
     "graphs_runnable",
+    "level_may_fit",
     "runnable",
     "score_fitting_variants",
     "score_graph_levels",

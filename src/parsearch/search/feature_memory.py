@@ -16,8 +16,14 @@ from dataclasses import replace
 
 import numpy as np
 
-from parsearch.cost.analytic import CostModel, score_columns, usable_memory_bytes, wide_columns
-from parsearch.cost.feature_search import graph_level, searches_graphs
+from parsearch.cost.analytic import (
+    CostModel,
+    memory_scores,
+    score_columns,
+    usable_memory_bytes,
+    wide_columns,
+)
+from parsearch.cost.feature_search import graph_level, level_may_fit, searches_graphs
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
     least_memory,
@@ -150,7 +156,7 @@ def graph_level_memory(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nd
         # where no graph level fits even its least-memory set, only the eager sets can be
         # chosen: scored among those alone (the same choice, one level instead of all)
         sub = {k: v[misfit] for k, v in cols.items()}
-        eager = no_graph_fits(cm, sub, hbm)
+        eager = no_graph_fits(cm, sub)
         off = tuple(v for v in cm.variants if not v.cuda_graphs)
         for rows, model in ((misfit[eager], replace(cm, options=off[0], variants=off)),
                             (misfit[~eager], cm)):
@@ -161,14 +167,13 @@ def graph_level_memory(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nd
     return total, tokens
 
 
-def no_graph_fits(cm: CostModel, cols: dict[str, np.ndarray], hbm: float) -> np.ndarray:
-    """Which layouts no CUDA-graph level of ``cm.variants`` fits, each level at its
-    least-memory set (without the all-to-all overlap's extra warm-up chunk)."""
+def no_graph_fits(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Which layouts no CUDA-graph level of ``cm.variants`` may fit (none of a level's
+    memory classes fits: :func:`~parsearch.cost.feature_search.level_may_fit`)."""
     fits = np.zeros(len(cols["tp"]), dtype=bool)
     for level in dict.fromkeys(graph_level(v) for v in cm.variants if v.cuda_graphs):
-        sets = [v for v in cm.variants if graph_level(v) == level]
-        least = next((v for v in sets if not v.moe_a2a_overlap), sets[0])
-        fits |= peak_memory(replace(cm, options=least, variants=()), cols) <= hbm
+        sets = tuple(v for v in cm.variants if graph_level(v) == level)
+        fits |= level_may_fit(cm, sets, cols, memory_scores)
     return ~fits
 
 

@@ -2,10 +2,10 @@
 
 A request that arrives at a busy aggregated instance waits, in order, for
 
-1. a running slot, when the KV pool or the batch limit is full (Little's law,
-   :func:`parsearch.serve.evaluate.queue_delay_s`);
 0. the server's tokenization of its prompt, when it arrives as text
    (:mod:`parsearch.serve.frontend`);
+1. a running slot, when the KV pool or the batch limit is full (Little's law,
+   :func:`parsearch.serve.evaluate.queue_delay_s`);
 2. the scheduler to pick it up: the residual of the step under way (half a step,
    Kleinrock, Queueing Systems Vol. 1, §5.2), or, when the engine polls its request socket
    only every ``recv_interval`` decode steps, half of that interval (SGLang
