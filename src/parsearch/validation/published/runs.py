@@ -209,12 +209,8 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # Megatron-LM defaults to gradient-accumulation fusion, which runs only with FP32
         # gradient accumulation and all-reduce (commit 83b1e42f30, 2022-02-13, by a KOR22
         # author; --bf16 forces it), so its gradients are read as FP32 (4 bytes, the default).
-        if run.source_tag == "NAR21":
-            training = replace(training, distributed_optimizer=False, grad_bytes=2.0)
-            grad_reduce_bytes = 2.0
-        else:
-            training = replace(training, distributed_optimizer=False, grad_bytes=4.0)
-            grad_reduce_bytes = 4.0
+        grad_reduce_bytes = 2.0 if run.source_tag == "NAR21" else 4.0
+        training = replace(training, distributed_optimizer=False, grad_bytes=grad_reduce_bytes)
         return training, replace(options, flash_attention=False, tp_comm_overlap=False,
                                  pp_scatter_gather=True,
                                  tp_async_grad_comm=run.source_tag != "NAR21",
