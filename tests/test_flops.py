@@ -10,17 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.flops import (
-    all_stage_flops,
+from parsearch.cost.flops import all_stage_flops, stage_flops, stage_flops_core
+from parsearch.cost.stages import StageContent, stage_contents
+from parsearch.cost.token_flops import (
     hardware_flops_per_token,
     korthikanti_model_flops_per_iteration,
     model_flops_per_token,
     narayanan_flops_per_iteration,
     recompute_flops_per_token,
-    stage_flops,
-    stage_flops_core,
 )
-from parsearch.cost.stages import StageContent, stage_contents
 from parsearch.layout import Layout
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import RECOMPUTE_CODES, MlaSpec, ModelSpec, MoeSpec, TrainingSpec

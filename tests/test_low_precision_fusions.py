@@ -190,7 +190,8 @@ def test_each_mtp_layer_prices_its_own_pass_of_the_output_head() -> None:
     # Megatron-Core multi_token_prediction.py: every MTP depth runs output_layer and an LM
     # loss; transformer_flops counts h·V·(1 + n_mtp).  The one-unit MTP price carries one.
     from parsearch.cost.compute import unit_content
-    from parsearch.cost.flops import logits_forward_flops, stage_flops_core
+    from parsearch.cost.flops import stage_flops_core
+    from parsearch.cost.token_flops import logits_forward_flops
 
     model = get_preset("deepseek-v3")
     assert model.mtp_layers >= 1

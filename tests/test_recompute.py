@@ -9,11 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.flops import (
-    attention_gemm_forward_flops,
-    dense_mlp_forward_flops,
-    shared_expert_forward_flops,
-)
 from parsearch.cost.recompute import (
     CATEGORIES,
     full_recompute_fractions,
@@ -21,6 +16,11 @@ from parsearch.cost.recompute import (
     recomputed_layer_counts,
 )
 from parsearch.cost.stages import stage_contents
+from parsearch.cost.token_flops import (
+    attention_gemm_forward_flops,
+    dense_mlp_forward_flops,
+    shared_expert_forward_flops,
+)
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import RECOMPUTE_CODES, RECOMPUTE_MODULES, ModelSpec, TrainingSpec
 

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, estimate
-from parsearch.cost.flops import (
+from parsearch.cost.flops import stage_flops_core
+from parsearch.cost.stages import StageContent
+from parsearch.cost.token_flops import (
     attended_keys,
     core_attention_forward_flops,
     model_flops_per_token,
-    stage_flops_core,
 )
-from parsearch.cost.stages import StageContent
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.files import load_model_file, model_to_dict

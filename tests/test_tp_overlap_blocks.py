@@ -8,8 +8,8 @@ import pytest
 
 from parsearch.cost.analytic import build_cost_model, estimate
 from parsearch.cost.compute import attention_block_share
-from parsearch.cost.flops import attention_gemm_forward_flops, dense_mlp_forward_flops
 from parsearch.cost.options import CostOptions
+from parsearch.cost.token_flops import attention_gemm_forward_flops, dense_mlp_forward_flops
 from parsearch.layout import Layout
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec

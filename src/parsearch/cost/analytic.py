@@ -40,7 +40,6 @@ from parsearch.cost.feature_search import (
     searches_graphs,
     with_schedule_memory,
 )
-from parsearch.cost.flops import model_flops_per_token
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
     apply_setting,
@@ -59,6 +58,7 @@ from parsearch.cost.stage_time import (
     stage_coefficients,
 )
 from parsearch.cost.stages import effective_split, rows_by_split
+from parsearch.cost.token_flops import model_flops_per_token
 from parsearch.cost.unit_prices import (
     pp_send_time,
     process_groups,

@@ -26,12 +26,7 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile
-from parsearch.cost.flops import (
-    attention_gemm_forward_flops,
-    dense_mlp_forward_flops,
-    shared_expert_forward_flops,
-    stage_flops_core,
-)
+from parsearch.cost.flops import stage_flops_core
 from parsearch.cost.kernels import (
     CUDA_GRAPH_HOST_SHARE,
     KERNELS_DENSE_LAYER,
@@ -48,6 +43,11 @@ from parsearch.cost.quantization import (
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.softmax import attention_scale, head_dim_scale
 from parsearch.cost.stages import StageContent
+from parsearch.cost.token_flops import (
+    attention_gemm_forward_flops,
+    dense_mlp_forward_flops,
+    shared_expert_forward_flops,
+)
 from parsearch.cost.unfused_ops import (
     expert_bias_bytes,
     glu_clamp_bytes,

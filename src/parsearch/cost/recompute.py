@@ -56,12 +56,12 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.flops import (
+from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
+from parsearch.cost.token_flops import (
     attention_gemm_forward_flops,
     dense_mlp_forward_flops,
     shared_expert_forward_flops,
 )
-from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats.
