@@ -9,7 +9,8 @@ layout for the scorer (:mod:`parsearch.cost.unit_prices`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
@@ -28,6 +29,10 @@ class CostModel:
     options: CostOptions
     #: feature sets each layout is also priced with (:mod:`parsearch.cost.feature_search`)
     variants: tuple[CostOptions, ...] = ()
+    #: cost models derived from this one (e.g. under a memory setting), built once per
+    #: instance; not part of its value (``replace`` starts an empty one)
+    derived: dict[Any, CostModel] = field(default_factory=dict, init=False, repr=False,
+                                          compare=False, hash=False)
 
 
 __all__ = ["CostModel"]

@@ -206,23 +206,15 @@ def apply_setting(options: CostOptions, setting: MemorySetting) -> CostOptions:
         search_features=tuple(f for f in options.search_features if f not in MEMORY_FEATURES))
 
 
-#: Recently built :func:`with_setting` results: (the cost model, the setting) -> priced model.
-_SETTING_CACHE: dict[tuple[int, MemorySetting], tuple[CostModel, CostModel]] = {}
-
-
 def with_setting(cm: CostModel, setting: MemorySetting) -> CostModel:
-    """``cm`` priced under ``setting`` (options, feature sets and training); cached by the
-    cost model's identity, as a search asks for the same few settings many times."""
-    key = (id(cm), setting)
-    hit = _SETTING_CACHE.get(key)
-    if hit is not None and hit[0] is cm:
-        return hit[1]
-    options = apply_setting(cm.options, setting)
-    priced = replace(cm, options=options, training=effective_training(cm.training, options),
-                     variants=tuple(apply_setting(v, setting) for v in cm.variants))
-    if len(_SETTING_CACHE) >= 64:
-        _SETTING_CACHE.clear()
-    _SETTING_CACHE[key] = (cm, priced)
+    """``cm`` priced under ``setting`` (options, feature sets and training); kept on ``cm``,
+    as a search asks for the same few settings many times."""
+    priced = cm.derived.get(setting)
+    if priced is None:
+        options = apply_setting(cm.options, setting)
+        priced = replace(cm, options=options, training=effective_training(cm.training, options),
+                         variants=tuple(apply_setting(v, setting) for v in cm.variants))
+        cm.derived[setting] = priced
     return priced
 
 
