@@ -563,10 +563,15 @@ def test_plan_makes_a_loose_network_identifiable() -> None:
     plan = plan_profiling(cm, k=5, candidates=30)
     blind = plan_profiling(cm, k=5, candidates=30, network=False)
 
-    def network_sensitivity(p) -> float:
+    def sensitivities(p) -> np.ndarray:
         cols = layout_columns([pick.layout for pick in p.picks])
-        return float(np.abs(gradients(cm, cols, (NETWORK_FACTOR,))).mean())
+        return np.abs(gradients(cm, cols, (NETWORK_FACTOR,))).ravel()
 
-    assert network_sensitivity(plan) >= MIN_NETWORK_SENSITIVITY
-    assert network_sensitivity(plan) > network_sensitivity(blind)
+    assert sensitivities(plan).mean() >= MIN_NETWORK_SENSITIVITY
+    # At least as many runs that move with the network as a plan blind to it picks (the
+    # blind plan may happen on them too; the aware one must not pick fewer).
+    def network_runs(p) -> int:
+        return int((sensitivities(p) >= MIN_NETWORK_SENSITIVITY).sum())
+
+    assert network_runs(plan) >= max(2, network_runs(blind))
     assert plan.factor_sd_after[NETWORK_FACTOR] < 0.6 * plan.factor_sd_before[NETWORK_FACTOR]

@@ -314,7 +314,7 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
     # are computed once per distinct mean stage.
     mean_parts: dict[bytes, np.ndarray] = {}
     for pp, vpp, idx in splits:
-        feats = stage_features(model, pp, vpp, effective_split(training, pp, vpp))
+        feats = stage_features(model, pp, vpp, effective_split(model, training, pp, vpp))
         pidx = idx if price_of is None else price_of[1][idx]
         mean_feats = feats.mean(axis=0)
         mean_key = mean_feats.tobytes()

@@ -248,5 +248,5 @@ def all_stage_flops(
 ) -> tuple[StageFlops, ...]:
     """:func:`stage_flops` for every pipeline rank of ``layout``."""
     contents = stage_contents(model, layout.pp, layout.vpp,
-                              effective_split(training, layout.pp, layout.vpp))
+                              effective_split(model, training, layout.pp, layout.vpp))
     return tuple(stage_flops(model, training, layout, c, causal) for c in contents)

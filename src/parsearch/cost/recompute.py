@@ -246,7 +246,7 @@ def _full_fractions(model: ModelSpec, training: TrainingSpec, pp: np.ndarray,
     if training.recompute_num_layers is None:
         return dense, moe
     for p, v, rows in rows_by_split(pp, vpp):
-        d, m = full_recompute_fractions(model, p, v, effective_split(training, p, v),
+        d, m = full_recompute_fractions(model, p, v, effective_split(model, training, p, v),
                                         training.recompute_num_layers)
         dense.reshape(-1)[rows], moe.reshape(-1)[rows] = d, m
     return dense, moe

@@ -38,6 +38,19 @@ Two split modes (``shared/spec/layout-space.md`` R8):
   virtual stages with no transformer layer: every virtual stage holds at
   least one unit (a layer, the embedding or the loss).
 
+  Where none of Megatron's accountings divides the layers (``L``, ``L + 1`` and ``L + 2``
+  are all indivisible by ``pp*vpp``), a launch must name the split itself (a layout
+  string), and :func:`effective_split` names the one that balances work: the last
+  virtual stage also runs the output layer, the loss and the MTP blocks, worth
+  ``k`` = floor(their forward FLOPs / a mean layer's) transformer layers
+  (:func:`loss_stage_layers`), so it takes ``k`` layers fewer.  For DeepSeek-V3
+  (``k`` = 3) this gives exactly the layouts Megatron-Bridge's DeepSeek-V3 recipes
+  write by hand (``Et*4|(t*4|)*14tmL`` on 16 virtual stages, ``Et*8|(t*8|)*6t*5mL`` on
+  8, ``Et|(tt|)*30mL`` on 32), Kimi-K2's (``Et*4|(t*4|)*14tL``, ``k`` = 2) and
+  DeepSeek-V3 without MTP's (``Et*3|(t*4|)*14ttL``, ``k`` = 1); the naive rule
+  left DeepSeek-V3's last stage of 16 with 3 layers plus about 4 layers' worth of
+  head and MTP.
+
 The split depends only on ``(L, pp, vpp, split)``; :func:`stage_contents` is
 memoised so a vectorised scorer computes it once per distinct ``(pp, vpp)``.
 """
@@ -51,8 +64,10 @@ from itertools import pairwise
 
 import numpy as np
 
+from parsearch.cost.token_flops import model_flops_per_token
 from parsearch.errors import SpecError
 from parsearch.layout.pipeline import layout_layer_counts
+from parsearch.model.pipeline_layout import format_pipeline_layout
 from parsearch.model.specs import PIPELINE_SPLITS, ModelSpec, TrainingSpec, require_choice
 
 
@@ -241,13 +256,60 @@ def stage_contents(
     return tuple(result)
 
 
-def effective_split(training: TrainingSpec, pp: int, vpp: int) -> str:
+def effective_split(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int) -> str:
     """The split of ``(pp, vpp)``: the training's layout string where it has ``pp*vpp``
-    virtual stages (a recipe's ``--pipeline-model-parallel-layout``), else its split mode."""
+    virtual stages (a recipe's ``--pipeline-model-parallel-layout``); else, in ``uneven``
+    mode where no Megatron accounting divides the layers, the work-balanced layout
+    string (module docstring; the launch passes it on); else the split mode."""
     layout = training.pipeline_layout
-    if layout is not None and len(layout_layer_counts(layout)) == pp * vpp:
+    stages = pp * vpp
+    if layout is not None and len(layout_layer_counts(layout)) == stages:
         return layout
-    return training.pipeline_split
+    split = training.pipeline_split
+    layers = model.num_layers
+    if split != "uneven" or stages < 2 or not all((layers + a) % stages for a in (0, 1, 2)):
+        return split
+    counts = work_balanced_counts(layers, stages, loss_stage_layers(model, training.seq_len))
+    return format_pipeline_layout(counts, model.mtp_layers) if counts else split
+
+
+@lru_cache(maxsize=256)
+def loss_stage_layers(model: ModelSpec, seq_len: int) -> int:
+    """Whole transformer layers' worth of work the last virtual stage runs besides its
+    layers: output layer and loss plus the MTP blocks (each a layer, its eh-projection and
+    another output layer), floor of their forward FLOPs per token over a mean layer's
+    (Megatron-Core ``num_floating_point_operations`` terms, :mod:`.token_flops`).
+
+    >>> from parsearch.model.presets import get_preset
+    >>> loss_stage_layers(get_preset("deepseek-v3"), 4096)
+    3
+    """
+    flops = model_flops_per_token(model, seq_len)
+    extras = flops.logits_flops + flops.mtp_flops
+    mean_layer = (flops.model_flops - extras) / model.num_layers
+    return int(extras // mean_layer) if mean_layer > 0 else 0
+
+
+def work_balanced_counts(num_layers: int, stages: int, loss_layers: int) -> tuple[int, ...]:
+    """Layers per virtual stage when the last one also carries ``loss_layers`` layers'
+    worth of work: the uneven rule over ``num_layers + k`` units, the last stage's first
+    ``k`` being that work (``k`` = the largest ``<= loss_layers`` the last stage holds);
+    empty when ``k`` is 0 (the plain uneven rule applies).
+
+    >>> work_balanced_counts(61, 16, 3)
+    (4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1)
+    >>> work_balanced_counts(61, 32, 3)[:2], work_balanced_counts(61, 32, 3)[-2:]
+    ((1, 2), (2, 0))
+    """
+    for k in range(loss_layers, 0, -1):
+        base, extra = divmod(num_layers + k, stages)
+        if base >= k:
+            counts = [base] * stages
+            for j in _extra_layer_order(stages)[:extra]:
+                counts[j] += 1
+            counts[-1] -= k
+            return tuple(counts)
+    return ()
 
 
 def rows_by_split(pp: np.ndarray, vpp: np.ndarray) -> Iterator[tuple[int, int, np.ndarray]]:

@@ -26,6 +26,7 @@ from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
 from parsearch.layout import Layout
+from parsearch.model.pipeline_layout import format_pipeline_layout
 from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: FP8 recipes of Megatron-LM's ``--fp8-recipe`` that parsearch launches; ``auto`` is the
@@ -98,13 +99,13 @@ def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
     """(layout string, layers per virtual stage): exactly one is set when pp > 1."""
     if lay.pp == 1:
         return None, None
-    split = effective_split(training, lay.pp, lay.vpp)
+    split = effective_split(model, training, lay.pp, lay.vpp)
     if split not in ("even", "uneven"):  # the recipe's own layout string, priced as given
         return split, None
     counts = virtual_stage_layer_counts(model.num_layers, lay.pp, lay.vpp, split)
     if len(set(counts)) == 1:
         return None, counts[0]
-    return _layout_string(counts, model.mtp_layers), None
+    return format_pipeline_layout(counts, model.mtp_layers), None
 
 
 def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
@@ -173,38 +174,7 @@ def pipeline_layout_string(model: ModelSpec, pp: int, vpp: int, split: str) -> s
     counts = virtual_stage_layer_counts(model.num_layers, pp, vpp, split)
     if len(set(counts)) == 1:
         return None
-    return _layout_string(counts, model.mtp_layers)
-
-
-def _layout_string(counts: tuple[int, ...], mtp_layers: int) -> str:
-    """Megatron's ``--pipeline-model-parallel-layout`` for these per-virtual-stage layer counts.
-
-    ``E`` embedding, ``t`` layer, ``m`` MTP layer, ``L`` loss; stages joined by ``|``
-    (Megatron-Core ``pipeline_parallel_layout.py``); runs of equal middle stages as
-    ``(t*k|)*n``.
-
-    >>> _layout_string((7, 8, 8, 7), 0)
-    'Et*7|(t*8|)*2t*7L'
-    >>> _layout_string((0, 1, 1, 0), 1)
-    'E|(t|)*2mL'
-    """
-    def layers(count: int) -> str:
-        return f"t*{count}" if count > 1 else "t" * count
-
-    first = "E" + layers(counts[0])
-    last = layers(counts[-1]) + "m" * mtp_layers + "L"
-    if len(counts) == 1:
-        return "E" + last
-    middle = ""
-    j = 1
-    while j < len(counts) - 1:
-        run = 1
-        while j + run < len(counts) - 1 and counts[j + run] == counts[j]:
-            run += 1
-        stage = layers(counts[j]) + "|"
-        middle += f"({stage})*{run}" if run > 1 else stage
-        j += run
-    return f"{first}|{middle}{last}"
+    return format_pipeline_layout(counts, model.mtp_layers)
 
 
 def _recompute(training: TrainingSpec, lay: Layout

@@ -73,3 +73,34 @@ def layout_layer_counts(text: str) -> tuple[int, ...]:
     (1, 2, 2, 1)
     """
     return tuple(stage.count("t") for stage in parse_pipeline_layout(text))
+
+
+def format_pipeline_layout(counts: tuple[int, ...], mtp_layers: int) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for these per-virtual-stage layer counts.
+
+    ``E`` embedding, ``t`` layer, ``m`` MTP layer, ``L`` loss; stages joined by ``|``
+    (Megatron-Core ``pipeline_parallel_layout.py``); runs of equal middle stages as
+    ``(t*k|)*n``.
+
+    >>> format_pipeline_layout((7, 8, 8, 7), 0)
+    'Et*7|(t*8|)*2t*7L'
+    >>> format_pipeline_layout((0, 1, 1, 0), 1)
+    'E|(t|)*2mL'
+    """
+    def layers(count: int) -> str:
+        return f"t*{count}" if count > 1 else "t" * count
+
+    first = "E" + layers(counts[0])
+    last = layers(counts[-1]) + "m" * mtp_layers + "L"
+    if len(counts) == 1:
+        return "E" + last
+    middle = ""
+    j = 1
+    while j < len(counts) - 1:
+        run = 1
+        while j + run < len(counts) - 1 and counts[j + run] == counts[j]:
+            run += 1
+        stage = layers(counts[j]) + "|"
+        middle += f"({stage})*{run}" if run > 1 else stage
+        j += run
+    return f"{first}|{middle}{last}"

@@ -178,7 +178,7 @@ def _unit_totals(cm: CostModel, pp: np.ndarray, vpp: np.ndarray) -> np.ndarray:
         sums = None
         for v in np.unique(vpp[pp == p]):
             s = stage_features(cm.model, int(p), int(v),
-                               effective_split(cm.training, int(p), int(v))).sum(axis=0)
+                               effective_split(cm.model, cm.training, int(p), int(v))).sum(axis=0)
             sums = s if sums is None else np.minimum(sums, s)
         out[pp == p] = sums
     return out

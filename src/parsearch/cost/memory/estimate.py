@@ -242,7 +242,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """Memory per GPU of every pipeline stage of ``layout``; the peak is the largest total."""
     contents = stage_contents(model, layout.pp, layout.vpp,
-                              effective_split(training, layout.pp, layout.vpp))
+                              effective_split(model, training, layout.pp, layout.vpp))
     per_stage = tuple(stage_memory(model, training, layout, c, options) for c in contents)
     totals = [b.total for b in per_stage]
     return MemoryEstimate(per_stage=per_stage, peak_stage=totals.index(max(totals)))

@@ -273,7 +273,7 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
                 for name in names}
     term_options = (training.recompute_num_layers, training.activation_offload_layers,
                     options.activation_model == "korthikanti", options.fp32_logits)
-    cands = _candidates(model, tuple((pp, vpp, effective_split(training, pp, vpp))
+    cands = _candidates(model, tuple((pp, vpp, effective_split(model, training, pp, vpp))
                                      for pp, vpp, _ in splits), term_options)
     sizes = [splits[i][2].size for i in cands.split_order]
     rows = RowOrder(order=np.concatenate([splits[i][2] for i in cands.split_order]),
