@@ -256,3 +256,21 @@ def test_bounded_scan_chooses_as_the_full_scan(case, top: int, diverse: bool) ->
     assert full.feasible_rows[picks_full].tolist() == bounded.feasible_rows[picks].tolist()
     np.testing.assert_allclose(bounded.tokens_per_s[picks], full.tokens_per_s[picks_full],
                                rtol=1e-9)
+
+
+def test_a_setting_is_priced_once_per_cost_model_and_never_leaks_into_another() -> None:
+    model = get_preset("deepseek-v3")
+    training = TrainingSpec(seq_len=4096, global_batch=1024)
+    fabric = build_fabric(load_cluster("dgx-h100"), 256)
+    cm = build_cost_model(model, training, fabric,
+                          options=CostOptions(search_features=MEMORY_FEATURES))
+    setting = memory_settings(cm)[-1][-1]
+    priced = with_setting(cm, setting)
+    assert with_setting(cm, setting) is priced  # kept on cm, not rebuilt
+    assert priced.options.recompute_modules == setting.recompute_modules
+    # A cost model derived by replace() (other options) starts with nothing priced: what
+    # was priced for cm is not answered for it, as an id()-keyed cache could after reuse.
+    other = replace(cm, options=replace(cm.options, moe_a2a_overlap=True))
+    assert other.derived == {} and other == replace(other)
+    again = with_setting(other, setting)
+    assert again is not priced and again.options.moe_a2a_overlap
