@@ -93,6 +93,10 @@ def client_knobs(row: dict[str, str]) -> dict[str, Any]:
                              "async_scheduling": True}
     if row["framework"] == "sglang":
         knobs["recv_interval"] = sglang_recv_interval(row)
+        # dsr1_fp8_b200.sh and dsr1_fp4_b200.sh launch with --enable-flashinfer-allreduce-fusion
+        # and --moe-runner-backend flashinfer_trtllm; dsr1_fp8_h200.sh with neither
+        b200 = "dsr1_fp8_b200.sh" in row["notes"] or "dsr1_fp4_b200.sh" in row["notes"]
+        knobs["allreduce_fusion"] = knobs["fused_moe_runner"] = b200
     if "gptoss_fp4_b200.sh" in row["notes"] or "gptoss_fp4_b200_trt.sh" in row["notes"]:
         # gptoss_fp4_b200.sh exports VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1: FlashInfer's
         # MXFP4-weight, MXFP8-activation MoE (the H100/H200 scripts use Marlin, W4A16);

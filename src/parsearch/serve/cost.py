@@ -17,6 +17,7 @@ from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_t
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.engines import moe_kernel_efficiency
+from parsearch.serve.kernels import kernels_per_layer
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.moe import ep_imbalance, expected_touched_share, expert_gemm_time
@@ -29,10 +30,6 @@ from parsearch.topology.hardware import GpuProfile
 __all__ = ["Rates", "expert_gemm_time", "rates_for"]  # re-exported (moved to rates/moe)
 
 _ACT = ELEMENT_BYTES["bf16"]  # activations and all-reduce payloads are BF16
-#: Kernels per transformer layer in a decode step (norms, QKV, rope/cache write, attention,
-#: output projection, all-reduce, MLP GEMMs and activation); an estimate from vLLM/SGLang
-#: decode traces, which show 10-15 kernels per Llama layer with fusions.
-KERNELS_PER_LAYER = 12
 #: Scheduler, sampling and detokenization time per decode step that is not hidden by
 #: asynchronous scheduling (assumption: vLLM V1 and TensorRT-LLM overlap most host work;
 #: 0.3 ms remains, the order of the gaps between steps in their published traces).
@@ -339,7 +336,7 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m,
                                             imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
-    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
+    overhead = layers * kernels_per_layer(model, workload) * rates.kernel_s + _non_gemm_s(
         model, layout, rates, t_rank, b_m)
     hop = float(p2p_time(links.pp, t_rank * model.hidden_size * _ACT)) if layout.pp > 1 else 0.0
     return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden,
@@ -400,7 +397,7 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,
                                             tokens_stage, imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
-    overhead = layers * KERNELS_PER_LAYER * rates.kernel_s + _non_gemm_s(
+    overhead = layers * kernels_per_layer(model, workload) * rates.kernel_s + _non_gemm_s(
         model, layout, rates, tokens_rank, tokens_stage)
     hop = float(p2p_time(links.pp, tokens_rank * h * _ACT)) if layout.pp > 1 else 0.0
     return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden)

@@ -128,6 +128,10 @@ class ServingWorkload:
     (None: that of the weights); ``fp8`` with FP4 experts runs Blackwell's mixed-operand MMA
     at the FP8 rate (vLLM ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``;
     :func:`parsearch.serve.cost.expert_rate`).
+    ``allreduce_fusion``: each TP all-reduce runs fused with the residual add and RMSNorm
+    after it (SGLang ``--enable-flashinfer-allreduce-fusion``); ``fused_moe_runner``: the
+    MoE's routing and glue kernels run inside one fused MoE (SGLang ``--moe-runner-backend
+    flashinfer_trtllm``).  Both cut kernels per layer (:mod:`parsearch.serve.kernels`).
     """
 
     isl: int
@@ -159,6 +163,8 @@ class ServingWorkload:
     text_prompts: bool = False
     tensorrt_engine: bool = False
     expert_activations: str | None = None
+    allreduce_fusion: bool = False
+    fused_moe_runner: bool = False
     _classes: tuple[LengthClass, ...] = field(init=False, repr=False, compare=False, default=())
 
     @classmethod
@@ -202,7 +208,7 @@ class ServingWorkload:
         require_choice(owner, "mode", self.mode, SERVING_MODES)
         if not isinstance(self.eplb, bool):
             raise SpecError(f"{owner}: eplb must be true or false, got {self.eplb!r}")
-        for name in ("text_prompts", "tensorrt_engine"):
+        for name in ("text_prompts", "tensorrt_engine", "allreduce_fusion", "fused_moe_runner"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{owner}: {name} must be true or false, got "
                                 f"{getattr(self, name)!r}")

@@ -1,0 +1,76 @@
+"""Kernels one decode (or prefill) pass launches per transformer layer.
+
+Each kernel costs the profile's fixed time (``Rates.kernel_s``: launch gap and tail, ~3 us
+inside a CUDA graph), which at small decode batches is a large part of the step.  The
+generic count (:data:`KERNELS_PER_LAYER`, 12) is that of a Llama-like layer with the
+usual fusions.  SGLang runs DeepSeek's MLA + MoE layer without a graph compiler (its
+``--enable-torch-compile`` is off by default, so no Inductor fusion of the small ops, unlike
+vLLM's default compilation) as a longer chain of kernels, counted here from its model code
+(sgl-project/sglang ``python/sglang/srt/models/deepseek_v2.py``, ``forward_absorb_prepare``,
+``forward_absorb_core``, ``DeepseekV2MoE.forward_normal``, at 00114aef; the per-kernel times
+of that chain on 8 H200 at batch 1 in sgl-project/sglang PR #5432: quantization kernels of
+1.1-2.7 us, a 0.9 us zero-fill, 5.7-7.9 us absorbed bmm).
+
+The two routed-expert grouped GEMMs are not counted here: :func:`parsearch.serve.moe.
+expert_gemm_time` charges their launches.
+"""
+
+from __future__ import annotations
+
+from parsearch.model.specs import ModelSpec
+from parsearch.serve.kv_cache import moe_layer_count
+from parsearch.serve.spec import ServingWorkload
+
+#: Kernels per transformer layer in a decode step (norms, QKV, rope/cache write, attention,
+#: output projection, all-reduce, MLP GEMMs and activation); an estimate from vLLM/SGLang
+#: decode traces, which show 10-15 kernels per Llama layer with fusions.
+KERNELS_PER_LAYER = 12
+
+#: SGLang's absorbed-MLA attention block (deepseek_v2.py ``forward_absorb_prepare``/``_core``
+#: at 00114aef), with FP8 block-scaled linears (each preceded by its per-token-group
+#: activation quantization kernel, ``sglang_per_token_group_quant_fp8``):
+#: fused residual-add RMSNorm 1; fused q_a/kv_a projection 2 (quant + GEMM); q_a and kv_a
+#: RMSNorms 2; q_b projection 2; absorbed W_UK bmm 3 (activation quant, its scale
+#: buffer, bmm: the bmm_fp8 path has a two-stage quant plus a zero-fill, the DeepGEMM masked
+#: path a quant and the GEMM, PR #5432); RoPE 1; KV-cache write and MLA decode attention 2;
+#: absorbed W_UV bmm 3; o_proj 2; TP all-reduce 1.
+SGLANG_MLA_ATTENTION_KERNELS = 19
+#: SGLang's MoE block without its two grouped GEMMs (``DeepseekV2MoE.forward_normal`` with
+#: the Triton ``fused_moe`` runner, the shared expert fused in as one more expert, SGLang's
+#: default ``disable_shared_experts_fusion`` False): fused residual-add RMSNorm 1, router
+#: GEMM 1, grouped top-k 1, block alignment 1, two activation quantizations 2, SiLU-and-mul
+#: 1, weighted sum over top-k 1, TP all-reduce 1.
+SGLANG_MOE_KERNELS = 9
+#: A dense (first-k) MLP block: fused residual-add RMSNorm 1, gate/up 2, SiLU-and-mul 1,
+#: down 2, TP all-reduce 1.
+SGLANG_DENSE_MLP_KERNELS = 7
+#: ``--enable-flashinfer-allreduce-fusion``: each TP all-reduce runs fused with the residual
+#: add and RMSNorm after it (FlashInfer ``trtllm_allreduce_fusion``), two kernels fewer per
+#: layer.
+ALLREDUCE_FUSION_SAVED = 2
+#: ``--moe-runner-backend flashinfer_trtllm``: routing, activation quantization, SiLU-and-mul
+#: and the top-k reduction run inside TensorRT-LLM's fused MoE (FlashInfer
+#: ``trtllm_fp8_block_scale_moe``: routing kernel, GEMM1 with the activation fused, GEMM2,
+#: finalize), against the Triton runner's grouped top-k, alignment, two quantizations,
+#: SiLU-and-mul and sum: three kernels fewer per MoE layer (the router GEMM stays).
+TRTLLM_MOE_RUNNER_SAVED = 3
+
+
+def kernels_per_layer(model: ModelSpec, workload: ServingWorkload) -> float:
+    """Mean kernels per layer of one pass, outside the routed grouped GEMMs.
+
+    >>> from parsearch.model.presets import get_preset
+    >>> from parsearch.serve.spec import ServingWorkload
+    >>> kernels_per_layer(get_preset("llama3-70b"), ServingWorkload(isl=1, osl=1))
+    12.0
+    """
+    if workload.engine != "sglang" or model.mla is None:
+        return float(KERNELS_PER_LAYER)
+    n_moe = moe_layer_count(model)
+    n_dense = model.num_layers - n_moe
+    moe = SGLANG_MOE_KERNELS - (TRTLLM_MOE_RUNNER_SAVED if workload.fused_moe_runner else 0)
+    total = (model.num_layers * SGLANG_MLA_ATTENTION_KERNELS + n_moe * moe
+             + n_dense * SGLANG_DENSE_MLP_KERNELS)
+    if workload.allreduce_fusion:
+        total -= model.num_layers * ALLREDUCE_FUSION_SAVED
+    return total / model.num_layers
