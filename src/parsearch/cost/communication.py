@@ -180,7 +180,8 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
 def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: int,
                   dispatcher: str, alltoall_efficiency: float,
                   call_latency_s: float,
-                  groups: tuple[int, int] = (1, 1)) -> tuple[np.ndarray, np.ndarray]:
+                  groups: tuple[int, int] = (1, 1),
+                  forward_Bps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, network bytes) of one dispatch (or combine) call of ``tokens`` per rank.
 
     NVLink and network copies proceed at once; the slower link sets the time
@@ -193,7 +194,9 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     (nccl-tests all-to-all vs all-reduce busbw over NDR); DeepEP's RDMA kernels
     run near line rate (DeepEP README: 43-58 GB/s per 400 Gb/s NIC), so ``flex``
     uses the full network rate.  Latency: one call plus one network step per
-    remote domain (NCCL sends to every peer).
+    remote domain (NCCL sends to every peer).  ``forward_Bps``: DeepEP's internode
+    NVLink forwarding stage (:data:`DEEPEP_FORWARD_BPS`), a third bound where the group
+    spans several domains: every rank forwards the ``n p`` copies it receives per token.
     """
     k, m, n = split_group(link)
     intra, inter = dispatch_copies(k, n, top_k, dispatcher, groups)
@@ -209,7 +212,12 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
                        np.asarray(link.network_bandwidth_Bps, dtype=np.float64) * network_eff)
     peers = (m - 1.0) if dispatcher != "flex" else np.minimum(m - 1.0, 1.0)
     latency = call_latency_s + peers * np.asarray(link.network_latency_s, dtype=np.float64)
-    seconds = np.where(n > 1, np.maximum(intra_s, inter_s) + latency, 0.0)
+    busiest = np.maximum(intra_s, inter_s)
+    if dispatcher == "flex" and forward_Bps:
+        hit = 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** top_k
+        forward_s = t * n * hit * bytes_per_token / forward_Bps
+        busiest = np.where(m > 1, np.maximum(busiest, forward_s), busiest)
+    seconds = np.where(n > 1, busiest + latency, 0.0)
     return seconds, np.where(n > 1, net_bytes, 0.0)
 
 
@@ -318,6 +326,32 @@ def shared_expert_overlap_hidden(ep_time: np.ndarray, calls: Any, shared_gemm: n
 #: ``moe_deepep_num_sms``, "historical default 20"); Megatron-Bridge's performance recipes
 #: give HybridEP 32 (``perf_recipes/_common.py``: ``moe_hybridep_num_sms = 32``).
 FLEX_DISPATCH_SMS = {"deepep": 20, "hybridep": 32}
+#: DeepEP's internode normal kernels land each token once per remote node by RDMA and then
+#: forward it on NVLink to every rank of that node that holds one of its experts; that
+#: NVLink stage moves what a rank receives, ``n p`` copies per token (``p`` the chance a
+#: rank is hit), at about 140 GB/s per GPU on Hopper with 24 SMs, whatever its NVLink:
+#: 125-145 GB/s on 2 x 8 H200 (deepseek-ai/DeepEP#493), 144-148 on 2 x 8 H20 (#361),
+#: "exceeds 140 GB/s, making NVLink the bottleneck" of the README's EP16 row on H800
+#: (maintainer, #285).  On 2 nodes it binds before the NIC (RDMA 41-44 GB/s logical,
+#: 20-22 physical); from 4 nodes the RDMA stage does (the README's EP32/EP64 rows).
+#: Keyed by the CUDA major version; no Blackwell measurement, so not priced there.
+DEEPEP_FORWARD_BPS: dict[int, float] = {9: 140e9}
+
+
+def deepep_forward_Bps(options: CostOptions, backend: str,
+                       compute_capability: float | None) -> float | None:
+    """DeepEP's internode NVLink forwarding rate per GPU (:data:`DEEPEP_FORWARD_BPS`) where
+    the flex dispatcher runs DeepEP on a GPU it was measured on; else ``None``.
+
+    >>> from types import SimpleNamespace
+    >>> deepep_forward_Bps(SimpleNamespace(moe_dispatcher="flex"), "deepep", 9.0)
+    140000000000.0
+    >>> deepep_forward_Bps(SimpleNamespace(moe_dispatcher="flex"), "deepep", 10.0) is None
+    True
+    """
+    if options.moe_dispatcher != "flex" or backend != "deepep" or compute_capability is None:
+        return None
+    return DEEPEP_FORWARD_BPS.get(int(compute_capability))
 
 
 def flex_backend(options: CostOptions, nvlink_domain_size: int, gpus_per_node: int) -> str:
@@ -347,7 +381,8 @@ def ep_sm_share(options: CostOptions, profile: EfficiencyProfile, sm_count: int 
 
 def _ep_traffic(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
                 options: CostOptions, cols: dict[str, np.ndarray], groups: Groups,
-                recompute: LayerShares) -> tuple[Any, Any, Any, Any, Any]:
+                recompute: LayerShares, forward_Bps: float | None = None
+                ) -> tuple[Any, Any, Any, Any, Any]:
     """EP and ETP traffic of one MoE unit per micro-batch, before any overlap:
     ``(imbalance, all_to_all, ep_time, network_bytes, calls)`` (``ep_time`` is the
     busiest rank's dispatch, combine and ETP time)."""
@@ -374,10 +409,12 @@ def _ep_traffic(model: ModelSpec, training: TrainingSpec, profile: EfficiencyPro
         limit = (model.moe.router_num_groups, model.moe.router_group_topk)
         first, bytes_first = dispatch_time(groups.ep, tokens, dispatch_bytes, k,
                                            options.moe_dispatcher,
-                                           profile.alltoall_efficiency, latency, limit)
+                                           profile.alltoall_efficiency, latency, limit,
+                                           forward_Bps)
         other, bytes_other = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k,
                                            options.moe_dispatcher,
-                                           profile.alltoall_efficiency, latency, limit)
+                                           profile.alltoall_efficiency, latency, limit,
+                                           forward_Bps)
         ep_time = first + (calls - 1.0) * other
         network_bytes = bytes_first + (calls - 1.0) * bytes_other
     routed_copies = tokens * k
@@ -392,14 +429,16 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
               options: CostOptions, cols: dict[str, np.ndarray], groups: Groups, unit: str,
               compute: UnitCompute, recompute: LayerShares,
               ep_share: float | None = None,
-              traffic_cache: dict[tuple[object, ...], Any] | None = None) -> UnitComm:
+              traffic_cache: dict[tuple[object, ...], Any] | None = None,
+              forward_Bps: float | None = None) -> UnitComm:
     """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring).
 
     Recompute re-runs the forward collectives of what it recomputes (``recompute.tp_comm``
     and ``recompute.ep_comm`` of the two forward TP ops per block and the two forward
     dispatch/combine calls).  ``traffic_cache``: EP traffic already priced for these rows
     under options with the same dispatcher and routing (feature sets that differ only in
-    what overlaps it share it).
+    what overlaps it share it).  ``forward_Bps``: DeepEP's NVLink forwarding rate
+    (:func:`deepep_forward_Bps`; ``None``: not bound by it).
     """
     tp, cp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "mbs"))
     sp = cols["sp"].astype(bool)
@@ -478,14 +517,14 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     # --- EP / ETP ----------------------------------------------------------------------
     ep_exposed, network_bytes = zeros, zeros
     if is_moe_unit(model, unit) and model.moe is not None:
-        key = ("ep", unit, options.moe_dispatcher, options.moe_flex_backend,
+        key = ("ep", unit, options.moe_dispatcher, options.moe_flex_backend, forward_Bps,
                options.fp8_dispatch, options.routing, options.moe_imbalance,
                options.moe_capacity_factor, options.moe_pad_to_capacity)
         if traffic_cache is not None and key in traffic_cache:
             imbalance, all_to_all, ep_time, network_bytes, calls = traffic_cache[key]
         else:
             imbalance, all_to_all, ep_time, network_bytes, calls = _ep_traffic(
-                model, training, profile, options, cols, groups, recompute)
+                model, training, profile, options, cols, groups, recompute, forward_Bps)
             if traffic_cache is not None:
                 traffic_cache[key] = (imbalance, all_to_all, ep_time, network_bytes, calls)
         if options.moe_a2a_overlap:

@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.collectives import LinkArrays, all_gather_time, p2p_time
-from parsearch.cost.communication import Groups, ep_sm_share, flex_backend, unit_comm
+from parsearch.cost.communication import (
+    Groups,
+    deepep_forward_Bps,
+    ep_sm_share,
+    flex_backend,
+    unit_comm,
+)
 from parsearch.cost.compute import UnitCompute, is_moe_unit, unit_compute
 from parsearch.cost.cost_model import CostModel
 from parsearch.cost.offload import offload_exposed
@@ -96,7 +102,9 @@ def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
                                                      backend),
-                     traffic_cache=compute_cache)
+                     traffic_cache=compute_cache,
+                     forward_Bps=deepep_forward_Bps(opt, backend,
+                                                    cm.fabric.gpu.compute_capability))
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
                                unit == "moe", compute.total)
                if unit in ("dense", "moe") else 0.0 * compute.total)

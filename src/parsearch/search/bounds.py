@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.analytic import UNITS, CostModel, group_rows, wide_columns
-from parsearch.cost.communication import unit_comm
+from parsearch.cost.communication import deepep_forward_Bps, flex_backend, unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.feature_search import graph_rank
 from parsearch.cost.memory import memory_arrays
@@ -148,6 +148,10 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
                      ) -> dict[str, np.ndarray]:
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
+    cluster = cm.fabric.cluster
+    forward = deepep_forward_Bps(opt, flex_backend(opt, cluster.nvlink_domain_size,
+                                                   cluster.gpus_per_node),
+                                 cm.fabric.gpu.compute_capability)
     share = float(cm.profile.comm_sm_share)
     zero = np.zeros(n)
     idle = UnitCompute(gemm=zero, routed=zero, attention=zero, logits=zero,
@@ -160,7 +164,7 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
-                         recompute)
+                         recompute, forward_Bps=forward)
         traffic = np.broadcast_to(comm.tp + comm.cp + comm.ep, (n,))
         out[unit] = (np.maximum(work, traffic)
                      + min(share, 0.0) * np.minimum(work, traffic))
