@@ -246,3 +246,20 @@ def test_layout_option_reads_the_key_search_prints(tp: int, cp: int, pp: int, vp
 def test_a_malformed_layout_key_names_both_accepted_forms() -> None:
     with pytest.raises(SpecError, match=r"neither key=value pairs .* nor a layout key"):
         parse_layout_string("tp8-pp4-xyz", num_gpus=64)
+
+
+@SETTINGS
+@given(model=small_models(), training=small_trainings(), n=st.integers(1, 12),
+       offload=st.integers(1, 3))
+def test_cpu_offload_keeps_only_what_megatron_runs_it_with(
+    model: ModelSpec, training: TrainingSpec, n: int, offload: int
+) -> None:
+    # Megatron-Core TransformerConfig: CPU activation offloading refuses pipeline
+    # parallelism and activation recomputation; every other layout is unaffected.
+    offloaded = replace(training, activation_offload_layers=offload)
+    kept = {lay.key() for lay in enumerate_layouts(model, offloaded, n)}
+    plain = enumerate_layouts(model, training, n)
+    assert kept == {lay.key() for lay in plain if lay.pp == 1 and lay.recompute == "none"}
+    for lay in plain:
+        if lay.pp > 1 or lay.recompute != "none":
+            assert [v.rule for v in check_layout(model, offloaded, lay)] == ["R11"]

@@ -48,6 +48,7 @@ class RuleContext:
     max_vpp: int | None
     model_name: str
     max_cp: int | None = None
+    activation_offload_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
@@ -74,6 +75,7 @@ def rule_context(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> Rul
         max_vpp=training.max_vpp,
         model_name=model.name,
         max_cp=training.max_cp,
+        activation_offload_layers=training.activation_offload_layers,
     )
 
 
@@ -316,6 +318,10 @@ def _r11_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
         ok = ok & (np.asarray(c["vpp"]) <= ctx.max_vpp)
     if ctx.max_cp is not None:
         ok = ok & (np.asarray(c["cp"]) <= ctx.max_cp)
+    if ctx.activation_offload_layers:
+        # Megatron-Core TransformerConfig.__post_init__ (d98e8a64): CPU offloading "is not
+        # supported with pipeline parallelism" nor with "activation recomputation".
+        ok = ok & (np.asarray(c["pp"]) == 1) & (rec == RECOMPUTE_CODES["none"])
     return ok
 
 
@@ -341,6 +347,15 @@ def _r11_message(ctx: RuleContext, c: Columns) -> str:
     if ctx.max_cp is not None and int(c["cp"]) > ctx.max_cp:
         reasons.append(f"cp={int(c['cp'])} exceeds the context-parallel cap {ctx.max_cp} "
                        f"(--max-cp, or a --stack without context parallelism)")
+    offload = ctx.activation_offload_layers
+    if offload and int(c["pp"]) > 1:
+        reasons.append(f"pp={int(c['pp'])} with --activation-offload-layers {offload}: "
+                       "Megatron's CPU offloading does not run with pipeline parallelism "
+                       "(use pp=1, or drop the offload)")
+    if offload and rec != RECOMPUTE_CODES["none"]:
+        reasons.append(f"recompute={RECOMPUTE_MODES[rec]} with --activation-offload-layers "
+                       f"{offload}: Megatron's CPU offloading does not run with activation "
+                       "recomputation (use recompute none, or drop the offload)")
     return "; ".join(reasons)
 
 
@@ -373,7 +388,8 @@ RULES: tuple[Rule, ...] = (
     _rule("R8", "pipeline-split", "pp vpp", _r8_holds, _r8_message),
     _rule("R9", "interleaving", "vpp pp m", _r9_holds, _r9_message),
     _rule("R10", "batch-divisibility", "m mbs dp", _r10_holds, _r10_message),
-    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp", _r11_holds, _r11_message),
+    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp pp", _r11_holds,
+          _r11_message),
 )
 
 RULES_BY_ID: dict[str, Rule] = {rule.rule_id: rule for rule in RULES}
