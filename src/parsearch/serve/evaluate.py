@@ -235,6 +235,21 @@ def _replicas_for(ctx: ServingContext, layout: ServingLayout, requests_per_s: fl
     return max(1, math.ceil(rate / requests_per_s)) if requests_per_s > 0 else num_gpus + 1
 
 
+def occupied_share(concurrency: int | None, replicas: int, batch: int) -> float:
+    """Share of the group's request slots (``replicas * batch``, each replica's batch the
+    ceiling of its share of ``concurrency``) that hold a request: a fixed concurrency ``C``
+    keeps only ``C`` requests in flight, so with ``C`` not a multiple of the replicas some
+    run one fewer and with fewer requests than replicas some idle (4 requests over 8
+    single-GPU replicas: half of them).  1 without a fixed concurrency.
+
+    >>> occupied_share(4, 8, 1), occupied_share(16, 8, 2), occupied_share(None, 8, 1)
+    (0.5, 1.0, 1.0)
+    """
+    if concurrency is None or replicas * batch <= 0:
+        return 1.0
+    return min(1.0, concurrency / (replicas * batch))
+
+
 def running_batch(ctx: ServingContext, layout: ServingLayout, max_fit: int) -> int:
     """Requests one instance runs at once: those in flight, capped by what its KV pool holds
     (``max_fit``, each request at its final context, TensorRT-LLM's GUARANTEED_NO_EVICT
@@ -329,8 +344,9 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     # waits for a slot, for the scheduler, for the prefills ahead, then prefills
     ttft_ms = ttft_parts(ttft_inputs(ctx, layout, run_layout, t, cycle, queue_s)).total_s * 1e3
     carries = placed.gpus <= num_gpus
+    occupied = occupied_share(w.concurrency, replicas, layout.batch)
     return ServingEstimate(
-        layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas,
+        layout=placed, gpus=placed.gpus, tokens_per_s=per_instance * replicas * occupied,
         tokens_per_s_per_user=1.0 / tpot, ttft_ms=ttft_ms, tpot_ms=tpot * 1e3,
         kv_cache_gib_per_gpu=kv_gib, memory_gib_per_gpu=used_gib, fits=fits and carries,
         max_batch_fit=max_fit, bottleneck=_bottleneck(t.decode),
