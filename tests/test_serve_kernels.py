@@ -17,6 +17,7 @@ from parsearch.serve.kernels import (
     SGLANG_MLA_ATTENTION_KERNELS,
     SGLANG_MOE_KERNELS,
     TRTLLM_MOE_RUNNER_SAVED,
+    TRTLLM_PYTORCH_KERNELS,
     kernels_per_layer,
 )
 from parsearch.serve.kv_cache import moe_layer_count
@@ -32,10 +33,20 @@ def _work(engine: str, **knobs: bool) -> ServingWorkload:
 
 
 def test_generic_count_for_other_engines_and_non_mla_models() -> None:
-    # vLLM and TensorRT-LLM keep the Llama-like estimate, and so does a GQA model on SGLang
+    # vLLM keeps the Llama-like estimate, and so does a GQA model on SGLang
     assert kernels_per_layer(DSV3, _work("vllm")) == KERNELS_PER_LAYER
-    assert kernels_per_layer(DSV3, _work("trtllm")) == KERNELS_PER_LAYER
     assert kernels_per_layer(get_preset("qwen3-235b-a22b"), _work("sglang")) == KERNELS_PER_LAYER
+
+
+def test_trtllm_pytorch_backend_fuses_all_reduce_with_norm() -> None:
+    # TensorRT-LLM's PyTorch backend folds each all-reduce into the residual add and RMSNorm
+    # (10 kernels a layer besides the routed GEMMs); its TensorRT-engine workflow keeps the
+    # generic count
+    gpt_oss = get_preset("gpt-oss-120b")
+    assert kernels_per_layer(gpt_oss, _work("trtllm")) == TRTLLM_PYTORCH_KERNELS
+    assert TRTLLM_PYTORCH_KERNELS < KERNELS_PER_LAYER
+    engine = replace(_work("trtllm"), tensorrt_engine=True)
+    assert kernels_per_layer(gpt_oss, engine) == KERNELS_PER_LAYER
 
 
 def test_sglang_deepseek_hand_count() -> None:

@@ -11,6 +11,10 @@ vLLM's default compilation) as a longer chain of kernels, counted here from its 
 of that chain on 8 H200 at batch 1 in sgl-project/sglang PR #5432: quantization kernels of
 1.1-2.7 us, a 0.9 us zero-fill, 5.7-7.9 us absorbed bmm).
 
+TensorRT-LLM's PyTorch backend goes the other way: it folds each TP all-reduce into the
+residual add and the following RMSNorm, so its layer runs 10 (:data:`TRTLLM_PYTORCH_KERNELS`;
+its Llama layer has the same ``next_layer_layernorm`` fusion, modeling_llama.py at 012cf909).
+
 The two routed-expert grouped GEMMs are not counted here: :func:`parsearch.serve.moe.
 expert_gemm_time` charges their launches.
 """
@@ -56,6 +60,16 @@ ALLREDUCE_FUSION_SAVED = 2
 TRTLLM_MOE_RUNNER_SAVED = 3
 
 
+#: TensorRT-LLM's PyTorch backend (tensorrt_llm/_torch/models/modeling_gpt_oss.py
+#: ``TransformerBlock.forward_tp`` and ``MLPBlock``, at 050b6cb9): QKV GEMM 1, attention 2
+#: (RoPE/KV-cache-write preprocessing and the generation kernel), o_proj 1, the TP
+#: all-reduce fused with the residual add and the next RMSNorm
+#: (``AllReduceFusionOp.RESIDUAL_RMS_NORM``) 1, router GEMM 1 (``tinygemm2`` up to 128
+#: tokens), fused MoE routing 1, activation quantization 1, MoE finalize 1, the second
+#: fused all-reduce + residual + RMSNorm 1: 10 kernels besides the two routed GEMMs.
+TRTLLM_PYTORCH_KERNELS = 10
+
+
 def kernels_per_layer(model: ModelSpec, workload: ServingWorkload) -> float:
     """Mean kernels per layer of one pass, outside the routed grouped GEMMs.
 
@@ -64,6 +78,8 @@ def kernels_per_layer(model: ModelSpec, workload: ServingWorkload) -> float:
     >>> kernels_per_layer(get_preset("llama3-70b"), ServingWorkload(isl=1, osl=1))
     12.0
     """
+    if workload.engine == "trtllm" and not workload.tensorrt_engine:
+        return float(TRTLLM_PYTORCH_KERNELS)
     if workload.engine != "sglang" or model.mla is None:
         return float(KERNELS_PER_LAYER)
     n_moe = moe_layer_count(model)
