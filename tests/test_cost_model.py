@@ -206,7 +206,9 @@ def test_many_layouts_at_once_score_as_each_alone(moe, precision, fsdp, distribu
     cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-h100"), 32),
                           options=options)
     table = enumerate_layouts(model, training, 32)
-    assert len(table) >= 256  # large enough for the scorer to share prices between rows
+    # large enough for the scorer to share prices between rows (CPU offload keeps only the
+    # pp=1, recompute-none layouts Megatron runs it with: rule R11)
+    assert len(table) >= (64 if offload else 256)
     scores = score_columns(cm, table.columns)
     rng = np.random.default_rng(seed)
     for i in rng.choice(len(table), size=4, replace=False):
