@@ -269,8 +269,16 @@ def effective_split(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int)
     layers = model.num_layers
     if split != "uneven" or stages < 2 or not all((layers + a) % stages for a in (0, 1, 2)):
         return split
-    counts = work_balanced_counts(layers, stages, loss_stage_layers(model, training.seq_len))
-    return format_pipeline_layout(counts, model.mtp_layers) if counts else split
+    return _balanced_split(layers, stages, loss_stage_layers(model, training.seq_len),
+                           model.mtp_layers) or split
+
+
+@lru_cache(maxsize=4096)
+def _balanced_split(num_layers: int, stages: int, loss_layers: int, mtp_layers: int) -> str:
+    """The work-balanced layout string ('' where the plain rule applies), memoised: the
+    scorer asks for the same few splits at every (pp, vpp) group."""
+    counts = work_balanced_counts(num_layers, stages, loss_layers)
+    return format_pipeline_layout(counts, mtp_layers) if counts else ""
 
 
 @lru_cache(maxsize=256)
