@@ -16,7 +16,7 @@ from parsearch.cost.stages import (
     work_balanced_counts,
 )
 from parsearch.errors import SpecError
-from parsearch.launch.plan import launch_plan
+from parsearch.launch.plan import launch_plan, priced_features
 from parsearch.layout import Layout
 from parsearch.model.pipeline_layout import layout_layer_counts, parse_pipeline_layout
 from parsearch.model.presets import get_preset
@@ -115,3 +115,5 @@ def test_the_launch_runs_the_split_it_priced() -> None:
     plan = launch_plan(model, training, Layout(num_gpus=256, tp=1, pp=16, ep=8, mbs=1))
     assert plan.pipeline_layout == "Et*4|(t*4|)*14tmL"
     assert loss_stage_layers(model, 4096) == 3
+    # and explain's "priced with" names it, so a reader sees the split behind the number
+    assert "pipeline layout Et*4|(t*4|)*14tmL" in priced_features(plan)

@@ -149,6 +149,9 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (plan.fsdp, "Megatron-FSDP"),
         (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers)"),
         (not plan.flash_attention, "unfused attention"),
+        # the uneven split the launch passes (a recipe's layout string, Megatron's
+        # accounting or the work-balanced split: cost/stages.py)
+        (plan.pipeline_layout is not None, f"pipeline layout {plan.pipeline_layout}"),
     )
     return tuple(out + [text for on, text in named if on])
 
