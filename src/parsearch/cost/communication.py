@@ -134,6 +134,12 @@ def domains_reached(members_per_domain: Any, group_size: Any, top_k: int,
     return np.minimum(uniform, limited)
 
 
+def rank_hit(group_size: Any, top_k: int) -> Any:
+    """The chance a token's ``top_k`` experts, spread evenly over ``n`` ranks, hit a given
+    rank: ``1 - (1 - 1/n)^top_k`` (uniform routing)."""
+    return 1.0 - (1.0 - 1.0 / np.maximum(group_size, 1.0)) ** top_k
+
+
 def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
                     dispatcher: str, groups: tuple[int, int] = (1, 1)) -> tuple[Any, Any]:
     """(copies over NVLink, copies over the network) per token for one dispatch call.
@@ -169,7 +175,7 @@ def dispatch_copies(members_per_domain: Any, group_size: Any, top_k: int,
     intra = top_k * (k - 1.0) / np.maximum(n, 1.0)
     if dispatcher == "flex":
         inter = domains_reached(k, n, top_k, groups)
-        hit = 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** top_k
+        hit = rank_hit(n, top_k)
         domains = n / k
         intra = (k - 1.0) * hit + np.maximum(0.0, (domains - 1.0) * k * hit - inter)
     else:
@@ -214,8 +220,7 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     latency = call_latency_s + peers * np.asarray(link.network_latency_s, dtype=np.float64)
     busiest = np.maximum(intra_s, inter_s)
     if dispatcher == "flex" and forward_Bps:
-        hit = 1.0 - (1.0 - 1.0 / np.maximum(n, 1.0)) ** top_k
-        forward_s = t * n * hit * bytes_per_token / forward_Bps
+        forward_s = t * n * rank_hit(n, top_k) * bytes_per_token / forward_Bps
         busiest = np.where(m > 1, np.maximum(busiest, forward_s), busiest)
     seconds = np.where(n > 1, busiest + latency, 0.0)
     return seconds, np.where(n > 1, net_bytes, 0.0)

@@ -84,6 +84,14 @@ def cached_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
     return compute
 
 
+def flex_forward_Bps(cm: CostModel) -> float | None:
+    """DeepEP's internode forwarding rate on this cost model's GPU and backend
+    (:func:`parsearch.cost.communication.deepep_forward_Bps`)."""
+    cluster = cm.fabric.cluster
+    backend = flex_backend(cm.options, cluster.nvlink_domain_size, cluster.gpus_per_node)
+    return deepep_forward_Bps(cm.options, backend, cm.fabric.gpu.compute_capability)
+
+
 def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
                  shares: RecomputeShares,
                  compute_cache: dict[tuple[object, ...], Any] | None = None
@@ -102,9 +110,7 @@ def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
                                                      backend),
-                     traffic_cache=compute_cache,
-                     forward_Bps=deepep_forward_Bps(opt, backend,
-                                                    cm.fabric.gpu.compute_capability))
+                     traffic_cache=compute_cache, forward_Bps=flex_forward_Bps(cm))
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
                                unit == "moe", compute.total)
                if unit in ("dense", "moe") else 0.0 * compute.total)

@@ -100,12 +100,10 @@ def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
     if lay.pp == 1:
         return None, None
     split = effective_split(model, training, lay.pp, lay.vpp)
-    if split not in ("even", "uneven"):  # the recipe's own layout string, priced as given
+    if split not in ("even", "uneven"):  # a layout string (the recipe's or work-balanced)
         return split, None
-    counts = virtual_stage_layer_counts(model.num_layers, lay.pp, lay.vpp, split)
-    if len(set(counts)) == 1:
-        return None, counts[0]
-    return format_pipeline_layout(counts, model.mtp_layers), None
+    text = pipeline_layout_string(model, lay.pp, lay.vpp, split)
+    return (text, None) if text else (None, model.num_layers // (lay.pp * lay.vpp))
 
 
 def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
@@ -164,7 +162,9 @@ def _chosen(plan: LaunchPlan, feature: str) -> str:
 
 
 def pipeline_layout_string(model: ModelSpec, pp: int, vpp: int, split: str) -> str | None:
-    """Megatron's ``--pipeline-model-parallel-layout`` for an uneven split, else ``None``.
+    """Megatron's ``--pipeline-model-parallel-layout`` for a split mode's layer counts where
+    they are uneven, else ``None`` (where no Megatron accounting divides the layers the
+    launch uses :func:`effective_split`'s work-balanced string instead).
 
     >>> m = ModelSpec("toy", 30, 1024, 4096, 16, 16, 64, 32000)
     >>> pipeline_layout_string(m, 4, 1, "uneven")

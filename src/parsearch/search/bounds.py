@@ -46,14 +46,19 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.analytic import UNITS, CostModel, group_rows, wide_columns
-from parsearch.cost.communication import deepep_forward_Bps, flex_backend, unit_comm
+from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.feature_search import graph_rank
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import least_memory
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
-from parsearch.cost.unit_prices import cached_unit_compute, process_groups, stage_features
+from parsearch.cost.unit_prices import (
+    cached_unit_compute,
+    flex_forward_Bps,
+    process_groups,
+    stage_features,
+)
 from parsearch.layout.rules import RECOMPUTE_CODES
 
 #: Relative slack on the bound: its sums run in another order than the scorer's.
@@ -148,10 +153,7 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
                      ) -> dict[str, np.ndarray]:
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
-    cluster = cm.fabric.cluster
-    forward = deepep_forward_Bps(opt, flex_backend(opt, cluster.nvlink_domain_size,
-                                                   cluster.gpus_per_node),
-                                 cm.fabric.gpu.compute_capability)
+    forward = flex_forward_Bps(cm)
     share = float(cm.profile.comm_sm_share)
     zero = np.zeros(n)
     idle = UnitCompute(gemm=zero, routed=zero, attention=zero, logits=zero,
