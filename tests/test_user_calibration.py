@@ -34,6 +34,7 @@ from parsearch.validation.fit.network_calibration import (
     MIN_NETWORK_SENSITIVITY,
     NETWORK_FACTOR,
     NVLINK_FACTOR,
+    SPINE_FACTOR,
     corrected_cluster,
     corrected_cluster_yaml,
     network_priors,
@@ -505,13 +506,14 @@ def test_intra_node_runs_do_not_fit_the_network_and_say_why() -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(preset=st.sampled_from(["dgx-h100", "dgx-a100", "gb200-nvl72", "h100-roce"]),
-       u_net=st.floats(0.0, 1.0), u_nvl=st.floats(0.0, 1.0))
+       u_net=st.floats(0.0, 1.0), u_nvl=st.floats(0.0, 1.0), u_spine=st.floats(0.0, 1.0))
 def test_corrected_cluster_file_loads_with_the_scaled_efficiencies(tmp_path_factory, preset,
-                                                                  u_net, u_nvl) -> None:
+                                                                  u_net, u_nvl, u_spine) -> None:
     nominal = load_cluster(preset)
     priors = network_priors(nominal)
-    factors = {name: p.low + u * (p.high - p.low)
-               for (name, p), u in zip(priors.items(), (u_net, u_nvl), strict=False)}
+    positions = {NETWORK_FACTOR: u_net, NVLINK_FACTOR: u_nvl, SPINE_FACTOR: u_spine}
+    factors = {name: p.low + positions[name] * (p.high - p.low)
+               for name, p in priors.items() if name in positions}
     path = tmp_path_factory.mktemp("cluster") / "mine.cluster.yaml"
     path.write_text(corrected_cluster_yaml(preset, factors, "# test\n"), encoding="utf-8")
     loaded = load_cluster(str(path))
@@ -521,8 +523,12 @@ def test_corrected_cluster_file_loads_with_the_scaled_efficiencies(tmp_path_fact
         # Written to 4 significant digits, never above the line rate.
         assert getattr(loaded, name) == pytest.approx(getattr(expected, name), rel=1e-3)
         assert getattr(loaded, name) <= 1.0
+    # The spine: the leaves' uplinks deliver the factor's share of the file's.
+    assert nominal.leaf_oversubscription / loaded.leaf_oversubscription == pytest.approx(
+        factors.get(SPINE_FACTOR, 1.0), rel=1e-3)
     same = replace(loaded, name=nominal.name, network_efficiency=nominal.network_efficiency,
-                   nvlink_efficiency=nominal.nvlink_efficiency)
+                   nvlink_efficiency=nominal.nvlink_efficiency,
+                   leaf_oversubscription=nominal.leaf_oversubscription)
     assert same == nominal
 
 

@@ -8,6 +8,13 @@ so :mod:`parsearch.validation.user.user_calibration` fits it here:
 
 * :data:`NETWORK_FACTOR`: delivered inter-node (scale-out, per NIC) bandwidth
   over what the cluster file says (line rate x ``network_efficiency``);
+* :data:`SPINE_FACTOR`: delivered bandwidth of the leaves' uplinks into the spine (what
+  groups spanning several leaf groups, or rail-optimized scalable units, pay:
+  :mod:`parsearch.topology.fabric`) over what the file's ``leaf_oversubscription``
+  says, on top of :data:`NETWORK_FACTOR`: an oversubscribed or congested spine, not
+  slow NICs.  Fitted only where the runs tell it apart from the leaf tier
+  (:mod:`parsearch.validation.fit.spine_tier`); otherwise tied to it (1.0: the spine
+  delivers what the leaf tier does, times the file's oversubscription);
 * :data:`NVLINK_FACTOR`: the same for the NVLink (scale-up) domain;
 * :data:`COMPUTE_FACTOR`: the SM clock the GPUs sustain over the clock their
   hardware profile says they sustain at rated power (the clock the efficiency
@@ -53,10 +60,11 @@ from parsearch.topology.variants import apply_variant, variant_name
 from parsearch.validation.fit.calibration import PreparedRow
 
 NETWORK_FACTOR = "network_bandwidth_factor"
+SPINE_FACTOR = "spine_bandwidth_factor"
 NVLINK_FACTOR = "nvlink_bandwidth_factor"
 COMPUTE_FACTOR = "compute_clock_factor"
 #: The cluster factors, in the order they are considered.
-CLUSTER_FACTORS: tuple[str, ...] = (NETWORK_FACTOR, NVLINK_FACTOR, COMPUTE_FACTOR)
+CLUSTER_FACTORS: tuple[str, ...] = (NETWORK_FACTOR, NVLINK_FACTOR, SPINE_FACTOR, COMPUTE_FACTOR)
 #: Lowest board power, as a share of the rated power, down to which the clock law
 #: ``f ~ P ** 0.30`` was fitted (300 of 700 W on the H100: parsearch.topology.power; below
 #: it memory's own share of the budget is no longer small, Ujeniya et al., arXiv
@@ -69,6 +77,16 @@ LAW_POWER_SHARE = 300.0 / 700.0
 #: four NICs of a node promised 200 GB/s (0.25; NVIDIA/nccl-tests #232).  A NIC trained
 #: at HDR 200 Gb/s on an NDR 400 Gb/s cluster file delivers 0.5.
 NETWORK_LOW = 0.25
+#: Lowest delivered share of the spine (leaf uplink) bandwidth the cluster file states, over
+#: what the leaf tier delivers.  ECMP hash collisions put two cross-leaf flows on one uplink
+#: and halve it (Baidu AIPod, "How to eliminate network hash collisions in large-model
+#: training": ~70 of 100 Gb/s on average, 50 where two flows collide); Meta's RoCE training
+#: fabric gained up to 40 % on AllReduce once its ECMP hashing was fixed (SIGCOMM 2024,
+#: "RDMA over Ethernet for Distributed AI Training at Meta Scale": baseline 1/1.4 = 0.71);
+#: a leaf with half as many uplinks as downlinks (2:1, a common cost-saving design:
+#: topologies/dgx-h100-oversub.yaml) described as non-blocking delivers 0.5, and both
+#: together 0.25.
+SPINE_LOW = 0.25
 #: Lowest achieved NVLink efficiency (busbw / per-direction line rate): A100 8-GPU
 #: all-reduce 200-230 of 300 GB/s (0.67-0.77, NVIDIA/nccl-tests #149); the CALC H100
 #: preset uses 0.65 (formulas.md §9).
@@ -100,10 +118,24 @@ def network_priors(cluster: ClusterSpec, gpu: GpuProfile | None = None) -> dict[
             1.0, low, 1.0 / cluster.nvlink_efficiency,
             "delivered / cluster-file NVLink bandwidth: busbw 0.65-0.82 of line rate "
             "(nccl-tests #149, #212; formulas.md §9) up to the line rate")
+    if cluster.nics_per_node:
+        out[SPINE_FACTOR] = spine_prior(cluster)
     compute = compute_prior(gpu if gpu is not None else _gpu_named(cluster.gpu))
     if compute is not None:
         out[COMPUTE_FACTOR] = compute
     return out
+
+
+def spine_prior(cluster: ClusterSpec) -> Prior:
+    """The range of :data:`SPINE_FACTOR`: :data:`SPINE_LOW` up to the file's
+    ``leaf_oversubscription`` (a non-blocking leaf: above it the NICs, priced by
+    :data:`NETWORK_FACTOR`, are the bottleneck, and ClusterSpec keeps the
+    oversubscription at least 1)."""
+    high = cluster.leaf_oversubscription
+    return Prior(1.0, min(SPINE_LOW, high), high,
+                 "delivered / cluster-file spine (leaf uplink) bandwidth over the leaf tier's: "
+                 "0.25 (an undeclared 2:1 leaf with ECMP collisions halving cross-leaf flows: "
+                 "Baidu AIPod, Meta SIGCOMM 2024 RoCE paper) up to a non-blocking leaf")
 
 
 @functools.lru_cache(maxsize=16)
@@ -157,12 +189,20 @@ def corrected_cluster(cluster: ClusterSpec, factors: Mapping[str, float],
     if factors.get(NVLINK_FACTOR, 1.0) != 1.0:
         changes["nvlink_efficiency"] = min(1.0, cluster.nvlink_efficiency
                                            * factors[NVLINK_FACTOR])
+    if factors.get(SPINE_FACTOR, 1.0) != 1.0:
+        changes["leaf_oversubscription"] = _oversubscription(cluster, factors[SPINE_FACTOR])
     clock = _clock_MHz(cluster, factors)
     if clock is not None:
         changes["gpu"] = variant_name(cluster.gpu, {"sm_clock_MHz": clock})
     if name is not None:
         changes["name"] = name
     return replace(cluster, **changes) if changes else cluster
+
+
+def _oversubscription(cluster: ClusterSpec, spine: float) -> float:
+    """The ``leaf_oversubscription`` that makes the leaves' uplinks deliver ``spine`` times
+    the file's (at least 1: a non-blocking leaf)."""
+    return max(1.0, cluster.leaf_oversubscription / spine)
 
 
 def _clock_MHz(cluster: ClusterSpec, factors: Mapping[str, float]) -> float | None:
@@ -239,6 +279,14 @@ def corrected_cluster_yaml(name_or_path: str, factors: Mapping[str, float],
         data[field] = min(1.0, float(f"{after:.4g}"))
         sources[field] = (f"parsearch calibrate: {factor} {factors[factor]:.3f} x {before:g} "
                           f"(the cluster file {path.name}) fitted to measured runs")
+    if factors.get(SPINE_FACTOR, 1.0) != 1.0:
+        # The leaves' uplinks deliver SPINE_FACTOR of the file's: an oversubscription that
+        # prices exactly that (parsearch.topology.fabric: leaf uplink share).
+        data["leaf_oversubscription"] = float(f"{fixed.leaf_oversubscription:.4g}")
+        sources["leaf_oversubscription"] = (
+            f"parsearch calibrate: {SPINE_FACTOR} {factors[SPINE_FACTOR]:.3f}: the spine "
+            f"(leaf uplinks) delivers that share of {original.leaf_oversubscription:g}:1 "
+            f"(the cluster file {path.name}), fitted to measured runs that cross leaf groups")
     clock = _clock_MHz(original, factors)
     if clock is not None:
         # A clock lock (parsearch.topology.variants): tensor and SFU rates x the factor.
@@ -255,7 +303,7 @@ def corrected_cluster_yaml(name_or_path: str, factors: Mapping[str, float],
 
 __all__ = [
     "CLUSTER_FACTORS", "COMPUTE_FACTOR", "MIN_NETWORK_SENSITIVITY", "NETWORK_FACTOR",
-    "NVLINK_FACTOR", "cluster_file_path", "compute_prior", "corrected_cluster",
-    "corrected_cluster_yaml", "network_priors",
-    "rows_with_cluster_factors", "with_cluster_factors",
+    "NVLINK_FACTOR", "SPINE_FACTOR", "SPINE_LOW", "cluster_file_path", "compute_prior",
+    "corrected_cluster", "corrected_cluster_yaml", "network_priors",
+    "rows_with_cluster_factors", "spine_prior", "with_cluster_factors",
 ]

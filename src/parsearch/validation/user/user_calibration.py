@@ -81,8 +81,16 @@ from parsearch.validation.fit.network_calibration import (
     COMPUTE_FACTOR,
     MIN_NETWORK_SENSITIVITY,
     NETWORK_FACTOR,
+    NVLINK_FACTOR,
+    SPINE_FACTOR,
     network_priors,
     rows_with_cluster_factors,
+)
+from parsearch.validation.fit.spine_tier import (
+    leaf_before_spine,
+    spine_apart,
+    spine_tied_reason,
+    tier_sentence,
 )
 from parsearch.validation.published.published_runs import PublishedRun
 from parsearch.validation.user.measurements import Measurement, one_line
@@ -282,23 +290,35 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     square root of the diagonal of the linearised fit's normal matrix ``J'J / n``
     (a factor that moves two of five runs a lot is better determined than one that
     moves all five a little).  The GPUs' clock (:data:`COMPUTE_FACTOR`) goes ahead of
-    the kernel efficiencies it moves together (:func:`ranking_rms`).
+    the kernel efficiencies it moves together (:func:`ranking_rms`); the spine goes
+    right after the leaf tier it refines, and is kept only where the runs tell it
+    apart from it (:mod:`parsearch.validation.fit.spine_tier`).
     """
+    chosen, sens, why, _ = _choose(rows, profile, rows_per_factor, cluster_priors)
+    return chosen, sens, why
+
+
+def _choose(rows: Sequence[PreparedRow], profile: EfficiencyProfile, rows_per_factor: int,
+            cluster_priors: Mapping[str, Prior] | None,
+            ) -> tuple[list[str], dict[str, float], str, dict[str, str]]:
+    """:func:`choose_factors`, and why each scale-out tier's factor was not fitted."""
     effects = range_effects(rows, profile, cluster_priors=cluster_priors)
     sens = {n: float(np.mean(np.abs(g))) for n, g in effects.items()}
     rms = {n: float(np.sqrt(np.mean(g * g))) for n, g in effects.items()}
     moved = {n: int(np.sum(np.abs(g) >= MIN_UNIQUE_EFFECT)) for n, g in effects.items()}
     lonely = [n for n, s in sens.items() if s >= threshold(n) and moved[n] < MIN_RUNS_MOVED]
     rank = ranking_rms(rms)
-    informative = sorted((n for n, s in sens.items()
-                          if s >= threshold(n) and moved[n] >= MIN_RUNS_MOVED),
-                         key=lambda n: (-rank[n], n != COMPUTE_FACTOR))
+    informative = leaf_before_spine(sorted(
+        (n for n, s in sens.items() if s >= threshold(n) and moved[n] >= MIN_RUNS_MOVED),
+        key=lambda n: (-rank[n], n != COMPUTE_FACTOR)))
     # Of factors whose effects the others can mimic, the runs fix only their sum: keep the
     # better determined one, the first listed, and a later one only where it moves some run
     # beyond what those before it can (calibration.added_effects: forward, so two near-copies
     # cannot together mimic a third; the shipped fit keeps the first in FIT_ORDER instead:
-    # its runs span many models, a user's few).
-    apart = added_effects({n: effects[n] for n in informative}, MIN_UNIQUE_EFFECT)
+    # its runs span many models, a user's few).  The spine must also stand apart from the
+    # leaf tier, kept or not (spine_tier.spine_apart).
+    apart = spine_apart(added_effects({n: effects[n] for n in informative}, MIN_UNIQUE_EFFECT),
+                        effects, MIN_UNIQUE_EFFECT)
     mimicked = [n for n in informative if n not in apart]
     limit = factor_limit(len(rows), rows_per_factor)
     chosen = apart[:limit]
@@ -318,13 +338,36 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     if len(apart) > limit:
         why += (f"; {len(rows)} run(s) allow at most {limit} (one per {rows_per_factor} runs): "
                 f"left at the shipped values: {', '.join(apart[limit:])}")
+    reasons: dict[str, str] = {}
     for name in cluster_priors or {}:
+        if name in chosen:
+            continue
+        if name == SPINE_FACTOR:
+            reasons[name] = spine_tied_reason(rows, effects, chosen, informative, apart,
+                                              MIN_UNIQUE_EFFECT, MIN_RUNS_MOVED,
+                                              MIN_NETWORK_SENSITIVITY)
+            continue
         if sens[name] < MIN_NETWORK_SENSITIVITY:
-            what = "cross nodes" if name == NETWORK_FACTOR else "use NVLink"
-            why += (f"; {name} not fitted: the runs barely {what} (its range "
-                    f"{cluster_priors[name].low:.2f}-{cluster_priors[name].high:.2f} moves them "
-                    f"{sens[name]:.3f} < {MIN_NETWORK_SENSITIVITY}), the cluster file is kept")
-    return chosen, sens, why
+            what = _USES.get(name, "depend on it")
+            reasons[name] = (f"the runs barely {what} (its range {cluster_priors[name].low:.2f}-"
+                             f"{cluster_priors[name].high:.2f} moves them {sens[name]:.3f} < "
+                             f"{MIN_NETWORK_SENSITIVITY})")
+            why += f"; {name} not fitted: {reasons[name]}, the cluster file is kept"
+        elif name in lonely:
+            reasons[name] = f"{moved[name]} run(s) move by {MIN_UNIQUE_EFFECT} over its range"
+        elif name in mimicked:
+            reasons[name] = "the runs cannot tell it apart from the factors fitted"
+        else:
+            reasons[name] = f"the factor limit (one per {rows_per_factor} runs) left no room"
+    present = [n for n in (cluster_priors or {}) if n != COMPUTE_FACTOR]
+    if SPINE_FACTOR in present or chosen:
+        why += f"; {tier_sentence(chosen, reasons, present)}"
+    return chosen, sens, why, reasons
+
+
+#: What a run must do for a cluster factor to move it (the report's words).
+_USES = {NETWORK_FACTOR: "cross nodes", NVLINK_FACTOR: "use NVLink",
+         SPINE_FACTOR: "cross leaf groups", COMPUTE_FACTOR: "depend on the GPUs' clock"}
 
 
 def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None = None, *,
@@ -372,7 +415,13 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     # physical factor chosen (three noisy runs fitting a physical factor and the speed factor
     # together misordered near-tied MoE layouts: benchmarks/calibration_user_cases.py).
     keep = factor_limit(len(rows), rows_per_factor) - 1
-    return better_with_speed(rows, start, fit, prior_weight, keep, pushed)
+    final = better_with_speed(rows, start, fit, prior_weight, keep, pushed)
+    dropped = [n for n in fit.fitted if n not in final.fitted]
+    if dropped:
+        tied = " (the spine is tied to the leaf tier again)" if SPINE_FACTOR in dropped else ""
+        final = replace(final, why=f"{final.why}; {', '.join(dropped)} then left out: "
+                        f"{CLUSTER_SPEED} took its place (the factor limit){tied}")
+    return final
 
 
 def _faster_than_the_clock(cluster: Mapping[str, float], priors: Mapping[str, Prior]) -> bool:

@@ -27,7 +27,8 @@ from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, Prior
 from parsearch.validation.fit.calibration import PreparedRow
 from parsearch.validation.fit.cluster_speed import SpeedFit
 from parsearch.validation.fit.crossval import BAND_QUANTILES
-from parsearch.validation.fit.network_calibration import CLUSTER_FACTORS
+from parsearch.validation.fit.network_calibration import CLUSTER_FACTORS, SPINE_FACTOR
+from parsearch.validation.fit.spine_tier import TIERS
 
 #: Runs needed before the leave-one-run-out errors replace the shipped error band.
 MIN_RUNS_FOR_BAND = 5
@@ -190,6 +191,14 @@ class UserCalibration:
             return self.cluster_priors[name]
         return self.profile.priors.get(name) or self.base.priors[name]
 
+    @property
+    def tiers(self) -> dict[str, str]:
+        """Each scale-out tier the cluster has: ``fitted``, ``tied`` (the spine, following
+        the leaf tier) or ``kept`` (the cluster file's word); why is in :attr:`why`."""
+        return {tier: "fitted" if name in self.fitted else
+                "tied" if name == SPINE_FACTOR else "kept"
+                for tier, name in TIERS if name in self.cluster_priors}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile.name,
@@ -198,6 +207,7 @@ class UserCalibration:
                            "low": self.prior(n).low, "high": self.prior(n).high}
                        for n in self.fitted},
             "cluster_factors": dict(self.cluster),
+            "scale_out_tiers": self.tiers,
             "cluster_file": self.cluster_file,
             "cluster_speed": self.speed.to_dict() if self.speed else None,
             "on_bound": list(self.on_bound),
