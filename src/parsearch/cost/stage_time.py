@@ -176,6 +176,30 @@ class StageSettings:
     fsdp_weights_sharded: bool = True
 
 
+def interleaved_ring_wait(pp: int, vpp: int, send_s: np.ndarray) -> np.ndarray:
+    """Seconds per step the interleaved schedule's warm-up and cool-down wait for sends.
+
+    Megatron-Core runs each model chunk for a group of ``pp`` micro-batches before the
+    next (``microbatch_group_size_per_vp_stage``, default ``pipeline_model_parallel_size``:
+    ``core/model_parallel_config.py``; the schedule table in
+    ``core/pipeline_parallel/schedules.py``), and the first stage's warm-up runs
+    ``(vpp - 1) * pp`` forward chunks before its first backward
+    (``get_pp_rank_microbatches``).  In that all-forward phase the first micro-batch's
+    next chunk on rank 0 needs its previous chunk from the last rank: a ring of ``pp``
+    chunks and ``pp`` sends, while rank 0 has only ``pp`` chunks of its own to run,
+    so each of the ``vpp - 1`` chunk rounds waits ``pp`` sends; the cool-down's
+    backward ring mirrors it.  In the steady 1F1B phase a backward chunk runs between
+    a send and its use, so ``--overlap-p2p-comm`` hides the send there (``score_split``).
+    With one micro-batch group (``m == pp``) the whole step is warm-up and cool-down.
+
+    >>> float(interleaved_ring_wait(4, 5, np.array([1e-3]))[0])   # 2 x 4 rounds x 4 sends
+    0.032
+    >>> float(interleaved_ring_wait(4, 1, np.array([1e-3]))[0])
+    0.0
+    """
+    return 2.0 * max(vpp - 1, 0) * float(pp) * np.asarray(send_s, dtype=np.float64)
+
+
 def distinct_stages(feats: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(rows, first, count)``: the distinct unit-count rows of a split's stages in order
     of first appearance, the first stage holding each, and how many stages do.
@@ -234,16 +258,18 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     # the SM share they hold, as every other overlapped collective here
     # (communication.py's sm_slowdown): deep interleaving multiplies the sends by vpp.
     p2p_total = 2.0 * float(vpp) * pp_send
+    ring_wait = 0.0
     if vpp > 1:
         p2p = (np.maximum(0.0, p2p_total - work)
                + settings.comm_sm_share * np.minimum(p2p_total, work))
         p2p_mean = (count @ p2p) / stages
         stage_time = work + comm + p2p
+        ring_wait = interleaved_ring_wait(stages, vpp, pp_send)
     else:
         p2p_mean = p2p_total
         stage_time = work + comm + p2p_total
     out = {f"time_{k}": m * part_means[i] for i, k in enumerate(STAGE_PARTS)}
-    out["time_pp_p2p"] = m * p2p_mean
+    out["time_pp_p2p"] = m * p2p_mean + ring_wait
     worst = np.argmax(stage_time, axis=0)
     n = np.arange(r)
     slowest = stage_time[worst, n]
