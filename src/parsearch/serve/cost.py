@@ -17,7 +17,7 @@ from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_t
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.engines import moe_kernel_efficiency
-from parsearch.serve.kernels import kernels_per_layer
+from parsearch.serve.kernels import eager_prefill_host_s, kernels_per_layer
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
 from parsearch.serve.moe import ep_imbalance, expected_touched_share, expert_gemm_time
@@ -141,6 +141,7 @@ class StepTime:
     busy_s: float | None = None  # instance time per request when not total_s (prefill)
     overlapped_comm_s: float = 0.0  # EP all-to-alls run beside the other micro-batch's work
     kernels_s: float | None = None  # sum of per-kernel-group rooflines (None: one roofline)
+    host_s: float = 0.0  # host time to issue an eager pass (serve.kernels.eager_prefill_host_s)
 
     @property
     def roofline_s(self) -> float:
@@ -153,7 +154,8 @@ class StepTime:
     @property
     def total_s(self) -> float:
         work = self.roofline_s + self.comm_s + self.overhead_s
-        return max(work, self.overlapped_comm_s)
+        # the host issues an eager pass's kernels ahead of the GPU: the slower of the two
+        return max(work, self.overlapped_comm_s, self.host_s)
 
 
 def _expert_shapes(model: ModelSpec, counts: ParameterCounts) -> tuple[float, float, int]:
@@ -400,7 +402,8 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
     overhead = layers * kernels_per_layer(model, workload) * rates.kernel_s + _non_gemm_s(
         model, layout, rates, tokens_rank, tokens_stage)
     hop = float(p2p_time(links.pp, tokens_rank * h * _ACT)) if layout.pp > 1 else 0.0
-    return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden)
+    return StepTime(memory, compute, comm, overhead, hop, overlapped_comm_s=hidden,
+                    host_s=eager_prefill_host_s(model, workload, layers))
 
 
 def prefill_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,

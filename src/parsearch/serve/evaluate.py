@@ -307,7 +307,11 @@ def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingL
         burst_waves=w.burst_waves if w.concurrency is not None else None,
         lookahead=schedules_ahead(w.engine, w.async_scheduling),
         # the server tokenizes the whole text prompt, cached prefix included
-        tokenize_s=tokenize_s(w.isl) if w.text_prompts else 0.0)
+        tokenize_s=tokenize_s(w.isl) if w.text_prompts else 0.0,
+        # whole prompts a prefill step packs on each attention-DP rank, within its budget
+        prompts_per_prefill=run_layout.attention_dp * max(
+            1, int(w.max_num_batched_tokens // max(1.0, computed_prompt_tokens(
+                w.isl, w.prefix_cache_hit)))))
 
 
 def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,

@@ -17,6 +17,21 @@ its Llama layer has the same ``next_layer_layernorm`` fusion, modeling_llama.py 
 
 The two routed-expert grouped GEMMs are not counted here: :func:`parsearch.serve.moe.
 expert_gemm_time` charges their launches.
+
+Eager prefill (:func:`eager_prefill_host_s`).  SGLang replays CUDA graphs for decode batches
+only: its prefill (``forward_extend``) runs eagerly unless ``--enable-piecewise-cuda-graph``
+(server_args.py ``enable_piecewise_cuda_graph: bool = False`` and ``enable_torch_compile:
+bool = False`` in sglang 0.5.6; model_runner.py ``forward_extend`` takes the piecewise runner
+only when it exists).  Eagerly, the host issues every kernel through Python and the PyTorch
+dispatcher, tens of microseconds each, far more than the ~3 us a kernel costs inside a graph.
+Measured: a DeepSeek-V3 prefill of one new token took 82.6 ms eagerly and 23.1 ms from a
+CUDA graph (sgl-project/sglang PR #12160, scheduler log "forward cost", Oct 2025; its author
+reports the same ~80-100 ms TTFT for any prefill under ~100 new tokens), i.e. 82.6 ms /
+(61 layers x 27.9 kernels, this module's count for that configuration) = 48 us per kernel.
+The same order as PyTorch's own measurement of eager Llama-7B decode, 25.5 tokens/s
+(39 ms a step) where the weight reads take ~9 ms ("Accelerating Generative AI with PyTorch
+II: GPT, Fast", PyTorch blog, Nov 2023: "CPU overhead bound"), ~35 us for each of its ~35
+ops a layer.
 """
 
 from __future__ import annotations
@@ -68,6 +83,31 @@ TRTLLM_MOE_RUNNER_SAVED = 3
 #: tokens), fused MoE routing 1, activation quantization 1, MoE finalize 1, the second
 #: fused all-reduce + residual + RMSNorm 1: 10 kernels besides the two routed GEMMs.
 TRTLLM_PYTORCH_KERNELS = 10
+
+
+#: Host time to issue one kernel from eager PyTorch: 82.6 ms / (61 x 27.9), sglang PR #12160
+#: (module docstring; 35 us from the PyTorch GPT-fast measurement, the low end).
+EAGER_LAUNCH_S = 48e-6
+#: Engines whose prefill passes run outside CUDA graphs, at their defaults: SGLang (module
+#: docstring) and TensorRT-LLM's PyTorch backend, which replays CUDA graphs for
+#: generation-only batches and runs context (prefill) iterations eagerly unless
+#: ``torch_compile_config.enable_piecewise_cuda_graph`` (default False; TensorRT-LLM docs
+#: "Torch Compile & Piecewise CUDA Graph": piecewise graphs exist "to reduce context-phase
+#: launch overhead"; ``TorchCompileConfig`` reference).  vLLM compiles the model with
+#: torch.compile by default (Inductor fuses the small ops and its generated wrapper launches
+#: the rest) and replays piecewise graphs up to its capture size: not priced with the floor.
+#: TensorRT engines (``trtllm-build``) run no Python per kernel.
+EAGER_PREFILL: dict[str, bool] = {"sglang": True, "trtllm": True}
+
+
+def eager_prefill_host_s(model: ModelSpec, workload: ServingWorkload, layers: float) -> float:
+    """Host time to issue one eager prefill pass over ``layers`` layers (0 for an engine that
+    graphs or compiles its prefill).  The host issues kernels ahead of the GPU, so a pass
+    lasts the longer of this and its GPU time (a two-stage flow line runs at its slower
+    stage, Hopp and Spearman, Factory Physics, 3rd ed., section 7.2)."""
+    if not EAGER_PREFILL.get(workload.engine, False) or workload.tensorrt_engine:
+        return 0.0
+    return layers * kernels_per_layer(model, workload) * EAGER_LAUNCH_S
 
 
 def kernels_per_layer(model: ModelSpec, workload: ServingWorkload) -> float:

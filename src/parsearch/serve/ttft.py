@@ -26,8 +26,11 @@ A request that arrives at a busy aggregated instance waits, in order, for
    (bench_serving with ``--request-rate inf --max-concurrency C``: every request task is
    created at once, a semaphore lets C through; the warm-up requests finish before the run,
    InferenceX utils/bench_serving/benchmark_serving.py), the first wave's prefills queue
-   behind one another (:func:`burst_wait_s`), each at the pace of the slower of the
-   tokenizer and the engine (:func:`parsearch.serve.frontend.burst_stage_s`);
+   behind one another: the server tokenizes them one at a time and the engine prefills
+   whatever has been tokenized whenever it is free, packing up to its token budget, so a
+   batch's prompts all wait for its end (:func:`burst_batches_wait_s`; with one prompt per
+   batch it is :func:`burst_wait_s`, each at the pace of the slower of the tokenizer and the
+   engine, :func:`parsearch.serve.frontend.burst_stage_s`);
 6. its own prefill, split into chunks of the token budget left after the running decodes
    (:func:`chunk_iterations`); where the engine mixes decodes into prefill steps (vLLM V1,
    TensorRT-LLM in-flight batching) each chunk's step also carries the running decodes
@@ -52,8 +55,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-from parsearch.serve.frontend import burst_stage_s
 
 #: Engines whose scheduler puts running decodes and prefill chunks in one step.  vLLM V1
 #: schedules the running requests first and fills the rest of ``max_num_batched_tokens``
@@ -111,6 +112,40 @@ def burst_wait_s(in_flight: int, waves: float | None, busy_s: float) -> float:
     return (in_flight - 1) / 2.0 * busy_s / max(1.0, waves)
 
 
+def burst_batches_wait_s(in_flight: int, waves: float | None, alone_s: float, busy_s: float,
+                         per_batch: int, tokenize_s: float = 0.0) -> float:
+    """Mean extra wait of a burst whose prompts the engine prefills in batches.
+
+    ``in_flight`` requests are sent at once; the server tokenizes them one after another
+    (``tokenize_s`` each, :mod:`parsearch.serve.frontend`), and whenever the engine is free it
+    prefills every tokenized prompt waiting, up to ``per_batch`` of them (the prompts that fit
+    its token budget: vLLM ``max_num_batched_tokens``, SGLang ``--max-prefill-tokens`` and
+    ``--chunked-prefill-size``, TensorRT-LLM ``max_num_tokens``; first come first served).
+    A batch's prompts all get their first token when the batch ends, so packing prompts
+    together delays the earlier ones by the later ones' prefill (bulk service, Bailey 1954,
+    J. R. Stat. Soc. B 16; the engines' schedulers: vLLM V1 ``Scheduler.schedule``, SGLang
+    ``PrefillAdder``, TensorRT-LLM's capacity scheduler).  A batch of ``n`` takes ``alone_s`` for
+    one prompt and ``k busy_s`` for a full one of ``k = per_batch`` (``busy_s``: instance time
+    per prompt when packed, :func:`parsearch.serve.cost.prefill_step`), in between linearly.
+    The mean over the burst, less what a lone request takes (``tokenize_s + alone_s``),
+    carries ``1 / waves`` of the requests, as in :func:`burst_wait_s`, which this reduces to
+    for ``per_batch`` 1 and ``alone_s == busy_s``.  None: no burst (steady arrivals)."""
+    if waves is None or in_flight <= 1:
+        return 0.0
+    k = max(1, per_batch)
+    slope = (k * busy_s - alone_s) / (k - 1) if k > 1 else busy_s
+    free, done, total = 0.0, 0, 0.0
+    while done < in_flight:
+        start = max(free, (done + 1) * tokenize_s)  # the next prompt is tokenized by then
+        ready = (in_flight if start >= in_flight * tokenize_s
+                 else min(in_flight, int(start / tokenize_s)))
+        n = max(1, min(k, ready - done))
+        free = start + alone_s + (n - 1) * max(slope, 0.0)
+        total += n * free
+        done += n
+    return max(0.0, total / in_flight - tokenize_s - alone_s) / max(1.0, waves)
+
+
 def closed_loop_share(waves: float | None, concurrency: int) -> float:
     """Share of the steady rate a fixed-count closed-loop run measures: a client that sends
     ``waves * C`` requests through ``C`` slots (bench_serving ``--max-concurrency C``) divides
@@ -165,12 +200,17 @@ class TtftInputs:
     burst_waves: float | None = None
     lookahead: bool = False    # the engine forms the next batch while one runs (item 2)
     tokenize_s: float = 0.0    # host time to tokenize the prompt (0: sent as token ids)
+    #: prompts one prefill batch packs (burst_batches_wait_s); None: as many whole prompts
+    #: as the token budget holds
+    prompts_per_prefill: int | None = None
 
 
 def ttft_parts(x: TtftInputs) -> TtftParts:
     """TTFT of a request in steady state, plus the burst share (module docstring)."""
     mixed = MIXED_PREFILL.get(x.engine, True)
     chunks = chunk_iterations(x.prompt_tokens, x.budget, x.step_decodes, mixed)
+    per_batch = (x.prompts_per_prefill if x.prompts_per_prefill is not None
+                 else max(1, int(x.budget // max(1.0, x.prompt_tokens))))
     busy_share = x.running * x.busy_s / x.cycle_s if x.cycle_s > 0 else 0.0
     alone = x.running <= 1
     return TtftParts(
@@ -179,7 +219,8 @@ def ttft_parts(x: TtftInputs) -> TtftParts:
         pickup_s=pickup_wait_s(x.running, x.step_s, x.recv_interval, x.lookahead),
         balance_wait_s=0.0 if alone else x.balance_wait_iters * x.step_s,
         prefill_queue_s=0.0 if alone else prefill_queue_wait_s(busy_share, x.busy_s),
-        burst_s=burst_wait_s(x.in_flight, x.burst_waves, burst_stage_s(x.busy_s, x.tokenize_s)),
+        burst_s=burst_batches_wait_s(x.in_flight, x.burst_waves, x.prefill_alone_s, x.busy_s,
+                                     per_batch, x.tokenize_s),
         prefill_s=x.prefill_alone_s,
         ride_along_s=chunks * x.ride_s if mixed and not alone else 0.0,
     )
