@@ -127,3 +127,25 @@ def test_held_out_summary_groups_by_engine(vs: ModuleType, held: list[dict[str, 
     assert summary["all"]["rows"] == len(rows)
     for e in {r["engine"] for r in rows}:
         assert summary[f"engine {e}"]["rows"] == sum(r["engine"] == e for r in rows)
+
+
+def test_a_sweep_point_beaten_by_replicas_of_a_measured_layout_is_dominated() -> None:
+    """validate_serving.dominated_by: TP8 at concurrency 8 measured 800 tokens/s; TP4 at
+    concurrency 4 measured 500 on 4 GPUs, so two copies carry the same 8 requests at 1,000:
+    TP8 is dominated.  TP4 at concurrency 8 (the wrong share) and a layout of another
+    question do not count; neither does one that is not faster."""
+    vs = _module("validate_serving")
+    base = {"source": "s", "engine": "vllm", "model": "m", "gpu": "b200", "precision": "fp4",
+            "isl": 922, "osl": 922, "ape": 0.1, "throughput": True, "top5": False}
+    tp8 = {**base, "gpus": 8, "concurrency": "8", "measured": 800.0}
+    tp4 = {**base, "gpus": 4, "concurrency": "4", "measured": 500.0}
+    assert vs.dominated_by(tp8, [tp8, tp4]) is tp4
+    wrong_share = {**tp4, "concurrency": "8", "measured": 900.0}
+    other = {**tp4, "isl": 7373}
+    slower = {**tp4, "measured": 350.0}
+    assert vs.dominated_by(tp8, [tp8, wrong_share, other, slower]) is None
+    offline8 = {**tp8, "concurrency": ""}
+    offline2 = {**tp8, "gpus": 2, "concurrency": "", "measured": 250.0}
+    assert vs.dominated_by(offline8, [offline8, offline2]) is offline2
+    summary = vs.top5_undominated([tp8, tp4])
+    assert summary["rows"] == 1 and summary["dominated"] == 1
