@@ -150,6 +150,14 @@ def test_no_spine_factor_is_invented(job, truth) -> None:
         truth.get(NETWORK_FACTOR, 1.0), rel=0.02)
 
 
+def test_a_spine_within_the_runs_scatter_is_tied(job) -> None:
+    """A spine 3 % slow moves the runs less than their run-to-run spread would: the fit
+    with it gains less than SPINE_GAIN, so it is tied and the report says why."""
+    fit = job.fit(job.crossing()[:3] + job.leaf_only()[:5], {SPINE_FACTOR: 0.97})
+    assert SPINE_FACTOR not in fit.fitted and SPINE_FACTOR not in fit.cluster
+    assert "run-to-run spread): the runs' scatter, not a spine" in fit.why
+
+
 def test_four_runs_leave_the_spine_tied_by_the_factor_limit(job) -> None:
     fit = job.fit(job.crossing()[:2] + job.leaf_only()[:2], {SPINE_FACTOR: 0.5})
     assert SPINE_FACTOR not in fit.fitted

@@ -27,15 +27,29 @@ were tied or kept, and why.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
+from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.validation.fit.calibration import PreparedRow
+from parsearch.validation.fit.cluster_speed import UserFit
+from parsearch.validation.fit.joint_fit import fit_factors
 from parsearch.validation.fit.network_calibration import (
     NETWORK_FACTOR,
     NVLINK_FACTOR,
     SPINE_FACTOR,
 )
+
+#: Run-to-run spread of a measured step time (the 2 % behind MIN_UNIQUE_EFFECT's 5 %).
+RUN_SPREAD = 0.02
+#: The spine must lower the runs' summed squared log error by more than this to stay
+#: fitted: (2.5 x RUN_SPREAD)^2, a 2.5-sigma step for one more parameter (the chi-square
+#: test of one degree of freedom at p ~ 0.01), the bar the other factors' effects clear.
+#: Without it, 2 % noise on runs that barely cross the spine fitted it at 0.8 in 2 of 10
+#: draws of a cluster whose spine is as its file says (benchmarks/calibration_simulation.py
+#: --truth nics0.5-su4, "+spine" sets).
+SPINE_GAIN = (2.5 * RUN_SPREAD) ** 2
 
 #: The tiers of :func:`tier_sentence`, each with the factor that prices it.
 TIERS: tuple[tuple[str, str], ...] = (
@@ -99,6 +113,31 @@ def spine_apart(apart: Sequence[str], effects: Mapping[str, np.ndarray],
     return out
 
 
+def squared_error(fit: UserFit, rows: Sequence[PreparedRow]) -> float:
+    """Summed squared log error of ``fit``'s predictions of ``rows``."""
+    measured = np.array([r.measured for r in rows])
+    return float(np.sum(np.log(fit.predict(rows) / measured) ** 2))
+
+
+def spine_earns_its_place(rows: Sequence[PreparedRow], start: EfficiencyProfile,
+                          fit: UserFit, prior_weight: float) -> tuple[UserFit, str]:
+    """``fit``, or ``fit`` refitted without the spine (tied to the leaf tier) when the spine
+    lowers the runs' summed squared log error by no more than :data:`SPINE_GAIN`; and why
+    it was tied (``""``: kept, or not fitted)."""
+    if SPINE_FACTOR not in fit.fitted:
+        return fit, ""
+    names = [n for n in fit.fitted if n != SPINE_FACTOR]
+    profile, cluster, pushed = fit_factors(rows, start, names, fit.cluster_priors,
+                                           prior_weight=prior_weight)
+    tied = replace(fit, profile=profile, cluster=cluster, fitted=tuple(names), on_bound=pushed)
+    gain = squared_error(tied, rows) - squared_error(fit, rows)
+    if gain > SPINE_GAIN:
+        return fit, ""
+    return tied, (f"fitted, it lowers the runs' summed squared log error by {gain:.4f}, no more "
+                  f"than {SPINE_GAIN:.4f} (a 2.5-sigma step of {RUN_SPREAD:.0%} run-to-run "
+                  "spread): the runs' scatter, not a spine")
+
+
 def leaf_groups_spanned(rows: Sequence[PreparedRow]) -> int:
     """The most leaf groups one run's GPUs span (1: every job fits under one leaf group)."""
     spans = [int(np.max(r.cost_model.fabric.leaf_group_of)) + 1 for r in rows
@@ -157,5 +196,6 @@ leaf tier (no run spans two leaf groups)'
     return "scale-out tiers: " + "; ".join(parts)
 
 
-__all__ = ["TIERS", "leaf_before_spine", "leaf_groups_spanned", "spine_apart",
-           "spine_tied_reason", "tier_sentence", "unique_effect"]
+__all__ = ["SPINE_GAIN", "TIERS", "leaf_before_spine", "leaf_groups_spanned", "spine_apart",
+           "spine_earns_its_place", "spine_tied_reason", "squared_error", "tier_sentence",
+           "unique_effect"]

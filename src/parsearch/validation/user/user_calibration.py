@@ -89,6 +89,7 @@ from parsearch.validation.fit.network_calibration import (
 from parsearch.validation.fit.spine_tier import (
     leaf_before_spine,
     spine_apart,
+    spine_earns_its_place,
     spine_tied_reason,
     tier_sentence,
 )
@@ -294,8 +295,8 @@ def choose_factors(rows: Sequence[PreparedRow], profile: EfficiencyProfile,
     right after the leaf tier it refines, and is kept only where the runs tell it
     apart from it (:mod:`parsearch.validation.fit.spine_tier`).
     """
-    chosen, sens, why, _ = _choose(rows, profile, rows_per_factor, cluster_priors)
-    return chosen, sens, why
+    chosen, sens, why, reasons = _choose(rows, profile, rows_per_factor, cluster_priors)
+    return chosen, sens, why + _tiers(chosen, reasons, cluster_priors)
 
 
 def _choose(rows: Sequence[PreparedRow], profile: EfficiencyProfile, rows_per_factor: int,
@@ -359,10 +360,14 @@ def _choose(rows: Sequence[PreparedRow], profile: EfficiencyProfile, rows_per_fa
             reasons[name] = "the runs cannot tell it apart from the factors fitted"
         else:
             reasons[name] = f"the factor limit (one per {rows_per_factor} runs) left no room"
-    present = [n for n in (cluster_priors or {}) if n != COMPUTE_FACTOR]
-    if SPINE_FACTOR in present or chosen:
-        why += f"; {tier_sentence(chosen, reasons, present)}"
     return chosen, sens, why, reasons
+
+
+def _tiers(fitted: Sequence[str], reasons: Mapping[str, str],
+           cluster_priors: Mapping[str, Prior] | None) -> str:
+    """``"; scale-out tiers: ..."`` for clusters with a spine tier (``""`` otherwise)."""
+    present = [n for n in (cluster_priors or {}) if n != COMPUTE_FACTOR]
+    return f"; {tier_sentence(fitted, reasons, present)}" if SPINE_FACTOR in present else ""
 
 
 #: What a run must do for a cluster factor to move it (the report's words).
@@ -391,7 +396,7 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     base = base or rows[0].cost_model.profile
     start = anchored(base)
     cluster_priors, left_out = cluster_priors_for(rows) if network else ({}, "")
-    names, sens, why = choose_factors(rows, start, rows_per_factor, cluster_priors)
+    names, sens, why, reasons = _choose(rows, start, rows_per_factor, cluster_priors)
     if left_out:
         why += f"; {left_out}"
     profile, cluster, pushed = fit_factors(rows, start, names, cluster_priors,
@@ -400,7 +405,7 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
         # The clock cannot explain runs faster than the profile: the GEMM efficiencies,
         # whose ranges reach the best measured matmul, can (network_calibration.compute_prior).
         cluster_priors = {n: p for n, p in cluster_priors.items() if n != COMPUTE_FACTOR}
-        names, sens, why = choose_factors(rows, start, rows_per_factor, cluster_priors)
+        names, sens, why, reasons = _choose(rows, start, rows_per_factor, cluster_priors)
         why += (f"; {COMPUTE_FACTOR} left at 1.0: the runs are not slower than the GPUs' "
                 "sustained clock allows, and no clock runs faster than it")
         if left_out:
@@ -408,9 +413,14 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
         profile, cluster, pushed = fit_factors(rows, start, names, cluster_priors,
                                                prior_weight=prior_weight)
     fit = UserFit(profile, cluster, dict(cluster_priors), tuple(names), pushed, sens, why)
+    # The spine must explain more than the runs' scatter (spine_tier.SPINE_GAIN).
+    fit, spread = spine_earns_its_place(rows, start, fit, prior_weight)
+    if spread:
+        reasons[SPINE_FACTOR] = spread
+        pushed = fit.on_bound
     fit = replace(fit, on_bound=on_bounds(fit, start))
     if not speed or len(rows) < MIN_RUNS_MOVED:
-        return fit
+        return replace(fit, why=fit.why + _tiers(fit.fitted, reasons, cluster_priors))
     # The speed factor counts against the factor limit: it takes the place of the last
     # physical factor chosen (three noisy runs fitting a physical factor and the speed factor
     # together misordered near-tied MoE layouts: benchmarks/calibration_user_cases.py).
@@ -418,10 +428,10 @@ def fit_user_profile(rows: Sequence[PreparedRow], base: EfficiencyProfile | None
     final = better_with_speed(rows, start, fit, prior_weight, keep, pushed)
     dropped = [n for n in fit.fitted if n not in final.fitted]
     if dropped:
-        tied = " (the spine is tied to the leaf tier again)" if SPINE_FACTOR in dropped else ""
         final = replace(final, why=f"{final.why}; {', '.join(dropped)} then left out: "
-                        f"{CLUSTER_SPEED} took its place (the factor limit){tied}")
-    return final
+                        f"{CLUSTER_SPEED} took its place (the factor limit)")
+        reasons.update({n: f"{CLUSTER_SPEED} took its place" for n in dropped})
+    return replace(final, why=final.why + _tiers(final.fitted, reasons, cluster_priors))
 
 
 def _faster_than_the_clock(cluster: Mapping[str, float], priors: Mapping[str, Prior]) -> bool:
