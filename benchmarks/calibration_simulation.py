@@ -1,7 +1,8 @@
 """Does calibrating on a few measured layouts improve predictions of the others?
 
     python benchmarks/calibration_simulation.py [--seeds 5] [--skip-published] [--skip-simulation]
-        [--no-network] [--models M ...] [--truth slow-nics|compute0.85-internode0.5]
+        [--no-network] [--models M ...]
+        [--truth slow-nics|compute0.85-internode0.5|spine0.5|nics0.5-su4]
         [--ks K ...] [--no-random]
 
 1. Simulation.  A synthetic "true" cluster the tool does not ship: the DGX H100
@@ -108,6 +109,41 @@ cbf0db0): dense 1.0 / 0.9 / 0.8 % against 1.0 / 1.3 / 0.8 % at K = 3 / 5 / 10, M
 3.9 / 1.5 / 0.9 % against 3.4 / 1.1 / 0.8 % (the true MoE profile moves grouped GEMMs
 alone, which the clock, ranked ahead of them, only approximates).
 
+Truths ``spine0.5`` and ``nics0.5-su4`` (issue 33: scale-out tiers).  The tool is told
+``dgx-h100`` with 4-node scalable units (32 GPUs per rail-optimized leaf group: a 128-GPU
+job spans four); the truth's spine (leaf uplinks, ``leaf_oversubscription`` 2) delivers
+half, or its NICs do and the spine is as the file says; shipped profile.  ``+spine``: the
+planned runs plus the (up to) four pool layouts the spine's low bound moves most
+(``SPINE_PROBES``).  Recovered: ``network_bandwidth_factor`` x ``cluster_speed``,
+``spine_bandwidth_factor`` and their product (the cross-leaf bandwidth).  Result
+(2026-12-06 ~17:45 UTC, at c5f8715 with other sessions' cost-model edits of that hour in
+the tree, ``--truth T --seeds 10 --ks 5 10 --skip-published``; mean of 10 noise draws):
+
+    spine0.5, llama3-70b  runs  MAPE(48)  spine fitted  spine (/0.5 in 10 %)  cross-leaf
+      K=0 shipped                  5.6 %
+      planned               5    5.9 %    0/10          tied                 0.85 (NICs)
+      planned +spine        9    2.6 %    9/10          0.60 (6/10)          0.51 (7/10)
+      random                5    6.2 %    0/10          tied
+      planned              10    5.5 %    0/10          tied                 0.82 (NICs)
+      planned +spine       14    2.3 %    9/10          0.59 (5/10)          0.51 (7/10)
+      random               10    5.0 %    4/10          0.86 (0/10)
+    nics0.5-su4, llama3-70b (spine as the file says; NICs at half)
+      K=0 shipped                 14.5 %
+      planned            5/10  1.6/0.8 %  0/10          tied                 NICs 0.51/0.49
+      planned +spine     9/14  1.4/1.0 %  1/10, 1/10    0.98/0.98 (9/10)     NICs 0.50/0.50
+      random             5/10  5.9/4.2 %  0/10, 0/10    tied
+    mixtral-8x22b: halving the spine moves the 50 held-out layouts by 1.9 % (shipped MAPE);
+      the spine is never fitted (0/10 in every set), MAPE 1.1-1.5 % after; nics0.5-su4:
+      4.8 % -> 1.1-3.0 %, spine never fitted.
+
+Planned sets cross the spine with one run each (the 30 best shapes cross it mostly with
+pipeline sends) and leave it tied; the NICs take part of it.  Runs across leaf groups added,
+it is fitted; the NIC/spine split is noise-limited, their product is not (without noise
+0.999 / 0.501: ``tests/test_calibration_spine.py``).  Before the spread test
+(``spine_tier.SPINE_GAIN``, at 56c8508, same draws): spine0.5 +spine 9 runs 10/10 at 0.58,
+2.4 %; nics0.5-su4 +spine fitted the spine 10/10 at 0.95, 2 draws near 0.8 (invented by noise).
+More in docs/calibration.md.
+
 Published runs (2026-12-01 ~11:55 UTC, at 2fa5a10, ``--skip-simulation``), leave one run
 out within each (model, GPU) group of >= 4 runs (61 runs, 8 groups), MAPE:
 
@@ -171,6 +207,7 @@ from parsearch.validation.fit.joint_fit import FactorFit
 from parsearch.validation.fit.network_calibration import (
     COMPUTE_FACTOR,
     NETWORK_FACTOR,
+    SPINE_FACTOR,
     with_cluster_factors,
 )
 from parsearch.validation.planning.plan_profiling import FIT_WEIGHT, plan_profiling
@@ -196,7 +233,17 @@ TRUE_FACTORS = {"gemm_efficiency.bf16": 0.66, "attention_forward_efficiency": 0.
 #: parsearch.topology.power) and whose NICs deliver half the file's inter-node bandwidth.
 TRUE_COMPUTE = 0.85
 TRUE_INTERNODE = 0.5
-TRUTHS = ("slow-nics", "compute0.85-internode0.5")
+#: Truths ``spine0.5`` and ``nics0.5-su4`` (issue 33: scale-out tiers told apart): the
+#: nominal cluster has 4-node scalable units (32 GPUs per rail-optimized leaf group, so a
+#: 128-GPU job spans four); the truth's spine (leaf uplinks) delivers half what the file
+#: says, or its NICs do and the spine is as the file says; shipped profile.
+SPINE_GPUS_PER_LEAF = 4
+TRUE_SPINE = 0.5
+TRUTHS = ("slow-nics", "compute0.85-internode0.5", "spine0.5", "nics0.5-su4")
+SPINE_TRUTHS = TRUTHS[2:]
+#: "+spine" sets add to the planned runs up to SPINE_PROBES of the pool's layouts that the
+#: spine's low bound moves by SPINE_PROBE_EFFECT or more (the spine needs two such runs).
+SPINE_PROBES, SPINE_PROBE_LOW, SPINE_PROBE_EFFECT = 4, 0.25, 0.05
 NOISE = 0.02
 POOL_SHAPES = 30
 REGION_SHAPES = 90
@@ -204,10 +251,29 @@ KS = (3, 5, 10)
 SCENARIOS = (("llama3-70b", 128, 512, 8192), ("mixtral-8x22b", 128, 256, 4096))
 
 
+def nominal_cluster_file(folder: Path, truth: str = TRUTHS[0]) -> str:
+    """The cluster the tool is told: ``dgx-h100``, or for the spine truths that file with
+    4-node scalable units (written to ``folder``)."""
+    if truth not in SPINE_TRUTHS:
+        return NOMINAL_CLUSTER
+    data = yaml.safe_load(_cluster_path().read_text(encoding="utf-8"))
+    data.update(name=f"{NOMINAL_CLUSTER}-su{SPINE_GPUS_PER_LEAF}",
+                gpus_per_leaf=SPINE_GPUS_PER_LEAF)
+    path = folder / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return str(path)
+
+
 def true_cluster_file(folder: Path, truth: str = TRUTHS[0]) -> str:
     """The true cluster as a cluster file (the nominal one with the truth's changes)."""
     data = yaml.safe_load(_cluster_path().read_text(encoding="utf-8"))
-    if truth == TRUTHS[0]:
+    if truth in SPINE_TRUTHS:
+        data["gpus_per_leaf"] = SPINE_GPUS_PER_LEAF
+        if truth == "spine0.5":  # the leaves' uplinks deliver TRUE_SPINE of the file's
+            data["leaf_oversubscription"] = data["leaf_oversubscription"] / TRUE_SPINE
+        else:
+            data["network_efficiency"] = TRUE_INTERNODE * data["network_efficiency"]
+    elif truth == TRUTHS[0]:
         data.update(TRUE_NETWORK)
     else:
         gpu = load_gpu_profile(data["gpu"])
@@ -228,9 +294,9 @@ def true_profile(shipped: EfficiencyProfile, truth: str) -> EfficiencyProfile:
     return shipped.with_values({k: v for k, v in TRUE_FACTORS.items() if k in shipped.priors})
 
 
-def recovered(fit: FactorFit, shipped: EfficiencyProfile) -> tuple[float, float]:
-    """(compute, inter-node): the calibrated model's GEMM rate and inter-node bandwidth over
-    the shipped model's on the nominal cluster file.
+def recovered(fit: FactorFit, shipped: EfficiencyProfile) -> tuple[float, float, float]:
+    """(compute, inter-node, spine): the calibrated model's GEMM rate, inter-node (leaf)
+    bandwidth and spine share over the shipped model's on the nominal cluster file.
 
     compute = sustained-clock factor x fitted BF16 GEMM efficiency / shipped x cluster_speed
     (every GEMM's time is FLOPs / (peak x clock share x efficiency), parsearch.cost.compute,
@@ -240,18 +306,26 @@ def recovered(fit: FactorFit, shipped: EfficiencyProfile) -> tuple[float, float]
     speed = fit.profile.cluster_speed
     gemm = fit.profile.gemm_efficiency["bf16"] / shipped.gemm_efficiency["bf16"]
     compute = fit.cluster.get(COMPUTE_FACTOR, 1.0) * gemm * speed
-    return compute, fit.cluster.get(NETWORK_FACTOR, 1.0) * speed
+    return compute, fit.cluster.get(NETWORK_FACTOR, 1.0) * speed, fit.cluster.get(SPINE_FACTOR,
+                                                                                   1.0)
 
 
-def recovery_line(found: list[tuple[float, float]], true_network: float) -> str:
-    """Recovered compute and inter-node factors as ratios to the truth: mean, and the draw
-    farthest from it."""
+def recovery_line(found: list[tuple[float, float, float]], true_network: float,
+                  true_spine: float | None = None) -> str:
+    """Recovered compute and inter-node factors (with ``true_spine``: inter-node, spine and
+    their product, the cross-leaf bandwidth) as ratios to the truth: mean, the draw farthest
+    from it, and how many draws are within 10 %."""
     parts = []
-    for j, (what, true) in enumerate((("compute", TRUE_COMPUTE), ("inter-node", true_network))):
-        ratios = np.array([f[j] / true for f in found])
+    wanted = [("compute", TRUE_COMPUTE, [f[0] for f in found]),
+              ("inter-node", true_network, [f[1] for f in found])]
+    if true_spine is not None:
+        wanted = [wanted[1], ("spine", true_spine, [f[2] for f in found]),
+                  ("cross-leaf", true_network * true_spine, [f[1] * f[2] for f in found])]
+    for what, true, values in wanted:
+        ratios = np.array(values) / true
         worst = float(ratios[np.argmax(np.abs(ratios - 1.0))])
         within = int(np.sum(np.abs(ratios - 1.0) < 0.10))
-        parts.append(f"{what} {np.mean([f[j] for f in found]):.3f} (/truth {np.mean(ratios):.3f},"
+        parts.append(f"{what} {np.mean(values):.3f} (/truth {np.mean(ratios):.3f},"
                      f" worst {worst:.3f}, {within}/{len(found)} within 10 %)")
     return "recovered " + "; ".join(parts)
 
@@ -268,11 +342,12 @@ def tokens(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
 
 def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
                  seeds: int, fit_weight: float, network: bool = True, truth_name: str = TRUTHS[0],
-                 ks: tuple[int, ...] = KS, random_sets: bool = True) -> None:
+                 ks: tuple[int, ...] = KS, random_sets: bool = True,
+                 told: str = NOMINAL_CLUSTER) -> None:
     model = resolve_model(name)
     training = TrainingSpec(seq_len=seq, global_batch=batch)
     shipped = efficiency_for_gpu("h100-sxm")
-    nominal = build_cost_model(model, training, build_fabric(load_cluster(NOMINAL_CLUSTER), gpus),
+    nominal = build_cost_model(model, training, build_fabric(load_cluster(told), gpus),
                                profile=shipped)
     truth = build_cost_model(model, training, build_fabric(load_cluster(true_path), gpus),
                              profile=true_profile(shipped, truth_name))
@@ -293,6 +368,8 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
           f"error on {len(evaluation)} layouts "
           f"(shapes {POOL_SHAPES + 1}-{POOL_SHAPES + len(evaluation)}); true "
           f"{NETWORK_FACTOR} {true_network:.3f}")
+    spine = (nominal.fabric.cluster.leaf_oversubscription
+             / truth.fabric.cluster.leaf_oversubscription) if truth_name in SPINE_TRUTHS else None
 
     def score(profile: object, cluster: dict[str, float] | None = None, base: CostModel = nominal,
               measured: dict[int, float] | None = None) -> tuple[float, ...]:
@@ -312,12 +389,12 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
         return tuple(out)
 
     def measure(indices: list[int], rng: np.random.Generator) -> list[Measurement]:
-        return [Measurement(f"sim {layouts[i].key()}", name, NOMINAL_CLUSTER, layouts[i], batch,
+        return [Measurement(f"sim {layouts[i].key()}", name, told, layouts[i], batch,
                             seq, training.precision,
                             float(true_tokens[i] * math.exp(rng.normal(0.0, NOISE))))
                 for i in indices]
 
-    def calibrated(indices: list[int], rng: np.random.Generator, cluster: str = NOMINAL_CLUSTER,
+    def calibrated(indices: list[int], rng: np.random.Generator, cluster: str = told,
                    fit_network: bool = network) -> tuple[FactorFit, dict[int, float]]:
         runs = [replace(m, cluster=cluster) for m in measure(indices, rng)]
         rows, problems = prepare_measurements(runs, shipped)
@@ -338,41 +415,50 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
     print(f"  {0:>3} {'shipped':<9} {mape0:>9.1%} {rank0:>18d} {regret0:>7.1%}")
     keys = {table.layout(int(r)).key(): i for i, r in enumerate(region)}
     factors = truth_name != TRUTHS[0]
-    if factors:
+    if spine is not None:
+        print(f"  true inter-node {true_network:.3f}, spine {spine:.3f} (cross-leaf "
+              f"{true_network * spine:.3f}); recovered = calibrated over shipped model")
+    elif factors:
         print(f"  true compute {TRUE_COMPUTE} (SM clock share), inter-node {true_network:.3f}; "
               "recovered = calibrated over shipped model (mean and worst of the draws)")
-    for k in ks:
-        t0 = time.perf_counter()
-        plan = plan_profiling(nominal, k=k, candidates=POOL_SHAPES, fit_weight=fit_weight,
-                              network=network)
-        planned = [keys[p.layout.key()] for p in plan.picks]
+    # Spine truths: the pool's layouts a slow spine moves most (over its range), the runs a
+    # user adds to planned ones to see the spine apart from the NICs ("planned+spine").
+    low = {SPINE_FACTOR: SPINE_PROBE_LOW}
+    spine_effect = np.log(tokens(nominal, cols) / tokens(with_cluster_factors(nominal, low), cols))
+    probes = [int(i) for i in np.argsort(-spine_effect[:POOL_SHAPES])
+              if spine_effect[i] >= SPINE_PROBE_EFFECT]
+
+    def report(k: int, label: str, fixed: list[int] | None, note: str = "") -> None:
+        """Mean over the seeds of calibrating on ``fixed`` (noise drawn per seed), or on ``k``
+        layouts drawn from the pool (``None``)."""
         results, found = [], []
         for seed in range(seeds):
-            fit, seen = calibrated(planned, np.random.default_rng(seed))
-            results.append(score(fit.profile, fit.cluster, measured=seen))
-            found.append(recovered(fit, shipped))
-        m, r, g, rs, gs = summary(results)
-        print(f"  {k:>3} {'planned':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
-              f"  {fitted(fit)}; measured {sorted(planned)}")
-        if factors:
-            print("      " + recovery_line(found, true_network))
-        if not random_sets:
-            continue
-        results, found = [], []
-        for seed in range(seeds):
-            rng = np.random.default_rng(1000 + seed)
-            pick = sorted(rng.choice(POOL_SHAPES, size=k, replace=False).tolist())
+            rng = np.random.default_rng(seed if fixed is not None else 1000 + seed)
+            pick = fixed if fixed is not None else sorted(
+                rng.choice(POOL_SHAPES, size=k, replace=False).tolist())
             fit, seen = calibrated(pick, rng)
             results.append(score(fit.profile, fit.cluster, measured=seen))
             found.append(recovered(fit, shipped))
         m, r, g, rs, gs = summary(results)
         spread = np.std([x[0] for x in results]) / math.sqrt(len(results))
-        print(f"  {k:>3} {'random':<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
-              f"  (mean of {seeds} draws, MAPE standard error {spread:.1%}; "
-              f"{time.perf_counter() - t0:.0f} s)")
+        print(f"  {k:>3} {label:<9} {m:>9.1%} {r:>18.1f} {g:>7.1%} {rs:>10.1f} {gs:>12.1%}"
+              f"  {fitted(fit)}; {len(pick)} runs, MAPE s.e. {spread:.1%}, spine fitted in "
+              f"{sum(f[2] != 1.0 for f in found)}/{seeds}{note}")
         if factors:
-            print("      " + recovery_line(found, true_network))
+            print("      " + recovery_line(found, true_network, spine))
         sys.stdout.flush()
+
+    for k in ks:
+        t0 = time.perf_counter()
+        plan = plan_profiling(nominal, k=k, candidates=POOL_SHAPES, fit_weight=fit_weight,
+                              network=network)
+        planned = [keys[p.layout.key()] for p in plan.picks]
+        report(k, "planned", planned, f"; measured {sorted(planned)}")
+        if spine is not None:
+            extra = [i for i in probes if i not in planned][:SPINE_PROBES]
+            report(k, "+spine", planned + extra, f"; added {sorted(extra)}")
+        if random_sets:
+            report(k, "random", None, f" ({time.perf_counter() - t0:.0f} s)")
     # Diagnostic: the same planned measurements, but the user describes the cluster's
     # network right (a cluster file with the true NICs): what remains is the profile's part.
     fit, _ = calibrated(planned, np.random.default_rng(0), true_path, fit_network=False)
@@ -463,7 +549,9 @@ def main() -> int:
     parser.add_argument("--truth", choices=TRUTHS, default=TRUTHS[0],
                         help="the true cluster: slow NICs and moved profile factors (default), "
                         f"or compute (SM clock) x{TRUE_COMPUTE} and inter-node bandwidth "
-                        f"x{TRUE_INTERNODE} with the shipped profile (issue 33)")
+                        f"x{TRUE_INTERNODE} with the shipped profile (issue 33), or on "
+                        f"{NOMINAL_CLUSTER} with {SPINE_GPUS_PER_LEAF}-node scalable units the "
+                        f"spine x{TRUE_SPINE} or the NICs x{TRUE_INTERNODE}")
     parser.add_argument("--ks", type=int, nargs="+", default=list(KS), metavar="K",
                         help="numbers of planned runs (default: %(default)s)")
     parser.add_argument("--no-random", action="store_true",
@@ -473,18 +561,22 @@ def main() -> int:
         if args.truth == TRUTHS[0]:
             print(f"True cluster: {NOMINAL_CLUSTER} with {TRUE_NETWORK}; true factors "
                   f"{TRUE_FACTORS}; measurement noise {NOISE:.0%} (log-normal)")
+        elif args.truth in SPINE_TRUTHS:
+            print(f"True cluster: {NOMINAL_CLUSTER} with {SPINE_GPUS_PER_LEAF}-node scalable "
+                  f"units and {args.truth}, shipped profile; measurement noise {NOISE:.0%}")
         else:
             print(f"True cluster: {NOMINAL_CLUSTER} with SM clock x{TRUE_COMPUTE} and inter-node "
                   f"bandwidth x{TRUE_INTERNODE}, shipped profile; measurement noise "
                   f"{NOISE:.0%} (log-normal)")
         with tempfile.TemporaryDirectory() as folder:
             path = true_cluster_file(Path(folder), args.truth)
+            told = nominal_cluster_file(Path(folder), args.truth)
             for scenario in SCENARIOS:
                 if args.models and scenario[0] not in args.models:
                     continue
                 run_scenario(*scenario, path, args.seeds, args.fit_weight,
                              network=not args.no_network, truth_name=args.truth,
-                             ks=tuple(args.ks), random_sets=not args.no_random)
+                             ks=tuple(args.ks), random_sets=not args.no_random, told=told)
     if not args.skip_published:
         published_groups(held_out_baseline=not args.no_held_out_baseline,
                          network=not args.no_network)
