@@ -25,7 +25,13 @@ import pytest
 
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate
 from parsearch.cost.collectives import LinkArrays
-from parsearch.cost.communication import DEEPEP_FORWARD_BPS, dispatch_copies, dispatch_time
+from parsearch.cost.communication import (
+    DEEPEP_FORWARD_BPS,
+    DEEPEP_RDMA_SHARE,
+    deepep_rdma_share,
+    dispatch_copies,
+    dispatch_time,
+)
 from parsearch.layout import parse_layout_string
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
@@ -115,10 +121,30 @@ def test_the_forwarding_stage_is_priced_for_deepep_on_hopper_only() -> None:
         return estimate(cm, layout).time_s["ep_comm"]
 
     # DeepEP on 2 H100 nodes: the forwarding stage doubles the EP time (2.15x: 6.45 copies
-    # at 140 GB/s against 1 at 46 GB/s); HybridEP and Blackwell keep the NIC-bound price.
+    # at 140 GB/s against 1 at 46 GB/s); HybridEP and Blackwell keep the NIC-bound price,
+    # DeepEP's on Blackwell at its measured RDMA share (no more than 1/0.9 of HybridEP's).
     assert ep_seconds("dgx-h100", "deepep") > 1.8 * ep_seconds("dgx-h100", "hybridep")
-    assert ep_seconds("dgx-b200", "deepep") == pytest.approx(ep_seconds("dgx-b200",
-                                                                        "hybridep"))
+    hybrid = ep_seconds("dgx-b200", "hybridep")
+    assert hybrid < ep_seconds("dgx-b200", "deepep") <= hybrid / 0.9 * (1.0 + 1e-9)
+
+
+def test_deepep_on_four_dgx_b200_nodes_reproduces_bridges_measured_rate() -> None:
+    """Megatron-Bridge's performance guide (067f987d, performance-guide.mdx): DeepEP's
+    ``test_internode.py`` on 4 DGX-B200 nodes (EP32) reached about 55 GB/s logical with
+    IBGDA (50 with IBRC).  The B200 cluster file's NIC is the H100's (400 Gb/s NDR)."""
+    tokens, hidden = 4096, 7168
+    nbytes = hidden * (1.0 + 4.0 / 128.0)
+    share = DEEPEP_RDMA_SHARE[10]
+    seconds, sent = dispatch_time(_link(32, 8), tokens, nbytes, 8, "flex", 1.0, 0.0, (4, 4),
+                                  None, share)
+    logical = float(sent[0]) * 4.0 / 3.0 / float(seconds[0]) / 1e9
+    assert logical == pytest.approx(55.0, rel=0.03)
+    # and the share only applies where DeepEP runs on Blackwell
+    opts = CostOptions(moe_dispatcher="flex")
+    assert deepep_rdma_share(opts, "deepep", 10.0) == share
+    assert deepep_rdma_share(opts, "deepep", 9.0) == 1.0
+    assert deepep_rdma_share(opts, "hybridep", 10.0) == 1.0
+    assert deepep_rdma_share(CostOptions(moe_dispatcher="alltoall"), "deepep", 10.0) == 1.0
 
 
 def test_ep_overlap_gain_on_qwen3_30b_h100_ep16_matches_bridges_matched_ab() -> None:

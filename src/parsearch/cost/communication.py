@@ -187,7 +187,8 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
                   dispatcher: str, alltoall_efficiency: float,
                   call_latency_s: float,
                   groups: tuple[int, int] = (1, 1),
-                  forward_Bps: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  forward_Bps: float | None = None,
+                  rdma_share: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, network bytes) of one dispatch (or combine) call of ``tokens`` per rank.
 
     NVLink and network copies proceed at once; the slower link sets the time
@@ -203,6 +204,8 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     remote domain (NCCL sends to every peer).  ``forward_Bps``: DeepEP's internode
     NVLink forwarding stage (:data:`DEEPEP_FORWARD_BPS`), a third bound where the group
     spans several domains: every rank forwards the ``n p`` copies it receives per token.
+    ``rdma_share``: the share of the network rate DeepEP's RDMA stage reaches
+    (:data:`DEEPEP_RDMA_SHARE`).
     """
     k, m, n = split_group(link)
     intra, inter = dispatch_copies(k, n, top_k, dispatcher, groups)
@@ -210,7 +213,7 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
     # NVLink at the cluster's ring rate (docstring; HybridEP's 546 of 900 GB/s on a
     # 24-rank NVL72 domain is the slower exception); the network: NCCL all-to-all at
     # alltoall_efficiency of the ring rate, DeepEP's RDMA near line rate.
-    network_eff = 1.0 if dispatcher == "flex" else alltoall_efficiency
+    network_eff = rdma_share if dispatcher == "flex" else alltoall_efficiency
     net_bytes = t * inter * bytes_per_token
     intra_s = safe_div(t * intra * bytes_per_token,
                        np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64))
@@ -359,6 +362,34 @@ def deepep_forward_Bps(options: CostOptions, backend: str,
     return DEEPEP_FORWARD_BPS.get(int(compute_capability))
 
 
+#: Share of the cluster's network rate (line rate x ``network_efficiency``) DeepEP's
+#: internode RDMA stage reaches, by CUDA major version.  Hopper: 1.0 (the README's EP32 and
+#: EP64 rows on H800, 57-60 and 49-51 GB/s logical, sit at 0.93-1.0 of it:
+#: tests/test_dispatch_deepep_rates.py).  Blackwell: Megatron-Bridge's performance guide
+#: measured DeepEP's ``test_internode.py`` on 4 DGX-B200 nodes (EP32, one 400 Gb/s CX7 per
+#: GPU) at about 55 GB/s logical with IBGDA (50 with IBRC), where the full rate gives
+#: 46 x 4/3 = 61.3: 0.90 (NVIDIA-NeMo/Megatron-Bridge@067f987d
+#: ``docs/fern/versions/nightly/pages/performance-guide.mdx``, "cross-EP is about 50 GB/s
+#: with IBRC ... roughly 55 GB/s" with IBGDA).
+DEEPEP_RDMA_SHARE: dict[int, float] = {10: 0.90}
+
+
+def deepep_rdma_share(options: CostOptions, backend: str,
+                      compute_capability: float | None) -> float:
+    """Share of the network rate DeepEP's RDMA stage reaches (:data:`DEEPEP_RDMA_SHARE`);
+    1.0 for other dispatchers and backends.
+
+    >>> from types import SimpleNamespace
+    >>> deepep_rdma_share(SimpleNamespace(moe_dispatcher="flex"), "deepep", 10.0)
+    0.9
+    >>> deepep_rdma_share(SimpleNamespace(moe_dispatcher="flex"), "hybridep", 10.0)
+    1.0
+    """
+    if options.moe_dispatcher != "flex" or backend != "deepep" or compute_capability is None:
+        return 1.0
+    return DEEPEP_RDMA_SHARE.get(int(compute_capability), 1.0)
+
+
 def flex_backend(options: CostOptions, nvlink_domain_size: int, gpus_per_node: int) -> str:
     """The flex backend that runs: the option, or for ``auto`` HybridEP where one NVLink
     domain spans several nodes (NVL72) and DeepEP otherwise (the launch settings' choice)."""
@@ -386,8 +417,8 @@ def ep_sm_share(options: CostOptions, profile: EfficiencyProfile, sm_count: int 
 
 def _ep_traffic(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfile,
                 options: CostOptions, cols: dict[str, np.ndarray], groups: Groups,
-                recompute: LayerShares, forward_Bps: float | None = None
-                ) -> tuple[Any, Any, Any, Any, Any]:
+                recompute: LayerShares, forward_Bps: float | None = None,
+                rdma_share: float = 1.0) -> tuple[Any, Any, Any, Any, Any]:
     """EP and ETP traffic of one MoE unit per micro-batch, before any overlap:
     ``(imbalance, all_to_all, ep_time, network_bytes, calls)`` (``ep_time`` is the
     busiest rank's dispatch, combine and ETP time)."""
@@ -415,11 +446,11 @@ def _ep_traffic(model: ModelSpec, training: TrainingSpec, profile: EfficiencyPro
         first, bytes_first = dispatch_time(groups.ep, tokens, dispatch_bytes, k,
                                            options.moe_dispatcher,
                                            profile.alltoall_efficiency, latency, limit,
-                                           forward_Bps)
+                                           forward_Bps, rdma_share)
         other, bytes_other = dispatch_time(groups.ep, tokens, h * ACT_BYTES, k,
                                            options.moe_dispatcher,
                                            profile.alltoall_efficiency, latency, limit,
-                                           forward_Bps)
+                                           forward_Bps, rdma_share)
         ep_time = first + (calls - 1.0) * other
         network_bytes = bytes_first + (calls - 1.0) * bytes_other
     routed_copies = tokens * k
@@ -435,7 +466,7 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
               compute: UnitCompute, recompute: LayerShares,
               ep_share: float | None = None,
               traffic_cache: dict[tuple[object, ...], Any] | None = None,
-              forward_Bps: float | None = None) -> UnitComm:
+              forward_Bps: float | None = None, rdma_share: float = 1.0) -> UnitComm:
     """Exposed TP, CP and EP time of ``unit`` for every layout (module docstring).
 
     Recompute re-runs the forward collectives of what it recomputes (``recompute.tp_comm``
@@ -443,7 +474,8 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     dispatch/combine calls).  ``traffic_cache``: EP traffic already priced for these rows
     under options with the same dispatcher and routing (feature sets that differ only in
     what overlaps it share it).  ``forward_Bps``: DeepEP's NVLink forwarding rate
-    (:func:`deepep_forward_Bps`; ``None``: not bound by it).
+    (:func:`deepep_forward_Bps`; ``None``: not bound by it); ``rdma_share``: its RDMA
+    stage's share of the network rate (:func:`deepep_rdma_share`).
     """
     tp, cp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "mbs"))
     sp = cols["sp"].astype(bool)
@@ -523,13 +555,14 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
     ep_exposed, network_bytes = zeros, zeros
     if is_moe_unit(model, unit) and model.moe is not None:
         key = ("ep", unit, options.moe_dispatcher, options.moe_flex_backend, forward_Bps,
-               options.fp8_dispatch, options.routing, options.moe_imbalance,
+               rdma_share, options.fp8_dispatch, options.routing, options.moe_imbalance,
                options.moe_capacity_factor, options.moe_pad_to_capacity)
         if traffic_cache is not None and key in traffic_cache:
             imbalance, all_to_all, ep_time, network_bytes, calls = traffic_cache[key]
         else:
             imbalance, all_to_all, ep_time, network_bytes, calls = _ep_traffic(
-                model, training, profile, options, cols, groups, recompute, forward_Bps)
+                model, training, profile, options, cols, groups, recompute, forward_Bps,
+                rdma_share)
             if traffic_cache is not None:
                 traffic_cache[key] = (imbalance, all_to_all, ep_time, network_bytes, calls)
         if options.moe_a2a_overlap:

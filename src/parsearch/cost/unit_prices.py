@@ -18,6 +18,7 @@ from parsearch.cost.collectives import LinkArrays, all_gather_time, p2p_time
 from parsearch.cost.communication import (
     Groups,
     deepep_forward_Bps,
+    deepep_rdma_share,
     ep_sm_share,
     flex_backend,
     unit_comm,
@@ -92,6 +93,14 @@ def flex_forward_Bps(cm: CostModel) -> float | None:
     return deepep_forward_Bps(cm.options, backend, cm.fabric.gpu.compute_capability)
 
 
+def flex_rdma_share(cm: CostModel) -> float:
+    """The share of the network rate DeepEP's RDMA stage reaches on this cost model's GPU
+    and backend (:func:`parsearch.cost.communication.deepep_rdma_share`)."""
+    cluster = cm.fabric.cluster
+    backend = flex_backend(cm.options, cluster.nvlink_domain_size, cluster.gpus_per_node)
+    return deepep_rdma_share(cm.options, backend, cm.fabric.gpu.compute_capability)
+
+
 def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
                  shares: RecomputeShares,
                  compute_cache: dict[tuple[object, ...], Any] | None = None
@@ -110,7 +119,8 @@ def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
                                                      backend),
-                     traffic_cache=compute_cache, forward_Bps=flex_forward_Bps(cm))
+                     traffic_cache=compute_cache, forward_Bps=flex_forward_Bps(cm),
+                     rdma_share=flex_rdma_share(cm))
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
                                unit == "moe", compute.total)
                if unit in ("dense", "moe") else 0.0 * compute.total)

@@ -56,6 +56,7 @@ from parsearch.cost.stages import effective_split
 from parsearch.cost.unit_prices import (
     cached_unit_compute,
     flex_forward_Bps,
+    flex_rdma_share,
     process_groups,
     stage_features,
 )
@@ -154,6 +155,7 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
     forward = flex_forward_Bps(cm)
+    rdma_share = flex_rdma_share(cm)
     share = float(cm.profile.comm_sm_share)
     zero = np.zeros(n)
     idle = UnitCompute(gemm=zero, routed=zero, attention=zero, logits=zero,
@@ -166,7 +168,7 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
         work = np.broadcast_to(compute.total, (n,))
         # with no compute to hide behind, the exposed traffic is all of it
         comm = unit_comm(model, training, cm.profile, opt, cols, groups, unit, idle,
-                         recompute, forward_Bps=forward)
+                         recompute, forward_Bps=forward, rdma_share=rdma_share)
         traffic = np.broadcast_to(comm.tp + comm.cp + comm.ep, (n,))
         out[unit] = (np.maximum(work, traffic)
                      + min(share, 0.0) * np.minimum(work, traffic))
