@@ -13,6 +13,7 @@ structure (which factors the runs can identify); the noisy study is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,7 @@ from parsearch.validation.user.user_calibration import (
     fit_user_profile,
     prepare_measurements,
 )
+from tests.cli_helpers import run_cli
 
 MODEL, BATCH, SEQ = "llama3-70b", 512, 8192
 
@@ -233,3 +235,35 @@ def test_the_corrected_cluster_file_prices_the_fitted_spine(job, tmp_path) -> No
     priced = np.asarray(score_columns(fixed, layout_columns(layouts), with_memory=False)
                         ["tokens_per_s_per_gpu"])
     np.testing.assert_allclose(priced, job.tokens({SPINE_FACTOR: 0.5}, layouts), rtol=1e-9)
+
+
+def test_cli_calibrate_fits_the_spine_and_explain_takes_the_cluster_file(job, tmp_path) -> None:
+    """``parsearch calibrate`` on a table of the slow-spine runs: the report names the tiers,
+    ``PROFILE.cluster.yaml`` carries the spine, and ``explain`` with it prices a layout
+    across leaf groups as the truth does."""
+    picks = job.crossing()[:3] + job.leaf_only()[:5]
+    layouts = [job.layouts[i] for i in picks]
+    measured = job.tokens({SPINE_FACTOR: 0.5}, layouts)
+    table = tmp_path / "runs.csv"
+    lines = ["model,cluster,num_gpus,global_batch,seq_len,precision,layout,tokens_per_s_per_gpu"]
+    lines += [f"{MODEL},{job.cluster},{job.gpus},{BATCH},{SEQ},bf16,\"{lay.key()}\",{t}"
+              for lay, t in zip(layouts, measured, strict=True)]
+    table.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "mine.yaml"
+    result = run_cli("calibrate", "--measurements", str(table), "--out", str(out),
+                     "--no-leave-one-out", "--format", "json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["scale_out_tiers"]["spine (across leaf groups)"] == "fitted"
+    assert report["cluster_factors"][SPINE_FACTOR] == pytest.approx(0.5, rel=0.05)
+    cluster_file = tmp_path / "mine.cluster.yaml"
+    assert load_cluster(str(cluster_file)).leaf_oversubscription == pytest.approx(2.0, rel=0.05)
+    held = job.layouts[job.crossing()[3]]
+    explain = ["explain", "--model", MODEL, "--gpus", str(job.gpus), "--layout", held.key(),
+               "--global-batch", str(BATCH), "--seq-len", str(SEQ), "--format", "json"]
+    run = run_cli(*explain, "--cluster", str(cluster_file), "--efficiency", str(out))
+    assert run.code == 0, run.err
+    truth = float(job.tokens({SPINE_FACTOR: 0.5}, [held])[0])
+    nominal = float(job.tokens({}, [held])[0])
+    mine = json.loads(run.out)["tokens_per_s_per_gpu"]
+    assert abs(mine / truth - 1) < 0.01 < abs(nominal / truth - 1)
