@@ -8,10 +8,14 @@ from hypothesis import strategies as st
 
 from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context
-from parsearch.serve.evaluate import evaluate_aggregated, instance_times
+from parsearch.serve.evaluate import evaluate_aggregated, instance_times, prefill_occupancy_s
 from parsearch.serve.kernels import EAGER_LAUNCH_S, eager_prefill_host_s, kernels_per_layer
 from parsearch.serve.spec import ServingLayout, ServingWorkload
-from parsearch.serve.ttft import burst_batches_wait_s, burst_wait_s
+from parsearch.serve.ttft import (
+    burst_batches_wait_s,
+    burst_wait_s,
+    separate_prefill_occupancy_s,
+)
 from parsearch.topology.cluster import load_cluster
 
 DSV3 = get_preset("deepseek-v3")
@@ -111,3 +115,36 @@ def test_ttft_never_falls_with_concurrency(c: int, more: int, engine: str, isl: 
         return evaluate_aggregated(ctx, ServingLayout(1, 1, 1, 1, conc, 1), 1).ttft_ms
 
     assert ttft(c + more) >= ttft(c) * (1 - 1e-9)
+
+
+@given(alone=st.floats(1e-3, 0.5), share=st.floats(0.02, 1.0), k=st.integers(1, 64),
+       rate=st.floats(0.0, 200.0), window=st.floats(0.0, 2.0))
+def test_separate_prefill_occupancy_lies_between_packed_and_alone(
+        alone: float, share: float, k: int, rate: float, window: float) -> None:
+    """A prompt prefilled in a batch apart from the decodes occupies between the fully packed
+    share and the whole lone pass; more arrivals in the window never make it dearer."""
+    busy = alone * share
+    occ = separate_prefill_occupancy_s(alone, busy, k, rate, window)
+    assert busy * (1 - 1e-9) <= occ <= max(alone, busy) * (1 + 1e-9)
+    assert separate_prefill_occupancy_s(alone, busy, k, rate * 2 + 1, window) <= occ * (
+        1 + 1e-9)
+    assert separate_prefill_occupancy_s(alone, busy, k, 0.0, window) == pytest.approx(
+        max(busy, alone))
+
+
+def test_sglang_decodes_wait_for_lone_prefills_mixed_engines_do_not() -> None:
+    """At low concurrency SGLang prefills each arriving prompt in its own batch, apart from
+    the decodes, so the decodes wait for a whole (eager-floored) pass per request; vLLM's
+    chunks ride in decode steps and cost the packed share."""
+    def tpot(engine: str) -> tuple[float, float]:
+        w = ServingWorkload(isl=922, osl=922, precision="fp8", kv_precision="bf16",
+                            engine=engine, concurrency=8, max_num_batched_tokens=32768)
+        ctx = _context(DSV3, load_cluster("dgx-h200"), w, None, None)
+        layout = ServingLayout(8, 1, 1, 1, 8, 1)
+        t = instance_times(ctx, layout)
+        return prefill_occupancy_s(ctx, layout, t), t.prefill_busy_s
+
+    occ, busy = tpot("sglang")
+    assert occ > 2.0 * busy  # a lone 922-token pass, not 1/35 of a packed 32K-token one
+    occ, busy = tpot("vllm")
+    assert occ == busy

@@ -40,7 +40,13 @@ from parsearch.serve.memory import GIB, gpu_memory, max_sequences
 from parsearch.serve.prefix_cache import computed_prompt_tokens
 from parsearch.serve.spec import ServingLayout, ServingWorkload, SlidingWindow
 from parsearch.serve.speculative import Speculation, speculation_for, speculative_tpot_s
-from parsearch.serve.ttft import TtftInputs, closed_loop_share, ttft_parts
+from parsearch.serve.ttft import (
+    MIXED_PREFILL,
+    TtftInputs,
+    closed_loop_share,
+    separate_prefill_occupancy_s,
+    ttft_parts,
+)
 from parsearch.topology.cluster import ClusterSpec
 from parsearch.topology.fabric import Fabric, build_fabric
 from parsearch.topology.hardware import GpuProfile
@@ -286,8 +292,34 @@ def step_residual_s(running: int, step_s: float) -> float:
     return 0.0 if running <= 1 else step_s / 2.0
 
 
+def prompts_per_prefill(workload: ServingWorkload, layout: ServingLayout) -> int:
+    """Whole prompts one prefill step packs on the instance: the token budget's worth on
+    each attention-DP rank (at least one)."""
+    prompt = max(1.0, computed_prompt_tokens(workload.isl, workload.prefix_cache_hit))
+    return layout.attention_dp * max(1, int(workload.max_num_batched_tokens // prompt))
+
+
+def prefill_occupancy_s(ctx: ServingContext, layout: ServingLayout, t: InstanceTimes) -> float:
+    """Instance time one prompt's prefill takes in steady state.  Engines that put prefill
+    chunks beside the decodes share each step's weight reads and fixed costs: the packed
+    share (``t.prefill_busy_s``).  An engine that runs prefill batches apart
+    (:data:`parsearch.serve.ttft.MIXED_PREFILL`) pays a batch's fixed costs for the prompts
+    that queued together (:func:`parsearch.serve.ttft.separate_prefill_occupancy_s`), with
+    arrivals at the completion rate, which depends on that time: three fixed-point steps."""
+    w = ctx.workload
+    if MIXED_PREFILL.get(w.engine, True):
+        return t.prefill_busy_s
+    k, occupancy = prompts_per_prefill(w, layout), t.prefill_busy_s
+    window = t.ttft_s + w.recv_interval * t.tpot_decode_s / 2.0
+    for _ in range(3):
+        rate = layout.batch / (w.mean_osl * t.tpot_decode_s + layout.batch * occupancy)
+        occupancy = separate_prefill_occupancy_s(t.ttft_s, t.prefill_busy_s, k, rate, window)
+    return occupancy
+
+
 def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingLayout,
-                t: InstanceTimes, cycle_s: float, queue_s: float) -> TtftInputs:
+                t: InstanceTimes, cycle_s: float, queue_s: float,
+                occupancy_s: float | None = None) -> TtftInputs:
     """What :func:`parsearch.serve.ttft.ttft_parts` needs of one aggregated instance: a decode
     step (verify + drafts with speculation), the KV reads the running decodes add to a step
     beside a prefill chunk (their weights are read by the chunk anyway, Sarathi-Serve §4),
@@ -308,10 +340,7 @@ def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingL
         lookahead=schedules_ahead(w.engine, w.async_scheduling),
         # the server tokenizes the whole text prompt, cached prefix included
         tokenize_s=tokenize_s(w.isl) if w.text_prompts else 0.0,
-        # whole prompts a prefill step packs on each attention-DP rank, within its budget
-        prompts_per_prefill=run_layout.attention_dp * max(
-            1, int(w.max_num_batched_tokens // max(1.0, computed_prompt_tokens(
-                w.isl, w.prefix_cache_hit)))))
+        prompts_per_prefill=prompts_per_prefill(w, run_layout), occupancy_s=occupancy_s)
 
 
 def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
@@ -335,7 +364,8 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
         kv_gib, used_gib = _memory(ctx, run_layout)[:2]
     t = instance_times(ctx, run_layout)
     osl = w.mean_osl
-    cycle = osl * t.tpot_decode_s + run_layout.batch * t.prefill_busy_s
+    occupancy = prefill_occupancy_s(ctx, run_layout, t)
+    cycle = osl * t.tpot_decode_s + run_layout.batch * occupancy
     tpot = cycle / osl
     # a fixed-count closed-loop client measures the steady rate less its final drain
     waves = w.burst_waves if w.concurrency is not None else None
@@ -346,7 +376,8 @@ def evaluate_aggregated(ctx: ServingContext, layout: ServingLayout,
     replicas = _replicas_for(ctx, layout, completions, num_gpus)
     placed = layout if replicas == layout.replicas else replace(layout, replicas=replicas)
     # waits for a slot, for the scheduler, for the prefills ahead, then prefills
-    ttft_ms = ttft_parts(ttft_inputs(ctx, layout, run_layout, t, cycle, queue_s)).total_s * 1e3
+    ttft_ms = ttft_parts(ttft_inputs(ctx, layout, run_layout, t, cycle, queue_s,
+                                     occupancy)).total_s * 1e3
     carries = placed.gpus <= num_gpus
     occupied = occupied_share(w.concurrency, replicas, layout.batch)
     return ServingEstimate(

@@ -146,6 +146,30 @@ def burst_batches_wait_s(in_flight: int, waves: float | None, alone_s: float, bu
     return max(0.0, total / in_flight - tokenize_s - alone_s) / max(1.0, waves)
 
 
+def batch_prefill_s(n: float, alone_s: float, busy_s: float, per_batch: int) -> float:
+    """Time of one prefill batch of ``n`` prompts: ``alone_s`` for one, ``k busy_s`` for a
+    full batch of ``k = per_batch`` (:func:`burst_batches_wait_s`), linear in between."""
+    k = max(1, per_batch)
+    slope = (k * busy_s - alone_s) / (k - 1) if k > 1 else busy_s
+    return alone_s + (max(1.0, n) - 1.0) * max(slope, 0.0)
+
+
+def separate_prefill_occupancy_s(alone_s: float, busy_s: float, per_batch: int,
+                                 arrivals_per_s: float, window_s: float) -> float:
+    """Instance time one prompt's prefill takes in steady state on an engine that runs
+    prefill batches apart from the decodes (SGLang without ``--enable-mixed-chunk``,
+    :data:`MIXED_PREFILL`): the running decodes wait for the whole prefill batch, which
+    carries the prompts that queued while the previous one ran or while the scheduler was
+    not polling.  With arrivals at ``arrivals_per_s``, a batch holds the prompt that opened
+    it plus those arriving within ``window_s`` (the batch's own prefill and half the polling
+    interval, ``recv_interval`` decode steps), ``n = 1 + rate window`` up to ``per_batch``
+    (a Poisson count's mean, Kleinrock Vol. 1 section 2.10), and each prompt occupies
+    ``T(n) / n`` (:func:`batch_prefill_s`).  Never below ``busy_s``, the fully packed share,
+    which the mixed engines' chunks approach (their steps' weight reads are the decodes')."""
+    n = min(float(max(1, per_batch)), 1.0 + max(0.0, arrivals_per_s) * max(0.0, window_s))
+    return max(busy_s, batch_prefill_s(n, alone_s, busy_s, per_batch) / n)
+
+
 def closed_loop_share(waves: float | None, concurrency: int) -> float:
     """Share of the steady rate a fixed-count closed-loop run measures: a client that sends
     ``waves * C`` requests through ``C`` slots (bench_serving ``--max-concurrency C``) divides
@@ -203,6 +227,9 @@ class TtftInputs:
     #: prompts one prefill batch packs (burst_batches_wait_s); None: as many whole prompts
     #: as the token budget holds
     prompts_per_prefill: int | None = None
+    #: instance time per prompt's prefill in steady state (None: busy_s); the prefill queue
+    #: uses it (separate_prefill_occupancy_s)
+    occupancy_s: float | None = None
 
 
 def ttft_parts(x: TtftInputs) -> TtftParts:
@@ -211,14 +238,15 @@ def ttft_parts(x: TtftInputs) -> TtftParts:
     chunks = chunk_iterations(x.prompt_tokens, x.budget, x.step_decodes, mixed)
     per_batch = (x.prompts_per_prefill if x.prompts_per_prefill is not None
                  else max(1, int(x.budget // max(1.0, x.prompt_tokens))))
-    busy_share = x.running * x.busy_s / x.cycle_s if x.cycle_s > 0 else 0.0
+    occupancy = x.busy_s if x.occupancy_s is None else x.occupancy_s
+    busy_share = x.running * occupancy / x.cycle_s if x.cycle_s > 0 else 0.0
     alone = x.running <= 1
     return TtftParts(
         slot_queue_s=x.slot_queue_s,
         tokenize_s=x.tokenize_s,
         pickup_s=pickup_wait_s(x.running, x.step_s, x.recv_interval, x.lookahead),
         balance_wait_s=0.0 if alone else x.balance_wait_iters * x.step_s,
-        prefill_queue_s=0.0 if alone else prefill_queue_wait_s(busy_share, x.busy_s),
+        prefill_queue_s=0.0 if alone else prefill_queue_wait_s(busy_share, occupancy),
         burst_s=burst_batches_wait_s(x.in_flight, x.burst_waves, x.prefill_alone_s, x.busy_s,
                                      per_batch, x.tokenize_s),
         prefill_s=x.prefill_alone_s,
