@@ -14,7 +14,10 @@ so :mod:`parsearch.validation.user.user_calibration` fits it here:
   says, on top of :data:`NETWORK_FACTOR`: an oversubscribed or congested spine, not
   slow NICs.  Fitted only where the runs tell it apart from the leaf tier
   (:mod:`parsearch.validation.fit.spine_tier`); otherwise tied to it (1.0: the spine
-  delivers what the leaf tier does, times the file's oversubscription);
+  delivers what the leaf tier does, times the file's oversubscription).  Applied as
+  ``leaf_oversubscription / factor``; on clusters with pods the core uplinks, which the
+  graph sizes from the leaves' (:mod:`parsearch.topology.graph`), scale with it, so the
+  factor is everything above the leaves;
 * :data:`NVLINK_FACTOR`: the same for the NVLink (scale-up) domain;
 * :data:`COMPUTE_FACTOR`: the SM clock the GPUs sustain over the clock their
   hardware profile says they sustain at rated power (the clock the efficiency
