@@ -132,15 +132,13 @@ def burst_batches_wait_s(in_flight: int, waves: float | None, alone_s: float, bu
     for ``per_batch`` 1 and ``alone_s == busy_s``.  None: no burst (steady arrivals)."""
     if waves is None or in_flight <= 1:
         return 0.0
-    k = max(1, per_batch)
-    slope = (k * busy_s - alone_s) / (k - 1) if k > 1 else busy_s
     free, done, total = 0.0, 0, 0.0
     while done < in_flight:
         start = max(free, (done + 1) * tokenize_s)  # the next prompt is tokenized by then
         ready = (in_flight if start >= in_flight * tokenize_s
                  else min(in_flight, int(start / tokenize_s)))
-        n = max(1, min(k, ready - done))
-        free = start + alone_s + (n - 1) * max(slope, 0.0)
+        n = max(1, min(max(1, per_batch), ready - done))
+        free = start + batch_prefill_s(n, alone_s, busy_s, per_batch)
         total += n * free
         done += n
     return max(0.0, total / in_flight - tokenize_s - alone_s) / max(1.0, waves)
@@ -163,7 +161,7 @@ def separate_prefill_occupancy_s(alone_s: float, busy_s: float, per_batch: int,
     not polling.  With arrivals at ``arrivals_per_s``, a batch holds the prompt that opened
     it plus those arriving within ``window_s`` (the batch's own prefill and half the polling
     interval, ``recv_interval`` decode steps), ``n = 1 + rate window`` up to ``per_batch``
-    (a Poisson count's mean, Kleinrock Vol. 1 section 2.10), and each prompt occupies
+    (the mean of a Poisson count over the window), and each prompt occupies
     ``T(n) / n`` (:func:`batch_prefill_s`).  Never below ``busy_s``, the fully packed share,
     which the mixed engines' chunks approach (their steps' weight reads are the decodes')."""
     n = min(float(max(1, per_batch)), 1.0 + max(0.0, arrivals_per_s) * max(0.0, window_s))
