@@ -163,9 +163,11 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                      "state per parameter instead of 12; distributed optimizer only); default: "
                      "chosen per layout only where it is needed to fit or saves >= 1%% of "
                      "the step")
-    mem.add_argument("--activation-offload-layers", type=non_negative_int, default=0,
+    mem.add_argument("--activation-offload-layers", type=non_negative_int, default=None,
                      metavar="K", help="offload the activations of the first K layers of "
-                     "each model chunk to host memory (default 0)")
+                     "each model chunk to host memory (Megatron --cpu-offloading-num-layers; "
+                     "only pp=1 without recompute); default: chosen per layout, the fewest "
+                     "layers that make a pp=1, recompute-none layout fit, 0 where it fits")
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:
@@ -321,7 +323,7 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
         fsdp_strategy=args.fsdp_strategy,
         recompute_num_layers=args.recompute_num_layers,
         recompute_modules=tuple(args.recompute_modules or ("core_attn",)),
-        activation_offload_layers=args.activation_offload_layers,
+        activation_offload_layers=args.activation_offload_layers or 0,
     )
 
 

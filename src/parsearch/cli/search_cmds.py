@@ -207,7 +207,9 @@ def feature_label(plan: Any) -> str:
     if plan.recompute_granularity == "selective" and plan.recompute_modules != ("core_attn",):
         parts.append("rc:" + ",".join(plan.recompute_modules))  # memory_features.py
     parts += [label for on, label in ((plan.moment_dtype == "bf16", "bf16-moments"),
-                                      (plan.fp8_param_gather, "fp8-gather")) if on]
+                                      (plan.fp8_param_gather, "fp8-gather"),
+                                      (plan.offload_layers > 0,
+                                       f"offload:{plan.offload_layers}")) if on]
     return "+".join(parts) or "-"
 
 
@@ -235,6 +237,10 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
           + ("--moe-dispatcher, --[no-]moe-a2a-overlap, " if moe else "")
           + "--[no-]cuda-graphs, --cuda-graph-scope, --recompute-modules, --[no-]bf16-moments, "
           "--[no-]fp8-param-gather)")
+    if any(e.launch is not None and e.launch.plan.offload_layers for e in result.entries):
+        print("offload:K: activations of the first K layers go to host memory (Megatron "
+              "--cpu-offloading-num-layers K; pp=1 without recompute only); chosen per layout, "
+              "the fewest layers that make it fit, unless --activation-offload-layers is given")
     if precision != "bf16":
         print(f"mfu%: model FLOPs over the GPU's dense BF16 peak; {precision} GEMMs run at a "
               "higher peak, so it can pass what a BF16 run could reach.")

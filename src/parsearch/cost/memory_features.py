@@ -23,6 +23,14 @@ setting Megatron runs that fits (issue 32):
   (:func:`parsearch.cost.memory.states`) and the DP parameter all-gather sends 1 byte per
   parameter instead of 2.
 
+A fourth, ``activation_offload_layers`` (CPU activation offloading, Megatron
+``--cpu-offloading-num-layers``), is chosen per layout after the others
+(:func:`parsearch.cost.offload.choose_offload`): only on layouts Megatron runs it with
+(``pp = 1``, no recompute, :func:`parsearch.cost.offload.offload_allowed`), only where
+the layout does not fit without it, and then at the fewest layers that make it fit (its
+exposed copy time only grows with the layers, :mod:`parsearch.cost.offload`), solved from
+the layer bytes instead of a scan.
+
 BF16 moments and FP8 gather change the numerics, so they are taken only where a layout
 needs them to fit, or where they make it faster by at least :data:`NUMERICS_MIN_GAIN`
 (the modelled gain of a few milliseconds of optimizer step on a multi-second step is
@@ -55,12 +63,14 @@ import numpy as np
 
 from parsearch.cost.cost_model import CostModel
 from parsearch.cost.memory import memory_arrays
+from parsearch.cost.offload import choose_offload, max_offload_layers
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import resolve_fp8_recipe
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: The searched features this module chooses (besides those of ``feature_search``).
-MEMORY_FEATURES: tuple[str, ...] = ("recompute_modules", "bf16_moments", "fp8_param_gather")
+MEMORY_FEATURES: tuple[str, ...] = ("recompute_modules", "bf16_moments", "fp8_param_gather",
+                                    "activation_offload_layers")
 #: Numerics-changing features are taken for speed only when they save at least this share of
 #: the step (below it the modelled gain is within the model's resolution).
 NUMERICS_MIN_GAIN = 0.01
@@ -82,6 +92,8 @@ class MemorySetting:
     recompute_modules: tuple[str, ...]
     bf16_moments: bool
     fp8_param_gather: bool
+    #: layers whose activations go to host memory (0: none; chosen by :func:`choose_offload`)
+    offload_layers: int = 0
 
     @property
     def numerics(self) -> int:
@@ -104,8 +116,11 @@ def optimizer_step_bytes(training: TrainingSpec) -> float:
 
 def effective_training(training: TrainingSpec, options: CostOptions) -> TrainingSpec:
     """``training`` with the memory features ``options`` chose applied (recompute modules,
-    BF16 moments as 8 bytes of Adam state)."""
+    BF16 moments as 8 bytes of Adam state, offloaded layers)."""
     changes: dict[str, object] = {}
+    if options.activation_offload_layers is not None and options.activation_offload_layers != \
+            training.activation_offload_layers:
+        changes["activation_offload_layers"] = options.activation_offload_layers
     if options.recompute_modules is not None and options.recompute_modules != \
             training.recompute_modules:
         changes["recompute_modules"] = options.recompute_modules
@@ -117,6 +132,19 @@ def effective_training(training: TrainingSpec, options: CostOptions) -> Training
 def searches_memory_features(cm: CostModel) -> bool:
     """Whether ``cm`` chooses any memory feature per layout."""
     return bool(set(cm.options.search_features) & set(MEMORY_FEATURES))
+
+
+def searches_offload(cm: CostModel) -> bool:
+    """Whether ``cm`` chooses the offloaded layers per layout: searched, not pinned (in the
+    training spec or the options), and no per-layer CUDA graphs pinned on (Megatron-Core:
+    "CUDA graphs not supported with CPU offloading")."""
+    options = cm.options
+    graphs_pinned = (options.cuda_graphs and options.cuda_graph_impl != "full_iteration"
+                     and "cuda_graphs" not in options.search_features)
+    return ("activation_offload_layers" in options.search_features
+            and cm.training.activation_offload_layers == 0
+            and options.activation_offload_layers is None and not graphs_pinned
+            and max_offload_layers(cm.model) > 1)
 
 
 def recompute_chain(model: ModelSpec, training: TrainingSpec, options: CostOptions,
@@ -195,10 +223,14 @@ def apply_setting(options: CostOptions, setting: MemorySetting) -> CostOptions:
     chosen = tuple(name for name, on in (
         ("recompute_modules", "recompute_modules" in searched),
         ("bf16_moments", setting.bf16_moments and not options.bf16_moments),
-        ("fp8_param_gather", setting.fp8_param_gather and not options.memory.fp8_param_gather))
+        ("fp8_param_gather", setting.fp8_param_gather and not options.memory.fp8_param_gather),
+        ("activation_offload_layers", setting.offload_layers > 0))
         if on and name in searched)
+    offload = ({"activation_offload_layers": setting.offload_layers}
+               if setting.offload_layers > 0 else {})
     return replace(
-        options, recompute_modules=setting.recompute_modules, bf16_moments=setting.bf16_moments,
+        options, **offload,  # type: ignore[arg-type]
+        recompute_modules=setting.recompute_modules, bf16_moments=setting.bf16_moments,
         chosen_features=options.chosen_features + tuple(c for c in chosen
                                                         if c not in options.chosen_features),
         param_gather_bytes=1.0 if setting.fp8_param_gather else options.param_gather_bytes,
@@ -218,10 +250,29 @@ def with_setting(cm: CostModel, setting: MemorySetting) -> CostModel:
     return priced
 
 
-def least_memory(cm: CostModel) -> CostModel:
-    """``cm`` under the setting that holds the least memory (every saving on)."""
+def most_offloaded(cm: CostModel) -> CostModel | None:
+    """``cm`` under its least-memory setting with the most layers offloaded Megatron allows
+    (``None`` where offload is not searched): the least memory a layout
+    :func:`~parsearch.cost.offload.offload_allowed` may reach."""
+    if not searches_offload(cm):
+        return None
+    least = memory_settings(cm)[-1][-1]
+    return with_setting(cm, replace(least, offload_layers=max_offload_layers(cm.model)))
+
+
+def least_memory(cm: CostModel, *, offload: bool = True) -> CostModel:
+    """``cm`` under the setting that holds the least memory (every saving on).
+
+    Where offload is searched that includes the most layers offloaded (``offload=False``:
+    without them).  The memory model applies it to every row, so for layouts Megatron does
+    not offload on (``pp > 1`` or recompute) this is below their least: a filter that keeps
+    every layout that may fit, not a price.
+    """
     if not searches_memory_features(cm):
         return cm
+    offloaded = most_offloaded(cm) if offload else None
+    if offloaded is not None:
+        return offloaded
     settings = memory_settings(cm)
     return with_setting(cm, settings[-1][-1])
 
@@ -330,6 +381,8 @@ def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memor
             best[where[take]] = penalised[take]
             best_fits[where[take]] = fits[take]
             best_numerics[where[take]] = numerics
+    if n and searches_offload(cm):
+        choose_offload(cm, cols, out, best, best_fits, score, hbm)  # offload.py
     return out
 
 
@@ -387,8 +440,12 @@ def numerics_saving(cm: CostModel, timed: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def setting_of(cm: CostModel, index: int) -> MemorySetting:
-    """The setting ``memory_setting`` ``index`` names (:func:`score_memory_features`)."""
-    return [s for combo in memory_settings(cm) for s in combo][index]
+    """The setting ``memory_setting`` ``index`` names (:func:`score_memory_features`; past
+    the flattened settings, the same setting with ``index // len`` layers offloaded)."""
+    flat = [s for combo in memory_settings(cm) for s in combo]
+    setting = flat[index % len(flat)]
+    layers = index // len(flat)
+    return replace(setting, offload_layers=layers) if layers else setting
 
 
 __all__ = [
@@ -403,6 +460,7 @@ __all__ = [
     "fp8_param_gather_allowed",
     "least_memory",
     "memory_settings",
+    "most_offloaded",
     "needs_full_choice",
     "numerics_penalty",
     "numerics_saving",
@@ -410,6 +468,7 @@ __all__ = [
     "recompute_chain",
     "score_memory_features",
     "searches_memory_features",
+    "searches_offload",
     "setting_of",
     "with_setting",
 ]

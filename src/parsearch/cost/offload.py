@@ -12,15 +12,28 @@ longer than the layer beside it is exposed, forward and backward:
 
 (backward = 2x forward FLOPs, NAR21 Appendix), for the share of a stage's layers that
 are offloaded, ``min(K, l) / l`` with ``l`` layers per model chunk.
+
+Searched K (issue 32; ``activation_offload_layers`` in ``CostOptions.search_features``, the
+flag unset): only layouts Megatron runs it with take K > 0 (rule R11: ``pp = 1`` and no
+recompute; Megatron-Core ``TransformerConfig.__post_init__`` at d98e8a64; per-layer CUDA graphs
+are then off, "CUDA graphs not supported with CPU offloading").  On such a layout the exposed
+time above grows with K (the share ``min(K, l)/l``) and the HBM the memory model holds
+shrinks with K (:func:`offload_saving`), so the fastest K that fits is the fewest that
+fits: K = 0 where the layout fits without offload, else :func:`fewest_fitting_layers`,
+solved from the per-layer bytes (no scan over K).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import numpy as np
 
-from parsearch.cost.memory import MemoryOptions
-from parsearch.cost.memory.activations import ActDegrees, layer_bytes
-from parsearch.model.specs import ModelSpec, TrainingSpec
+from parsearch.cost.cost_model import CostModel
+from parsearch.cost.memory import MemoryOptions, memory_arrays
+from parsearch.cost.memory.activations import ActDegrees, layer_bytes, stage_layer_bytes
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile
 
 #: Host link per GPU and direction when the GPU profile does not state one: PCIe
@@ -39,12 +52,7 @@ def offload_exposed(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     k = training.activation_offload_layers
     if k <= 0 or (is_moe and model.moe is None):
         return np.zeros_like(np.asarray(layer_time, dtype=np.float64))
-    tp = cols["tp"].astype(np.float64)
-    sp_div = np.where(cols["sp"].astype(bool), tp, 1.0)
-    deg = ActDegrees(tp=tp, cp=cols["cp"].astype(np.float64), ep=cols["ep"].astype(np.float64),
-                     etp=cols["etp"].astype(np.float64), mbs=cols["mbs"].astype(np.float64),
-                     sp_div=sp_div)
-    saved = layer_bytes(model, training, is_moe, deg, memory).of(cols["recompute"])
+    saved = layer_bytes(model, training, is_moe, _degrees(cols), memory).of(cols["recompute"])
     host = gpu.host_link_Bps or DEFAULT_HOST_LINK_BPS
     copy = np.asarray(saved, dtype=np.float64) / host
     forward = np.asarray(layer_time, dtype=np.float64) / 3.0
@@ -53,3 +61,164 @@ def offload_exposed(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                                     * cols["vpp"].astype(np.float64))
     share = np.minimum(float(k), per_chunk) / np.maximum(per_chunk, 1.0)
     return exposed * share
+
+
+def _degrees(cols: dict[str, np.ndarray]) -> ActDegrees:
+    tp = np.asarray(cols["tp"]).astype(np.float64)
+    sp_div = np.where(np.asarray(cols["sp"]).astype(bool), tp, 1.0)
+    return ActDegrees(tp=tp, cp=np.asarray(cols["cp"]).astype(np.float64),
+                      ep=np.asarray(cols["ep"]).astype(np.float64),
+                      etp=np.asarray(cols["etp"]).astype(np.float64),
+                      mbs=np.asarray(cols["mbs"]).astype(np.float64), sp_div=sp_div)
+
+
+def max_offload_layers(model: ModelSpec) -> int:
+    """The most layers Megatron offloads: ``num_layers - 1`` (Megatron-Core
+    ``TransformerConfig.__post_init__``: "CPU offloading can be done only for layers less
+    than {num_layers}")."""
+    return max(model.num_layers - 1, 0)
+
+
+def offload_allowed(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Which layouts Megatron runs whole-layer CPU offloading with (rule R11: ``pp = 1``,
+    recompute none; ``layout/rules.py``)."""
+    return (np.asarray(cols["pp"]) == 1) & (np.asarray(cols["recompute"])
+                                             == RECOMPUTE_CODES["none"])
+
+
+def offload_saving(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                   cols: dict[str, np.ndarray]) -> np.ndarray:
+    """HBM bytes offloading the first K layers frees, per row (rows) and K = 0..L-1 (columns),
+    on a ``pp = 1`` layout without recompute.
+
+    As the memory model holds it (``cost/memory/activation_terms.py``
+    ``stage_activations``): the offloaded layers leave HBM but the largest of them stays,
+    in flight; one chunk, one micro-batch in flight (1F1B with ``p = 1``; NAR21 §2.2.1):
+
+        saving(K) = n_dense(K) b_dense + n_moe(K) b_moe - max(b of the kinds among them)
+
+    with ``n_kind(K)`` the layers of that kind among the first K and ``b`` a layer's
+    saved activations without recompute (``activations.stage_layer_bytes``).
+    """
+    kinds = stage_layer_bytes(model, training, _degrees(cols), memory)
+    none = RECOMPUTE_CODES["none"]
+    n = len(np.asarray(cols["tp"]))
+    dense = np.broadcast_to(np.asarray(kinds[False].of(none), dtype=np.float64), (n,))
+    moe = (np.broadcast_to(np.asarray(kinds[True].of(none), dtype=np.float64), (n,))
+           if True in kinds else np.zeros(n))
+    top = max_offload_layers(model)
+    is_moe = np.array([model.is_moe_layer(i) for i in range(top)], dtype=bool)
+    n_moe = np.concatenate([[0], np.cumsum(is_moe)]).astype(np.float64)  # K = 0..L-1
+    n_dense = np.arange(top + 1, dtype=np.float64) - n_moe
+    held = (np.outer(dense, n_dense) + np.outer(moe, n_moe))
+    in_flight = np.maximum(np.outer(dense, n_dense > 0), np.outer(moe, n_moe > 0))
+    return held - in_flight
+
+
+def fewest_fitting_layers(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                          cols: dict[str, np.ndarray], excess: np.ndarray,
+                          peak: Callable[[int, np.ndarray], np.ndarray] | None = None,
+                          ) -> np.ndarray:
+    """Per row, the fewest offloaded layers that free ``excess`` bytes of HBM, ``num_layers``
+    where none does (at most :func:`max_offload_layers`).
+
+    Solved from :func:`offload_saving`; with ``peak(k, rows)`` (the memory model's peak minus
+    what fits, at K = k, for those rows: > 0 does not fit) each answer is then checked
+    against the memory model itself and moved up a layer while it does not fit, so the
+    answer is the memory model's own.
+    """
+    n = len(excess)
+    out = np.full(n, model.num_layers, dtype=np.int64)
+    need = np.asarray(excess, dtype=np.float64)
+    if not n or max_offload_layers(model) < 1:
+        return out
+    saving = offload_saving(model, training, memory, cols)
+    enough = saving >= need[:, None]
+    found = enough.any(axis=1)
+    out[found] = np.argmax(enough[found], axis=1)
+    if peak is None:
+        return out
+    pending = np.nonzero(found)[0]
+    top = max_offload_layers(model)
+    while len(pending):  # the memory model decides; move up while it does not fit
+        misfit = np.zeros(len(pending), dtype=bool)
+        for k in np.unique(out[pending]):
+            at = np.nonzero(out[pending] == k)[0]
+            misfit[at] = peak(int(k), pending[at]) > 0
+        pending = pending[misfit]
+        out[pending] += 1
+        over = out[pending] > top
+        out[pending[over]] = model.num_layers
+        pending = pending[~over]
+    return out
+
+
+def _total(cm: CostModel, c: dict[str, np.ndarray]) -> np.ndarray:
+    mem = memory_arrays(cm.model, cm.training, c["tp"], c["cp"], c["pp"], c["ep"], c["etp"],
+                        c["vpp"], c["mbs"], c["dp"], c["edp"], c["recompute"], c["sp"],
+                        cm.options.memory)
+    return np.asarray(mem.total, dtype=np.float64).reshape(-1)
+
+
+def choose_offload(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
+                   best: np.ndarray, best_fits: np.ndarray,
+                   score: Callable[..., dict[str, np.ndarray]], hbm: float) -> None:
+    """Offloaded layers chosen per layout, updating ``out`` (the choice
+    :func:`~parsearch.cost.memory_features.score_memory_features` made among the other
+    settings) where a setting with offload wins.
+
+    Per numerics combination, a layout Megatron offloads on (``offload_allowed``) that does
+    not fit without offload under the combination's first set (its least memory: graphs off,
+    no recompute modules apply without recompute) takes the fewest layers that make it fit
+    (:func:`fewest_fitting_layers`): with the combination fixed, more
+    layers only add exposed copy time, and where the layout fits without offload that setting
+    was already priced and is faster.  Priced in full at that count (graphs are then off:
+    ``feature_search.graphs_runnable``), it is taken where it fits and nothing chosen fits,
+    or where it is faster under the numerics weighing
+    (:func:`~parsearch.cost.memory_features.numerics_penalty`).  ``memory_setting`` then
+    also carries the count (:func:`~parsearch.cost.memory_features.setting_of`).
+    """
+    # the memory-feature settings (memory_features imports this module)
+    from parsearch.cost.memory_features import (
+        MemorySetting,
+        memory_settings,
+        numerics_penalty,
+        with_setting,
+    )
+
+    allowed = np.nonzero(offload_allowed(cols))[0]
+    flat = [s for combo in memory_settings(cm) for s in combo]
+    for chain in memory_settings(cm):
+        base = chain[0]
+        priced = with_setting(cm, base)
+        rows = allowed
+        if not len(rows):
+            return
+        excess = _total(priced, {k: v[rows] for k, v in cols.items()}) - hbm
+        rows, excess = rows[excess > 0], excess[excess > 0]
+        if not len(rows):
+            continue
+        sub = {k: v[rows] for k, v in cols.items()}
+
+        def over(k: int, at: np.ndarray, base: MemorySetting = base,
+                 sub: dict[str, np.ndarray] = sub) -> np.ndarray:
+            return _total(with_setting(cm, replace(base, offload_layers=k)),
+                          {key: v[at] for key, v in sub.items()}) - hbm
+
+        layers = fewest_fitting_layers(cm.model, priced.training, priced.options.memory, sub,
+                                       excess, over)
+        for k in np.unique(layers[layers < cm.model.num_layers]):
+            where = rows[layers == k]
+            part = score(with_setting(cm, replace(base, offload_layers=int(k))),
+                         {key: v[where] for key, v in cols.items()}, with_memory=True)
+            part["memory_setting"] = np.full(len(where), flat.index(base) + len(flat) * int(k),
+                                             dtype=np.int64)
+            fits = np.asarray(part["fits"], dtype=bool)
+            penalised = np.asarray(part["step_time_s"], dtype=np.float64) * numerics_penalty(
+                base.numerics)
+            take = fits & (~best_fits[where] | (penalised < best[where]))
+            for key, values in part.items():
+                if np.ndim(values) and key in out:
+                    out[key][where[take]] = np.asarray(values)[take]
+            best[where[take]] = penalised[take]
+            best_fits[where[take]] = True

@@ -36,7 +36,8 @@ FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
 #: :mod:`parsearch.cost.feature_search`).
 SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
                                         "moe_shared_expert_overlap", "cuda_graphs",
-                                        "recompute_modules", "bf16_moments", "fp8_param_gather")
+                                        "recompute_modules", "bf16_moments", "fp8_param_gather",
+                                        "activation_offload_layers")
 #: Megatron-Core ``--cuda-graph-impl`` values (besides ``none``) the model prices:
 #: per-layer graphs from Transformer Engine's ``make_graphed_callables`` or Megatron's own
 #: ``CudaGraphManager``, or one graph of the whole forward-backward (``full_iteration``).
@@ -124,6 +125,9 @@ class CostOptions:
       memory-feature search (:mod:`parsearch.cost.memory_features`), which applies them to
       the training spec it prices; ``chosen_features`` names those of them it turned on
       (so the output can say a numerics-changing feature was chosen, not given).
+    * ``activation_offload_layers``: the layers whose activations go to host memory as the
+      search chose them for the layout (``None``: the training spec's); applied to the
+      training spec like the memory features (:mod:`parsearch.cost.offload`).
     """
 
     causal: bool = True
@@ -158,6 +162,7 @@ class CostOptions:
     recompute_modules: tuple[str, ...] | None = None
     bf16_moments: bool = False
     chosen_features: tuple[str, ...] = ()
+    activation_offload_layers: int | None = None
 
     def __post_init__(self) -> None:
         unknown_features = [f for f in self.search_features if f not in SEARCHABLE_FEATURES]

@@ -145,7 +145,9 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (plan.recompute_granularity == "selective",
          f"selective recompute ({', '.join(plan.recompute_modules)})"),
         (plan.fsdp, "Megatron-FSDP"),
-        (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers)"),
+        (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers"
+         + (", chosen by the search: the fewest that fit; pin with --activation-offload-layers"
+            if "activation_offload_layers" in plan.chosen_features else "") + ")"),
         (not plan.flash_attention, "unfused attention"),
         # the uneven split the launch passes (a recipe's layout string, Megatron's
         # accounting or the work-balanced split: cost/stages.py)

@@ -28,9 +28,11 @@ from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
     least_memory,
     memory_settings,
+    most_offloaded,
     needs_full_choice,
     with_setting,
 )
+from parsearch.cost.offload import offload_allowed
 
 
 def peak_memory(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
@@ -62,7 +64,14 @@ def quick_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
     hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
     full = np.nonzero(needs_full_choice(cm, timed, total <= hbm))[0]
     if len(full):  # those that fit under no setting (the least-memory one) stay out
-        least = peak_memory(least_memory(cm), {k: v[full] for k, v in cols.items()})
+        least = peak_memory(least_memory(cm, offload=False),
+                            {k: v[full] for k, v in cols.items()})
+        offloaded = most_offloaded(cm)  # pp=1, recompute none: with the most layers offloaded
+        if offloaded is not None:
+            rows = np.nonzero((least > hbm) & offload_allowed(
+                {k: v[full] for k, v in cols.items()}))[0]
+            if len(rows):
+                least[rows] = peak_memory(offloaded, {k: v[full[rows]] for k, v in cols.items()})
         total[full] = np.inf
         full = full[least <= hbm]
     return total, tokens, full
