@@ -23,8 +23,9 @@ from parsearch.cost.offload import (
     offload_saving,
 )
 from parsearch.cost.options import CostOptions
-from parsearch.layout.space import enumerate_layouts
+from parsearch.layout.space import LayoutTable, enumerate_layouts
 from parsearch.model.specs import RECOMPUTE_CODES
+from parsearch.search.exhaustive import rank_feasible, scan_bounded, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
@@ -161,6 +162,23 @@ def test_the_solved_count_is_the_memory_models_own(case) -> None:  # type: ignor
     # and the saving is what the memory model frees, K by K
     saving = offload_saving(cm.model, cm.training, cm.options.memory, sub)
     np.testing.assert_allclose(per_k[0][None, :] - per_k, saving.T, rtol=1e-9, atol=1.0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=SLOW)
+@given(cases(), st.integers(1, 5), st.booleans())
+def test_bounded_scan_offloads_as_the_full_scan(case, top: int, diverse: bool) -> None:  # type: ignore[no-untyped-def]
+    """The bounded search (memory-only check where the pinned setting fits, the rest, those
+    that fit only offloaded among them, priced at the block's end) finds the layouts, speeds
+    and memory of the full scan."""
+    cm, cols = case
+    table = LayoutTable(num_gpus=cm.fabric.num_gpus, columns=cols)
+    full = scan_table(cm, table)
+    bounded = scan_bounded(cm, table, top=top, diverse=diverse, first_rows=1)
+    picks_full = rank_feasible(full, top=top, diverse=diverse)
+    picks = rank_feasible(bounded, top=top, diverse=diverse)
+    assert full.feasible_rows[picks_full].tolist() == bounded.feasible_rows[picks].tolist()
+    np.testing.assert_allclose(bounded.tokens_per_s[picks], full.tokens_per_s[picks_full],
+                               rtol=1e-9)
 
 
 def test_offload_is_refused_with_recompute_and_pipelines() -> None:
