@@ -3,8 +3,9 @@
 The true cluster is the shipped Hopper profile on ``dgx-h100`` whose GPUs sustain 0.85
 of their SM clock (a clock lock: tensor-core and SFU rates x0.85, HBM unchanged) and
 whose NICs deliver half the file's bandwidth.  The tool knows only the nominal cluster
-file and the shipped profile: it plans five runs (``plan_profiling``), they are
-"measured" on the true cluster (noise off: what is tested is the structure, whether the
+file and the shipped profile: it plans five runs as ``parsearch plan-profiling`` does by
+default (features searched per layout), they are "measured" on the true cluster with the
+features the plan's launch pins (noise off: what is tested is the structure, whether the
 planned runs and the fit can tell compute from network at all), and ``calibrate`` must
 return both factors within 10 % and predict the layouts it did not measure.
 ``benchmarks/calibration_simulation.py --truth compute0.85-internode0.5`` runs the same
@@ -13,14 +14,21 @@ with measurement noise and more seeds.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
 import yaml
 
-from parsearch.cost.analytic import build_cost_model, layout_columns, score_columns
+from parsearch.cost.analytic import (
+    CostOptions,
+    build_cost_model,
+    estimate,
+    layout_columns,
+    score_columns,
+)
 from parsearch.cost.efficiency import efficiency_for_gpu
+from parsearch.cost.options import SEARCHABLE_FEATURES
 from parsearch.layout.space import require_layouts
 from parsearch.model.files import resolve_model
 from parsearch.model.specs import TrainingSpec
@@ -44,6 +52,17 @@ from parsearch.validation.user.user_calibration import fit_user_profile, prepare
 CLUSTER = "dgx-h100"
 TRUE_COMPUTE, TRUE_INTERNODE = 0.85, 0.5
 JOBS = {"dense": ("llama3-70b", 128, 512, 8192), "moe": ("mixtral-8x22b", 128, 256, 4096)}
+#: The CLI's default: every feature the user left unset is chosen per layout.
+SEARCHED = CostOptions(search_features=SEARCHABLE_FEATURES)
+_OPTION_FIELDS = {f.name for f in fields(CostOptions)}
+
+
+def _pinned(cm, layout) -> dict[str, object]:
+    """The cost options a plan's launch pins for ``layout``: the features ``cm`` chose."""
+    chosen = estimate(cm, layout).options
+    return {name: getattr(chosen, name)
+            for name in (*SEARCHABLE_FEATURES, "moe_flex_backend", "cuda_graph_scope")
+            if name in _OPTION_FIELDS}
 
 
 def _true_cluster():
@@ -64,13 +83,19 @@ def recovery(request):
     model, training = resolve_model(name), TrainingSpec(seq_len=seq, global_batch=batch)
     shipped = efficiency_for_gpu("h100-sxm")
     nominal = build_cost_model(model, training, build_fabric(load_cluster(CLUSTER), gpus),
-                               profile=shipped)
-    truth = build_cost_model(model, training, build_fabric(_true_cluster(), gpus),
-                             profile=shipped)
+                               profile=shipped, options=SEARCHED)
+    true_fabric = build_fabric(_true_cluster(), gpus)
+    truth = build_cost_model(model, training, true_fabric, profile=shipped, options=SEARCHED)
     plan = plan_profiling(nominal, k=5)
     picks = [p.layout for p in plan.picks]
-    runs = [Measurement(f"sim {lay.key()}", name, CLUSTER, lay, batch, seq, training.precision,
-                        float(t)) for lay, t in zip(picks, _tokens(truth, picks), strict=True)]
+    runs = []
+    for lay in picks:  # each run launches the features its plan entry names
+        pinned = _pinned(nominal, lay)
+        ran = build_cost_model(model, training, true_fabric, profile=shipped,
+                               options=CostOptions(**pinned))  # type: ignore[arg-type]
+        runs.append(Measurement(f"sim {lay.key()}", name, CLUSTER, lay, batch, seq,
+                                training.precision, float(_tokens(ran, [lay])[0]),
+                                options=pinned))
     rows, problems = prepare_measurements(runs, shipped)
     assert problems == []
     fit = fit_user_profile(rows, shipped)
