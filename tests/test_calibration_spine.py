@@ -279,6 +279,12 @@ def test_cli_calibrate_fits_the_spine_and_explain_takes_the_cluster_file(job, tm
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert report["scale_out_tiers"]["spine (across leaf groups)"] == "fitted"
+    # the text report names the tier that is slow, not the NVLink
+    text = run_cli("calibrate", "--measurements", str(table), "--out",
+                   str(tmp_path / "text.yaml"), "--no-leave-one-out")
+    assert text.code == 0, text.err
+    assert "traffic between leaf groups gets 50%" in text.out
+    assert "NVLink delivers" not in text.out
     assert report["cluster_factors"][SPINE_FACTOR] == pytest.approx(0.5, rel=0.05)
     cluster_file = tmp_path / "mine.cluster.yaml"
     assert load_cluster(str(cluster_file)).leaf_oversubscription == pytest.approx(2.0, rel=0.05)

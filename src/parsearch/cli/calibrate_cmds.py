@@ -204,6 +204,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if name == "compute_clock_factor" and value < 0.95:
             print(f"the GPUs sustain {value:.0%} of their rated clock: check power caps and "
                   "clocks under load (nvidia-smi -q -d POWER,CLOCK)")
+        elif value < 0.8 and name == "spine_bandwidth_factor":
+            print(f"traffic between leaf groups gets {value:.0%} of what cluster "
+                  f"{result.cluster_file} says: check the leaf uplinks and ECMP balance "
+                  "(nccl-tests between nodes under different leaf switches)")
         elif value < 0.8 and name != "compute_clock_factor":
             tier = "inter-node network" if name == "network_bandwidth_factor" else "NVLink"
             print(f"the {tier} delivers {value:.0%} of what cluster {result.cluster_file} says: "
