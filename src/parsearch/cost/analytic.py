@@ -49,6 +49,7 @@ from parsearch.cost.memory_features import (
     searches_memory_features,
     setting_of,
 )
+from parsearch.cost.offload_choice import choose_offload
 from parsearch.cost.option_checks import check_precision_options
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
 from parsearch.cost.recompute import recompute_shares
@@ -241,7 +242,8 @@ def score_columns(cm: CostModel, cols: dict[str, np.ndarray], *,
     """
     if searches_memory_features(cm):  # recompute modules, BF16 moments, FP8 gather per layout
         return score_memory_features(cm, cols, with_memory, score_columns,
-                                     usable_memory_bytes(cm.fabric.gpu, cm.options))
+                                     usable_memory_bytes(cm.fabric.gpu, cm.options),
+                                     choose_offload)
     training = effective_training(cm.training, cm.options)  # the memory features chosen
     if training is not cm.training:
         cm = replace(cm, training=training)

@@ -25,7 +25,7 @@ setting Megatron runs that fits (issue 32):
 
 A fourth, ``activation_offload_layers`` (CPU activation offloading, Megatron
 ``--cpu-offloading-num-layers``), is chosen per layout after the others
-(:func:`parsearch.cost.offload.choose_offload`): only on layouts Megatron runs it with
+(:func:`parsearch.cost.offload_choice.choose_offload`): only on layouts Megatron runs it with
 (``pp = 1``, no recompute, :func:`parsearch.cost.offload.offload_allowed`), only where
 the layout does not fit without it, and then at the fewest layers that make it fit (its
 exposed copy time only grows with the layers, :mod:`parsearch.cost.offload`), solved from
@@ -63,7 +63,7 @@ import numpy as np
 
 from parsearch.cost.cost_model import CostModel
 from parsearch.cost.memory import memory_arrays
-from parsearch.cost.offload import choose_offload, max_offload_layers
+from parsearch.cost.offload import max_offload_layers
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import resolve_fp8_recipe
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
@@ -83,6 +83,9 @@ ADAM_BF16_MOMENT_STATE_BYTES = 8.0
 _STEP_BYTES_FP32_STATE = 30.0
 
 Score = Callable[..., dict[str, np.ndarray]]
+#: ``choose_offload(cm, cols, out, best, best_fits, score, hbm)``, updating ``out``
+OffloadChoice = Callable[[CostModel, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray,
+                          np.ndarray, Score, float], None]
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,8 @@ class MemorySetting:
     recompute_modules: tuple[str, ...]
     bf16_moments: bool
     fp8_param_gather: bool
-    #: layers whose activations go to host memory (0: none; chosen by :func:`choose_offload`)
+    #: layers whose activations go to host memory (0: none; chosen by
+    #: :func:`parsearch.cost.offload_choice.choose_offload`)
     offload_layers: int = 0
 
     @property
@@ -310,7 +314,8 @@ def first_fitting(cm: CostModel, chain: tuple[MemorySetting, ...], cols: dict[st
 
 
 def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memory: bool,
-                          score: Score, hbm: float) -> dict[str, np.ndarray]:
+                          score: Score, hbm: float,
+                          offload_choice: OffloadChoice | None = None) -> dict[str, np.ndarray]:
     """Scores with each layout's memory features chosen (module docstring).
 
     ``score(cm, cols, with_memory=...)`` scores under one setting (choosing the other
@@ -319,7 +324,9 @@ def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memor
     setting.  With memory: per numerics combination, each row's first fitting
     chain set is priced in full; a row keeps the fastest that fits, each numerics-changing
     feature weighed as :data:`NUMERICS_MIN_GAIN` of the step (:func:`numerics_penalty`).
-    ``memory_setting`` indexes :func:`memory_settings` flattened.
+    ``memory_setting`` indexes :func:`memory_settings` flattened.  ``offload_choice``
+    (:func:`parsearch.cost.offload_choice.choose_offload`) then chooses the offloaded layers
+    where :func:`searches_offload`.
     """
     settings = memory_settings(cm)
     flat = [s for combo in settings for s in combo]
@@ -381,8 +388,8 @@ def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memor
             best[where[take]] = penalised[take]
             best_fits[where[take]] = fits[take]
             best_numerics[where[take]] = numerics
-    if n and searches_offload(cm):
-        choose_offload(cm, cols, out, best, best_fits, score, hbm)  # offload.py
+    if n and offload_choice is not None and searches_offload(cm):
+        offload_choice(cm, cols, out, best, best_fits, score, hbm)
     return out
 
 

@@ -285,7 +285,9 @@ def _group_memory_floor(cm: CostModel,
                         cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`memory_floor` per ``(shape, vpp)`` group, and each row's group."""
     rep, inverse = _groups(cols, (*SHAPE_AXES, "vpp"))
-    cm = least_memory(cm)  # searched memory features: the state of the setting holding least
+    # searched memory features: the state of the setting holding least (offloading moves
+    # activations only, never model state, so the floor leaves it out and stays tight)
+    cm = least_memory(cm, offload=False)
     r = wide_columns({k: np.asarray(v)[rep] for k, v in cols.items()})
     mem = memory_arrays(cm.model, cm.training, r["tp"], r["cp"], r["pp"], r["ep"], r["etp"],
                         r["vpp"], r["mbs"], r["dp"], r["edp"], r["recompute"], r["sp"],
