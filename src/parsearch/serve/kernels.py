@@ -28,6 +28,11 @@ Measured: a DeepSeek-V3 prefill of one new token took 82.6 ms eagerly and 23.1 m
 CUDA graph (sgl-project/sglang PR #12160, scheduler log "forward cost", Oct 2025; its author
 reports the same ~80-100 ms TTFT for any prefill under ~100 new tokens), i.e. 82.6 ms /
 (61 layers x 27.9 kernels, this module's count for that configuration) = 48 us per kernel.
+The prefill pass is counted like the decode pass: SGLang's MHA prefill path
+(``forward_normal_prepare``/``_core`` in the 0.5.6 wheel's deepseek_v2.py: fused q_a/kv_a
+projection, two RMSNorms, q_b and kv_b projections with their quantizations, RoPE, cache
+write, K concatenation, ragged attention, o_proj, all-reduce) launches about as many
+kernels as the absorbed decode path.
 The same order as PyTorch's own measurement of eager Llama-7B decode, 25.5 tokens/s
 (39 ms a step) where the weight reads take ~9 ms ("Accelerating Generative AI with PyTorch
 II: GPT, Fast", PyTorch blog, Nov 2023: "CPU overhead bound"), ~35 us for each of its ~35
