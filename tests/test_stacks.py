@@ -110,8 +110,15 @@ def test_memory_features_a_stack_lacks_leave_the_search(name: str) -> None:
     options = stack_options(stack, CostOptions(search_features=SEARCHABLE_FEATURES))
     for feature, available in (("recompute_modules", stack.recompute_modules),
                                ("bf16_moments", stack.precision_aware_optimizer),
-                               ("fp8_param_gather", stack.fp8_param_gather)):
+                               ("fp8_param_gather", stack.fp8_param_gather),
+                               ("activation_offload_layers", stack.cpu_offloading)):
         assert (feature in options.search_features) == available, feature
+    if not stack.cpu_offloading:  # before Megatron-LM's CPU offload (2023-12)
+        with pytest.raises(SpecError, match="CPU activation offloading"):
+            stack_options(stack, CostOptions(activation_offload_layers=4),
+                          explicit=frozenset({"activation_offload_layers"}))
+        with pytest.raises(SpecError, match="drop --activation-offload-layers"):
+            stack_training(stack, replace(_training(), activation_offload_layers=4))
     if not stack.precision_aware_optimizer:
         with pytest.raises(SpecError, match="BF16 Adam moments"):
             stack_options(stack, CostOptions(bf16_moments=True),

@@ -57,6 +57,9 @@ class SoftwareStack:
     #: FP8 primary weights gathered in FP8 (``--fp8-param-gather``, Megatron-LM commit
     #: 033d8b0de5, 2024-09-05)
     fp8_param_gather: bool = True
+    #: CPU activation offloading (``--cpu-offloading``, ``--cpu-offloading-num-layers``:
+    #: Megatron-LM commit c59ac8b4d3, 2023-12-14, "CPU Offload initial commit")
+    cpu_offloading: bool = True
 
     def missing(self) -> tuple[str, ...]:
         """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
@@ -72,7 +75,8 @@ class SoftwareStack:
                  ("cuda_graphs", "per-layer CUDA graphs"),
                  ("recompute_modules", "recompute modules beyond core attention"),
                  ("precision_aware_optimizer", "BF16 Adam moments"),
-                 ("fp8_param_gather", "FP8 parameter gather"))
+                 ("fp8_param_gather", "FP8 parameter gather"),
+                 ("cpu_offloading", "CPU activation offloading"))
         moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep"}
         out = [words for field_name, words in names if not getattr(self, field_name)
                and (self.moe_dispatchers or field_name not in moe_only)]
@@ -97,7 +101,8 @@ _MEGATRON_2021 = SoftwareStack(
     distributed_optimizer=False, flash_attention=False, tp_comm_overlap=False,
     tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
     moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False,
-    recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=False)
+    recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=False,
+    cpu_offloading=False)
 # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective recompute (§4.2,
 # §5); still no fused attention, no context parallelism, and its memory analysis (§4.1)
 # keeps the optimizer state unsharded.
@@ -114,7 +119,8 @@ _MCORE_011 = replace(
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
     context_parallel=True, distributed_optimizer=True, flash_attention=True,
     tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
-    moe_shared_expert_overlap=True, precision_aware_optimizer=True, fp8_param_gather=True)
+    moe_shared_expert_overlap=True, precision_aware_optimizer=True, fp8_param_gather=True,
+    cpu_offloading=True)
 # Megatron-Core 0.12.0: "DeepEP support, compatible with all the parallelisms".
 _MCORE_012 = replace(
     _MCORE_011, name="mcore-0.12", released="2025-04",
@@ -185,6 +191,8 @@ def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
             raise _refuse(stack, "sharded optimizer state (distributed optimizer, FSDP)",
                           "use --no-distributed-optimizer without --fsdp")
         out = replace(out, distributed_optimizer=False)
+    if not stack.cpu_offloading and training.activation_offload_layers:
+        raise _refuse(stack, "CPU activation offloading", "drop --activation-offload-layers")
     if not stack.context_parallel and (training.max_cp is None or training.max_cp > 1):
         if "max_cp" in explicit and training.max_cp is not None and training.max_cp > 1:
             raise _refuse(stack, "context parallelism", "use --max-cp 1")
@@ -254,6 +262,9 @@ def _memory_features(stack: SoftwareStack, options: CostOptions, explicit: froze
         ("fp8_param_gather", stack.fp8_param_gather, options.fp8_param_gather,
          "FP8 parameter gather", "drop --fp8-param-gather",
          {"memory": replace(options.memory, fp8_param_gather=False)}),
+        ("activation_offload_layers", stack.cpu_offloading,
+         bool(options.activation_offload_layers), "CPU activation offloading",
+         "drop --activation-offload-layers", {"activation_offload_layers": None}),
     )
     for feature, available, on, words, fix, off in checks:
         if available:
