@@ -17,6 +17,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from parsearch.validation.fit.calibration import LOSS_SCALE, PRIOR_WEIGHT, added_effects
+from parsearch.validation.planning.plan_spine import SpineRule
 from parsearch.validation.user.user_calibration import MIN_SENSITIVITY, MIN_UNIQUE_EFFECT
 
 #: Prior spread of a factor's true value: uniform over its cited range, in range units.
@@ -29,7 +30,8 @@ NOISE_SD = 0.02
 
 def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
                   n_factors: int, thresholds: np.ndarray | None = None,
-                  lead: int | None = None, clock_group: Sequence[int] = ()) -> np.ndarray:
+                  lead: int | None = None, clock_group: Sequence[int] = (),
+                  spine: SpineRule | None = None) -> np.ndarray:
     """Covariance of the targets' log prediction errors after the calibration, linearised.
 
     ``g_*``: factor gradients (:func:`gradients`) of the measured layouts and of the
@@ -43,10 +45,11 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
     target's error is ``b . y - g_F . d_F - g_U . d_U - e_t`` with
     ``b = g_F (J'J + lam^2)^-1 J'`` and ``y = J_F d_F + J_U d_U + e_m``: every offset
     ``d`` has standard deviation :data:`FACTOR_SD` in range units, a layout's own
-    error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).
+    error ``e`` :data:`STRUCTURE_SD` (plus :data:`NOISE_SD` when measured).  ``spine``:
+    the spine factor's column, taken by the fit's rules for it (:class:`SpineRule`).
     """
     b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead,
-                                        clock_group)
+                                        clock_group, spine)
     # Own errors: b e_m - e_t, where a measured target's e_t is inside its e_m.
     own_part = -np.eye(len(b))
     own_part[:, u_cols] += q
@@ -55,17 +58,17 @@ def fit_error_cov(g_measured: np.ndarray, own: Sequence[int | None], g_target: n
             + NOISE_SD**2 * b @ b.T + STRUCTURE_SD**2 * b[:, free] @ b[:, free].T)
 
 
-def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
-               n_factors: int, thresholds: np.ndarray | None, lead: int | None = None,
-               clock_group: Sequence[int] = ()
-               ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """``b``, the factor part of the errors, and the measured targets' own-error columns
-    (target indices, and ``b`` summed over the measurements of each) of
-    :func:`fit_error_cov`."""
+def fitted_columns(g_measured: np.ndarray, n_factors: int, thresholds: np.ndarray | None,
+                   lead: int | None = None, clock_group: Sequence[int] = (),
+                   spine: SpineRule | None = None) -> list[int]:
+    """The factors (columns) the calibration fits from runs with gradients ``g_measured``,
+    in the order it takes them (:func:`fit_error_cov` says how)."""
+    if not len(g_measured):
+        return []
     if thresholds is None:
         thresholds = np.full(g_measured.shape[1], MIN_SENSITIVITY)
-    sens = np.abs(g_measured).mean(axis=0) if len(g_measured) else np.zeros(len(thresholds))
-    rms = np.sqrt((g_measured**2).mean(axis=0)) if len(g_measured) else sens
+    sens = np.abs(g_measured).mean(axis=0)
+    rms = np.sqrt((g_measured**2).mean(axis=0))
     # By rms, the GPUs' clock (``lead``) at the largest of the kernel efficiencies it moves
     # (``clock_group``) and ahead of them, as choose_factors orders them (ranking_rms).
     key = rms.copy()
@@ -73,10 +76,29 @@ def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.n
         key[lead] = max(key[lead], *(key[j] for j in clock_group))
     order = sorted(range(len(rms)), key=lambda j: (-key[j], j != lead))
     informed = [j for j in order if sens[j] >= thresholds[j]]
+    if spine is not None:
+        # The spine right after the leaf tier, and only where two runs cross it (SpineRule).
+        informed = [j for j in spine.order(informed)
+                    if j != spine.spine or spine.informed(g_measured)]
     # Of factors the measured layouts move together only one is fitted, as in
-    # choose_factors (calibration.added_effects).
-    ordered = added_effects({j: g_measured[:, j] for j in informed},
-                            MIN_UNIQUE_EFFECT)[:n_factors] if len(g_measured) else []
+    # choose_factors (calibration.added_effects); the spine must also stand apart from the
+    # leaf tier, kept or not (spine_tier.spine_apart).
+    ordered = added_effects({j: g_measured[:, j] for j in informed}, MIN_UNIQUE_EFFECT)
+    if spine is not None:
+        ordered = spine.apart(ordered, g_measured)
+    return ordered[:n_factors]
+
+
+def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
+               n_factors: int, thresholds: np.ndarray | None, lead: int | None = None,
+               clock_group: Sequence[int] = (), spine: SpineRule | None = None,
+               chosen: Sequence[int] | None = None
+               ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """``b``, the factor part of the errors, and the measured targets' own-error columns
+    (target indices, and ``b`` summed over the measurements of each) of
+    :func:`fit_error_cov` (``chosen``: the factors fitted, when already known)."""
+    ordered = list(chosen) if chosen is not None else fitted_columns(
+        g_measured, n_factors, thresholds, lead, clock_group, spine)
     rest = [j for j in range(g_measured.shape[1]) if j not in ordered]
     jf = g_measured[:, ordered]
     lam = PRIOR_WEIGHT * LOSS_SCALE
@@ -93,13 +115,14 @@ def _fit_terms(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.n
 def fit_error_parts(g_measured: np.ndarray, own: Sequence[int | None], g_target: np.ndarray,
                     n_factors: int, thresholds: np.ndarray | None,
                     block: np.ndarray, lead: int | None = None,
-                    clock_group: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+                    clock_group: Sequence[int] = (), spine: SpineRule | None = None,
+                    chosen: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The diagonal of :func:`fit_error_cov` and its ``block`` x ``block`` submatrix, without
     forming the whole (targets x targets) matrix: what the plan's objective reads, in time
     linear in the targets (the whole matrix is quadratic; 1,000 candidates made each
     evaluation cost milliseconds, and the exchange step makes many)."""
     b, shared, (u_cols, q) = _fit_terms(g_measured, own, g_target, n_factors, thresholds, lead,
-                                        clock_group)
+                                        clock_group, spine, chosen)
     free = np.array([t is None for t in own], dtype=bool)
     bf = b[:, free]
     n = len(b)
@@ -152,4 +175,4 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 __all__ = ["FACTOR_SD", "NOISE_SD", "STRUCTURE_SD", "expected_misordered", "fit_error",
-           "fit_error_cov", "fit_error_parts", "misordered_pairs"]
+           "fit_error_cov", "fit_error_parts", "fitted_columns", "misordered_pairs"]

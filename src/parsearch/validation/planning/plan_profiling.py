@@ -44,6 +44,11 @@ target layouts depend on and make the fit take the factors that matter for
 them.  The third is the same criterion (A-optimal, ibid.) for the cluster's clock and
 bandwidths, which the corrected cluster file carries to later jobs: it favours sets
 whose runs differ in compute and inter-node share, which tell the two apart (issue 33).
+The spine (cross-leaf) factor is modelled as the fit takes it where a slow spine would
+change which candidate ranks first (:mod:`parsearch.validation.planning.plan_spine`):
+after the leaf factor, only from two runs that cross it by 5 % and tell it from the NICs,
+and never for a job inside one leaf group; there each top pair a slow spine reorders
+counts (:data:`SPINE_WEIGHT`) while the fit would leave it tied.
 The set is built greedily, then improved by exchanging members
 (:func:`_exchange`), because which factors the fit takes depends on the whole
 set.  Measurements already taken (``--measurements``) count toward the fit.
@@ -69,6 +74,7 @@ from parsearch.validation.fit.factor_ties import gemm_ties, with_ties
 from parsearch.validation.fit.network_calibration import (
     CLUSTER_FACTORS,
     COMPUTE_FACTOR,
+    SPINE_FACTOR,
     network_priors,
     with_cluster_factors,
 )
@@ -80,9 +86,11 @@ from parsearch.validation.planning.plan_errors import (  # re-exported: the plan
     fit_error,
     fit_error_cov,
     fit_error_parts,
+    fitted_columns,
     misordered_pairs,
 )
 from parsearch.validation.planning.plan_launch import PlannedRun, short_run_launch
+from parsearch.validation.planning.plan_spine import spans_leaf_groups, spine_rule
 from parsearch.validation.planning.runnable import RunnableLayouts, runnable_rows
 from parsearch.validation.user.user_calibration import (
     CLOCK_RATE_FACTORS,
@@ -105,6 +113,12 @@ FIT_WEIGHT = 1.0
 #: serves every later job on the cluster, not only the targets of this one, so a set
 #: that pins the cluster's clock and network is worth one misordered pair.
 CLUSTER_WEIGHT = 1.0
+#: Weight, in misordered pairs, of each pair among the TOP_PAIRS best that the spine at its
+#: low bound reorders, counted while the plan's runs leave the spine tied to the leaf tier
+#: (the fit's rules: :mod:`parsearch.validation.planning.plan_spine`) and only when the
+#: slow spine would change which candidate ranks first: those pairs are misordered whenever
+#: the spine is slow and the calibration cannot see it.
+SPINE_WEIGHT = 1.0
 #: Passes of the exchange step over the chosen set (it stops early once nothing improves).
 EXCHANGE_PASSES = 5
 #: Evaluations of the plan's objective, all steps together (about 0.6 ms each with 1,000
@@ -270,6 +284,8 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
                         f"of the plan to choose and order them; the limit is "
                         f"{MAX_EVALUATIONS:,} (about a minute): lower --k or --candidates")
     cluster_priors = network_priors(cm.fabric.cluster)
+    if not spans_leaf_groups(cm):  # no group of the job can cross the spine
+        cluster_priors.pop(SPINE_FACTOR, None)
     tied = gemm_ties(cm.profile)  # FP8 moves with BF16 (user calibration)
     names = (*(n for n in FIT_ORDER if n in cm.profile.priors and n not in tied),
              *cluster_priors)
@@ -288,6 +304,10 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
     # The clock ranks with the kernel efficiencies it moves (user_calibration.ranking_rms).
     lead = names.index(COMPUTE_FACTOR) if COMPUTE_FACTOR in names else None
     clock_group = [j for j, n in enumerate(names) if n in CLOCK_RATE_FACTORS]
+    # Where a slow spine would change which candidate ranks first, the spine as the fit
+    # takes it (after the leaf tier, from two runs that cross it), and the top pairs it
+    # reorders count while the runs leave it tied; elsewhere as before (plan_spine).
+    spine, spine_pairs = spine_rule(cm, cols, mu, names, cluster_priors, TOP_PAIRS, network)
     n_factors = factor_limit(len(measured) + min(k, len(rows)))
     belief = _Belief(FACTOR_SD**2 * np.eye(len(names)), g)
     cov = belief.error_cov()
@@ -310,15 +330,19 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
 
     def objective(picked: Sequence[int]) -> float:
         spent[0] += 1
-        diag, block = fit_error_parts(np.vstack([g_done, g[list(picked)]]),
-                                      [*[None] * len(g_done), *picked], g_all, n_factors,
-                                      thresholds, top, lead, clock_group)
+        g_runs = np.vstack([g_done, g[list(picked)]])
+        chosen = fitted_columns(g_runs, n_factors, thresholds, lead, clock_group, spine)
+        diag, block = fit_error_parts(g_runs, [*[None] * len(g_done), *picked], g_all,
+                                      n_factors, thresholds, top, lead, clock_group, spine,
+                                      chosen)
         # A unit row's own term (STRUCTURE_SD^2) is the same for every set: taken out.
         factors = (float(np.mean(diag[n_targets:] - STRUCTURE_SD**2)) / FACTOR_SD**2
                    if pinned else 0.0)
+        tied = (SPINE_WEIGHT * spine_pairs
+                if spine is not None and spine.spine not in chosen else 0.0)
         return (misordered_pairs(mu[top], block)
                 + fit_weight * float(np.mean(diag[:n_targets])) / STRUCTURE_SD**2
-                + CLUSTER_WEIGHT * factors)
+                + CLUSTER_WEIGHT * factors + tied)
 
     greedy = _greedy(objective, range(len(mu)), k)
     final, complete = _exchange(objective, greedy, len(mu),
