@@ -191,25 +191,41 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import yaml
+from calibration_truths import (  # re-exported: calibration_user_cases.py reads them here
+    KS,
+    NOISE,
+    NOMINAL_CLUSTER,
+    POOL_SHAPES,
+    REGION_SHAPES,
+    SCENARIOS,
+    SPINE_GPUS_PER_LEAF,
+    SPINE_PROBES,
+    SPINE_TRUTHS,
+    TRUE_COMPUTE,
+    TRUE_FACTORS,
+    TRUE_INTERNODE,
+    TRUE_NETWORK,
+    TRUE_SPINE,
+    TRUTHS,
+    nominal_cluster_file,
+    recovered,
+    recovery_line,
+    spine_probes,
+    true_cluster_file,
+    true_profile,
+)
 
 from parsearch.cost.analytic import CostModel, build_cost_model, score_columns
-from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu
+from parsearch.cost.efficiency import efficiency_for_gpu
 from parsearch.layout.space import require_layouts
 from parsearch.model.files import resolve_model
 from parsearch.model.specs import TrainingSpec
 from parsearch.search.exhaustive import rank_feasible, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.topology.hardware import load_gpu_profile
 from parsearch.validation.fit.calibration import PreparedRow, calibrate, predict, prepare_rows
 from parsearch.validation.fit.joint_fit import FactorFit
-from parsearch.validation.fit.network_calibration import (
-    COMPUTE_FACTOR,
-    NETWORK_FACTOR,
-    SPINE_FACTOR,
-    with_cluster_factors,
-)
+from parsearch.validation.fit.network_calibration import NETWORK_FACTOR, with_cluster_factors
 from parsearch.validation.planning.plan_profiling import FIT_WEIGHT, plan_profiling
 from parsearch.validation.published.published_runs import load_published_runs
 from parsearch.validation.user.measurements import Measurement
@@ -219,121 +235,8 @@ from parsearch.validation.user.user_calibration import (
 )
 from parsearch.validation.user.user_report import RowReport, ranking
 
-NOMINAL_CLUSTER = "dgx-h100"
-#: The true cluster's network: half the NIC bandwidth, lower achieved efficiency.
-TRUE_NETWORK = {"nic_bandwidth_Gbps": 200, "network_efficiency": 0.80}
-#: The true cluster's residual factors (the shipped Hopper values are 0.81, 0.30, 2.0,
-#: 1.2 ms, 0.84, 0.79).
-TRUE_FACTORS = {"gemm_efficiency.bf16": 0.66, "attention_forward_efficiency": 0.45,
-                "memory_bound_factor": 1.4, "host_time_per_layer_s": 0.0008,
-                "grouped_gemm_efficiency": 0.75, "alltoall_efficiency": 0.65}
-#: Truth ``compute0.85-internode0.5`` (issue 33, "done when"): the shipped profile on the
-#: nominal cluster whose GPUs sustain 0.85 of the SM clock the profile was fitted at (a
-#: clock lock, ``gpu_sm_clock_MHz``: tensor-core and SFU rates x0.85, HBM unchanged;
-#: parsearch.topology.power) and whose NICs deliver half the file's inter-node bandwidth.
-TRUE_COMPUTE = 0.85
-TRUE_INTERNODE = 0.5
-#: Truths ``spine0.5`` and ``nics0.5-su4`` (issue 33: scale-out tiers told apart): the
-#: nominal cluster has 4-node scalable units (32 GPUs per rail-optimized leaf group, so a
-#: 128-GPU job spans four); the truth's spine (leaf uplinks) delivers half what the file
-#: says, or its NICs do and the spine is as the file says; shipped profile.
-SPINE_GPUS_PER_LEAF = 4
-TRUE_SPINE = 0.5
-TRUTHS = ("slow-nics", "compute0.85-internode0.5", "spine0.5", "nics0.5-su4")
-SPINE_TRUTHS = TRUTHS[2:]
-#: "+spine" sets add to the planned runs up to SPINE_PROBES of the pool's layouts that the
-#: spine's low bound moves by SPINE_PROBE_EFFECT or more (the spine needs two such runs).
-SPINE_PROBES, SPINE_PROBE_LOW, SPINE_PROBE_EFFECT = 4, 0.25, 0.05
-NOISE = 0.02
-POOL_SHAPES = 30
-REGION_SHAPES = 90
-KS = (3, 5, 10)
-SCENARIOS = (("llama3-70b", 128, 512, 8192), ("mixtral-8x22b", 128, 256, 4096))
-
-
-def nominal_cluster_file(folder: Path, truth: str = TRUTHS[0]) -> str:
-    """The cluster the tool is told: ``dgx-h100``, or for the spine truths that file with
-    4-node scalable units (written to ``folder``)."""
-    if truth not in SPINE_TRUTHS:
-        return NOMINAL_CLUSTER
-    data = yaml.safe_load(_cluster_path().read_text(encoding="utf-8"))
-    data.update(name=f"{NOMINAL_CLUSTER}-su{SPINE_GPUS_PER_LEAF}",
-                gpus_per_leaf=SPINE_GPUS_PER_LEAF)
-    path = folder / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return str(path)
-
-
-def true_cluster_file(folder: Path, truth: str = TRUTHS[0]) -> str:
-    """The true cluster as a cluster file (the nominal one with the truth's changes)."""
-    data = yaml.safe_load(_cluster_path().read_text(encoding="utf-8"))
-    if truth in SPINE_TRUTHS:
-        data["gpus_per_leaf"] = SPINE_GPUS_PER_LEAF
-        if truth == "spine0.5":  # the leaves' uplinks deliver TRUE_SPINE of the file's
-            data["leaf_oversubscription"] = data["leaf_oversubscription"] / TRUE_SPINE
-        else:
-            data["network_efficiency"] = TRUE_INTERNODE * data["network_efficiency"]
-    elif truth == TRUTHS[0]:
-        data.update(TRUE_NETWORK)
-    else:
-        gpu = load_gpu_profile(data["gpu"])
-        assert gpu.sustained_clock_MHz is not None
-        data["gpu_sm_clock_MHz"] = TRUE_COMPUTE * gpu.sustained_clock_MHz
-        data["network_efficiency"] = TRUE_INTERNODE * data["network_efficiency"]
-    data["name"] = f"{NOMINAL_CLUSTER}-{truth}"
-    path = folder / f"{data['name']}.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    return str(path)
-
-
-def true_profile(shipped: EfficiencyProfile, truth: str) -> EfficiencyProfile:
-    """The true cluster's efficiency profile (the shipped one for the compute/network truth:
-    its slowdown is all in the cluster file)."""
-    if truth != TRUTHS[0]:
-        return shipped
-    return shipped.with_values({k: v for k, v in TRUE_FACTORS.items() if k in shipped.priors})
-
-
-def recovered(fit: FactorFit, shipped: EfficiencyProfile) -> tuple[float, float, float]:
-    """(compute, inter-node, spine): the calibrated model's GEMM rate, inter-node (leaf)
-    bandwidth and spine share over the shipped model's on the nominal cluster file.
-
-    compute = sustained-clock factor x fitted BF16 GEMM efficiency / shipped x cluster_speed
-    (every GEMM's time is FLOPs / (peak x clock share x efficiency), parsearch.cost.compute,
-    and cluster_speed divides the whole step); inter-node = network_bandwidth_factor x
-    cluster_speed (the delivered bandwidth, and the step's share of it cluster_speed scales).
-    """
-    speed = fit.profile.cluster_speed
-    gemm = fit.profile.gemm_efficiency["bf16"] / shipped.gemm_efficiency["bf16"]
-    compute = fit.cluster.get(COMPUTE_FACTOR, 1.0) * gemm * speed
-    return compute, fit.cluster.get(NETWORK_FACTOR, 1.0) * speed, fit.cluster.get(SPINE_FACTOR,
-                                                                                   1.0)
-
-
-def recovery_line(found: list[tuple[float, float, float]], true_network: float,
-                  true_spine: float | None = None) -> str:
-    """Recovered compute and inter-node factors (with ``true_spine``: inter-node, spine and
-    their product, the cross-leaf bandwidth) as ratios to the truth: mean, the draw farthest
-    from it, and how many draws are within 10 %."""
-    parts = []
-    wanted = [("compute", TRUE_COMPUTE, [f[0] for f in found]),
-              ("inter-node", true_network, [f[1] for f in found])]
-    if true_spine is not None:
-        wanted = [wanted[1], ("spine", true_spine, [f[2] for f in found]),
-                  ("cross-leaf", true_network * true_spine, [f[1] * f[2] for f in found])]
-    for what, true, values in wanted:
-        ratios = np.array(values) / true
-        worst = float(ratios[np.argmax(np.abs(ratios - 1.0))])
-        within = int(np.sum(np.abs(ratios - 1.0) < 0.10))
-        parts.append(f"{what} {np.mean(values):.3f} (/truth {np.mean(ratios):.3f},"
-                     f" worst {worst:.3f}, {within}/{len(found)} within 10 %)")
-    return "recovered " + "; ".join(parts)
-
-
-def _cluster_path() -> Path:
-    from parsearch.resources import data_dir
-
-    return data_dir("topologies") / f"{NOMINAL_CLUSTER}.yaml"
+__all__ = ["NOISE", "NOMINAL_CLUSTER", "POOL_SHAPES", "REGION_SHAPES", "SCENARIOS", "main",
+           "published_groups", "run_scenario", "tokens"]
 
 
 def tokens(cm: CostModel, cols: dict[str, np.ndarray]) -> np.ndarray:
@@ -421,12 +324,8 @@ def run_scenario(name: str, gpus: int, batch: int, seq: int, true_path: str,
     elif factors:
         print(f"  true compute {TRUE_COMPUTE} (SM clock share), inter-node {true_network:.3f}; "
               "recovered = calibrated over shipped model (mean and worst of the draws)")
-    # Spine truths: the pool's layouts a slow spine moves most (over its range), the runs a
-    # user adds to planned ones to see the spine apart from the NICs ("planned+spine").
-    low = {SPINE_FACTOR: SPINE_PROBE_LOW}
-    spine_effect = np.log(tokens(nominal, cols) / tokens(with_cluster_factors(nominal, low), cols))
-    probes = [int(i) for i in np.argsort(-spine_effect[:POOL_SHAPES])
-              if spine_effect[i] >= SPINE_PROBE_EFFECT]
+    # Spine truths: the runs a user adds to planned ones to see the spine ("+spine").
+    probes = spine_probes(nominal, cols)
 
     def report(k: int, label: str, fixed: list[int] | None, note: str = "") -> None:
         """Mean over the seeds of calibrating on ``fixed`` (noise drawn per seed), or on ``k``
