@@ -109,40 +109,8 @@ cbf0db0): dense 1.0 / 0.9 / 0.8 % against 1.0 / 1.3 / 0.8 % at K = 3 / 5 / 10, M
 3.9 / 1.5 / 0.9 % against 3.4 / 1.1 / 0.8 % (the true MoE profile moves grouped GEMMs
 alone, which the clock, ranked ahead of them, only approximates).
 
-Truths ``spine0.5`` and ``nics0.5-su4`` (issue 33: scale-out tiers).  The tool is told
-``dgx-h100`` with 4-node scalable units (32 GPUs per rail-optimized leaf group: a 128-GPU
-job spans four); the truth's spine (leaf uplinks, ``leaf_oversubscription`` 2) delivers
-half, or its NICs do and the spine is as the file says; shipped profile.  ``+spine``: the
-planned runs plus the (up to) four pool layouts the spine's low bound moves most
-(``SPINE_PROBES``).  Recovered: ``network_bandwidth_factor`` x ``cluster_speed``,
-``spine_bandwidth_factor`` and their product (the cross-leaf bandwidth).  Result
-(2026-12-06 ~17:45 UTC, at c5f8715 with other sessions' cost-model edits of that hour in
-the tree, ``--truth T --seeds 10 --ks 5 10 --skip-published``; mean of 10 noise draws):
-
-    spine0.5, llama3-70b  runs  MAPE(48)  spine fitted  spine (/0.5 in 10 %)  cross-leaf
-      K=0 shipped                  5.6 %
-      planned               5    5.9 %    0/10          tied                 0.85 (NICs)
-      planned +spine        9    2.6 %    9/10          0.60 (6/10)          0.51 (7/10)
-      random                5    6.2 %    0/10          tied
-      planned              10    5.5 %    0/10          tied                 0.82 (NICs)
-      planned +spine       14    2.3 %    9/10          0.59 (5/10)          0.51 (7/10)
-      random               10    5.0 %    4/10          0.86 (0/10)
-    nics0.5-su4, llama3-70b (spine as the file says; NICs at half)
-      K=0 shipped                 14.5 %
-      planned            5/10  1.6/0.8 %  0/10          tied                 NICs 0.51/0.49
-      planned +spine     9/14  1.4/1.0 %  1/10, 1/10    0.98/0.98 (9/10)     NICs 0.50/0.50
-      random             5/10  5.9/4.2 %  0/10, 0/10    tied
-    mixtral-8x22b: halving the spine moves the 50 held-out layouts by 1.9 % (shipped MAPE);
-      the spine is never fitted (0/10 in every set), MAPE 1.1-1.5 % after; nics0.5-su4:
-      4.8 % -> 1.1-3.0 %, spine never fitted.
-
-Planned sets cross the spine with one run each (the 30 best shapes cross it mostly with
-pipeline sends) and leave it tied; the NICs take part of it.  Runs across leaf groups added,
-it is fitted; the NIC/spine split is noise-limited, their product is not (without noise
-0.999 / 0.501: ``tests/test_calibration_spine.py``).  Before the spread test
-(``spine_tier.SPINE_GAIN``, at 56c8508, same draws): spine0.5 +spine 9 runs 10/10 at 0.58,
-2.4 %; nics0.5-su4 +spine fitted the spine 10/10 at 0.95, 2 draws near 0.8 (invented by noise).
-More in docs/calibration.md.
+Truths ``spine0.5`` and ``nics0.5-su4`` (issue 33: scale-out tiers): the setting and the
+results, before and after plan-profiling's spine rule, are in ``calibration_truths.py``.
 
 Published runs (2026-12-01 ~11:55 UTC, at 2fa5a10, ``--skip-simulation``), leave one run
 out within each (model, GPU) group of >= 4 runs (61 runs, 8 groups), MAPE:

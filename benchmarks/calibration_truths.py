@@ -5,7 +5,67 @@ What the tool is told (:func:`nominal_cluster_file`) and what the "true" cluster
 (:data:`SCENARIOS`), the candidate pool and held-out region, the noise; the
 ``+spine`` runs (:func:`spine_probes`); and how the calibrated factors are read back
 as the truth's (:func:`recovered`, :func:`recovery_line`).  Results are in
-``calibration_simulation.py``'s docstring.
+``calibration_simulation.py``'s docstring, those of the spine truths here.
+
+Truths ``spine0.5`` and ``nics0.5-su4`` (issue 33: scale-out tiers).  The tool is told
+``dgx-h100`` with 4-node scalable units (32 GPUs per rail-optimized leaf group: a 128-GPU
+job spans four); the truth's spine (leaf uplinks, ``leaf_oversubscription`` 2) delivers
+half, or its NICs do and the spine is as the file says; shipped profile.  ``+spine``: the
+planned runs plus the (up to) four pool layouts the spine's low bound moves most
+(``SPINE_PROBES``).  Recovered: ``network_bandwidth_factor`` x ``cluster_speed``,
+``spine_bandwidth_factor`` and their product (the cross-leaf bandwidth).  Result
+(2026-12-06 ~17:45 UTC, at c5f8715 with other sessions' cost-model edits of that hour in
+the tree, ``--truth T --seeds 10 --ks 5 10 --skip-published``; mean of 10 noise draws):
+
+    spine0.5, llama3-70b  runs  MAPE(48)  spine fitted  spine (/0.5 in 10 %)  cross-leaf
+      K=0 shipped                  5.6 %
+      planned               5    5.9 %    0/10          tied                 0.85 (NICs)
+      planned +spine        9    2.6 %    9/10          0.60 (6/10)          0.51 (7/10)
+      random                5    6.2 %    0/10          tied
+      planned              10    5.5 %    0/10          tied                 0.82 (NICs)
+      planned +spine       14    2.3 %    9/10          0.59 (5/10)          0.51 (7/10)
+      random               10    5.0 %    4/10          0.86 (0/10)
+    nics0.5-su4, llama3-70b (spine as the file says; NICs at half)
+      K=0 shipped                 14.5 %
+      planned            5/10  1.6/0.8 %  0/10          tied                 NICs 0.51/0.49
+      planned +spine     9/14  1.4/1.0 %  1/10, 1/10    0.98/0.98 (9/10)     NICs 0.50/0.50
+      random             5/10  5.9/4.2 %  0/10, 0/10    tied
+    mixtral-8x22b: halving the spine moves the 50 held-out layouts by 1.9 % (shipped MAPE);
+      the spine is never fitted (0/10 in every set), MAPE 1.1-1.5 % after; nics0.5-su4:
+      4.8 % -> 1.1-3.0 %, spine never fitted.
+
+Planned sets (before plan-profiling's spine rule, below) cross the spine with one run each
+(the 30 best shapes cross it mostly with pipeline sends) and leave it tied; the NICs take
+part of it. Runs across leaf groups added, it is fitted; the NIC/spine split is
+noise-limited, their product is not (without noise 0.999 / 0.501:
+``tests/test_calibration_spine.py``). Before the spread test (``spine_tier.SPINE_GAIN``, at
+56c8508, same draws): spine0.5 +spine 9 runs 10/10 at 0.58, 2.4 %; nics0.5-su4 +spine fitted
+the spine 10/10 at 0.95, 2 draws near 0.8 (invented by noise).
+
+With plan-profiling's spine rule (2026-12-06 ~18:20 UTC, at b59172f: where a spine at its
+low bound would change which candidate ranks first, the plan takes it as the fit does,
+after the leaf factor and from two runs that cross it; ``--seeds 10 --ks 5 9 10
+--skip-published --no-random``, before = the same tree with the planner of 98ba609):
+
+    spine0.5, llama3-70b  runs  MAPE(48) before -> after  spine fitted  spine   cross-leaf
+      planned               5    5.9 % -> 5.9 %          0/10 -> 0/10  tied    0.85 (NICs)
+      planned               9    5.6 % -> 2.7 %          0/10 -> 9/10  0.61    0.51 (7/10)
+      planned              10    5.5 % -> 2.6 %          0/10 -> 9/10  0.60    0.50 (7/10)
+    (rank of the true best 1.9 -> 1.1 at K = 9 and 10, regret 0.7 -> 0.1 %)
+    nics0.5-su4, llama3-70b
+      planned               5    1.6 % -> 1.6 %          0/10 -> 0/10  tied    NICs 0.51
+      planned              10    0.8 % -> 1.0 %          0/10 -> 1/10  0.98    NICs 0.50
+      planned, 30 draws    10    0.9 % -> 0.9 %          0/30 -> 1/30  0.99    NICs 0.51
+
+The ten planned runs now hold two that cross the spine (tp8-cp8-pp2 and tp2-cp2-pp32 with
+its pipeline sends) beside in-leaf CP runs, as the '+spine' sets did; five cannot: they
+allow two factors, and the GPUs' clock (every candidate 0.19-0.24 over its range) outranks
+the spine in any five candidates, so the five-run plan is unchanged.  With the spine as the
+file says, the one draw in 10 (1 in 30) that fits it (0.81) is the spread test's false
+positive, as with '+spine'.  Mixtral-8x22B (a slow spine leaves its fastest candidate
+first) and the one-leaf-group truths (``slow-nics``, ``compute0.85-internode0.5``: 128
+GPUs inside one 256-GPU leaf group) get the same plans as before (checked at K = 3, 5
+and 10), hence the same numbers (``compute0.85-internode0.5`` rerun: identical).
 """
 
 from __future__ import annotations
