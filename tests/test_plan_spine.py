@@ -123,7 +123,7 @@ def test_a_job_inside_one_leaf_group_gets_the_plan_it_had(monkeypatch: pytest.Mo
     cm = _cm("llama3-8b", gpus, 64, 4096)
     assert not spans_leaf_groups(cm)
     plan = plan_profiling(cm, k=k, candidates=12)
-    assert SPINE_FACTOR not in plan.factors
+    assert SPINE_FACTOR not in plan.factors and "spine_tier" not in plan.to_dict()
     with monkeypatch.context() as patched:
         _without_spine(patched)
         assert _keys(plan_profiling(cm, k=k, candidates=12)) == _keys(plan)
@@ -136,6 +136,7 @@ def test_a_spine_that_cannot_change_the_fastest_leaves_the_plan_as_it_was(
     spine's rules are not applied and the plan is the one without them."""
     cm = _cm("mixtral-8x22b", 128, 256, 4096)
     plan = plan_profiling(cm, k=5)
+    assert plan.to_dict()["spine_tier"]["changes_the_fastest"] is False
     with monkeypatch.context() as patched:
         patched.setattr(planning, "spine_rule", lambda *a, **kw: (None, 0))
         assert _keys(plan_profiling(cm, k=5)) == _keys(plan)
@@ -171,6 +172,9 @@ def test_ten_planned_runs_identify_a_slow_spine(llama: CostModel) -> None:
     the rule)."""
     plan = plan_profiling(llama, k=10)
     assert plan.exchange_complete
+    assert plan.spine == {"changes_the_fastest": True, "reordered_top_pairs": 7,
+                          "identified": True,
+                          "why": "the runs cross it and tell it from the leaf tier"}
     crossing = [p for p in plan.picks if _spine_effect(llama, p.layout) >= MIN_UNIQUE_EFFECT]
     assert len(crossing) >= MIN_RUNS_MOVED
     fit = _fit_at(llama, plan, {SPINE_FACTOR: 0.5})
@@ -178,6 +182,15 @@ def test_ten_planned_runs_identify_a_slow_spine(llama: CostModel) -> None:
     cross_leaf = fit.cluster[SPINE_FACTOR] * fit.cluster.get(NETWORK_FACTOR, 1.0)
     assert cross_leaf == pytest.approx(0.5, rel=0.05)
     assert fit.cluster[SPINE_FACTOR] < 0.7
+
+
+def test_five_runs_cannot_and_the_plan_says_so(llama: CostModel) -> None:
+    """Five runs allow two factors, and the GPUs' clock (every candidate 0.19-0.24 over its
+    range) outranks the spine in any five candidates: the plan cannot make the fit see the
+    spine, and its JSON says so and what to do."""
+    spine = plan_profiling(llama, k=5).to_dict()["spine_tier"]
+    assert spine["changes_the_fastest"] is True and spine["identified"] is False
+    assert "5 run(s) allow 2 factor(s)" in spine["why"] and "plan more runs" in spine["why"]
 
 
 def test_without_the_rule_the_plan_crossed_the_spine_once(

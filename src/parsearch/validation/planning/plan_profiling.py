@@ -90,7 +90,11 @@ from parsearch.validation.planning.plan_errors import (  # re-exported: the plan
     misordered_pairs,
 )
 from parsearch.validation.planning.plan_launch import PlannedRun, short_run_launch
-from parsearch.validation.planning.plan_spine import spans_leaf_groups, spine_rule
+from parsearch.validation.planning.plan_spine import (
+    spans_leaf_groups,
+    spine_rule,
+    spine_summary,
+)
 from parsearch.validation.planning.runnable import RunnableLayouts, runnable_rows
 from parsearch.validation.user.user_calibration import (
     CLOCK_RATE_FACTORS,
@@ -141,6 +145,7 @@ class ProfilingPlan:
     exchange_complete: bool = True  # False: stopped at MAX_EVALUATIONS
     runnable_source: str | None = None  # the runnable-layouts file the plan was bound to
     not_valid: tuple[str, ...] = ()  # its layouts that are no valid layout of the job
+    spine: dict[str, Any] | None = None  # the spine tier (plan_spine.spine_summary)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,6 +159,7 @@ class ProfilingPlan:
             "factor_sd_before": self.factor_sd_before,
             "factor_sd_after": self.factor_sd_after,
             "picks": [p.to_dict() for p in self.picks],
+            **({"spine_tier": self.spine} if self.spine is not None else {}),
         }
 
 
@@ -369,9 +375,16 @@ def plan_profiling(cm: CostModel, *, k: int, measured: Sequence[PreparedRow] = (
             step_time_s=float(scores["step_time_s"][best_i]), reasons=tuple(reasons),
             launch=short_run_launch(cm, layout)))
     sd_after = {n: float(math.sqrt(belief.factor_cov[i, i])) for i, n in enumerate(names)}
+    spine_tier = None
+    if SPINE_FACTOR in names:
+        g_runs = np.vstack([g_done, g[chosen]])
+        spine_tier = spine_summary(
+            spine, spine_pairs, g_runs,
+            fitted_columns(g_runs, n_factors, thresholds, lead, clock_group, spine), n_factors,
+            fitted_columns(g_runs, len(names), thresholds, lead, clock_group, spine))
     return ProfilingPlan(tuple(picks), len(mu), names, sd_before, sd_after, before, current,
                          complete, runnable_source=runnable.source if runnable else None,
-                         not_valid=not_valid)
+                         not_valid=not_valid, spine=spine_tier)
 
 
 def _ordering_evaluations(k: int) -> int:

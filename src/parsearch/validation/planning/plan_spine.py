@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -112,6 +113,35 @@ def spine_rule(cm: CostModel, cols: dict[str, np.ndarray], mu: np.ndarray,
     return SpineRule(names.index(SPINE_FACTOR), leaf), pairs
 
 
+def spine_summary(rule: SpineRule | None, pairs: int, g_runs: np.ndarray,
+                  chosen: Sequence[int], n_factors: int, every: Sequence[int]) -> dict[str, Any]:
+    """What the plan says of the spine (``plan-profiling --format json``, ``spine_tier``):
+    whether a slow spine would change the fastest candidate (``pairs``: the top pairs it
+    reorders), whether the planned runs (gradients ``g_runs``; ``chosen``: the factors the
+    fit would take, ``every``: those it would take without the factor limit) let the fit
+    identify it, and if not, why."""
+    if rule is None:
+        return {"changes_the_fastest": False, "identified": None,
+                "why": "a slow spine would not change which candidate ranks first (or the "
+                       "network is not fitted): planned as before"}
+    out: dict[str, Any] = {"changes_the_fastest": True, "reordered_top_pairs": pairs,
+                           "identified": rule.spine in chosen}
+    if rule.spine in chosen:
+        out["why"] = "the runs cross it and tell it from the leaf tier"
+        return out
+    if not rule.informed(g_runs):
+        why = (f"fewer than {MIN_RUNS_MOVED} of the runs cross it enough to move by "
+               f"{MIN_UNIQUE_EFFECT} over its range")
+    elif rule.spine in every:
+        why = "the spine ranks after the factors the runs allow"
+    else:
+        why = ("the runs cross it as they cross the leaf tier (or the factors before it): "
+               "only their product is known")
+    out["why"] = (f"{why}; {len(g_runs)} run(s) allow {n_factors} factor(s), one per four "
+                  "runs: plan more runs, some across leaf groups")
+    return out
+
+
 def spans_leaf_groups(cm: CostModel) -> bool:
     """Whether ``cm``'s job spans more than one leaf group (only then can a group cross the
     spine; :func:`~parsearch.validation.fit.spine_tier.leaf_groups_spanned` for runs)."""
@@ -119,4 +149,5 @@ def spans_leaf_groups(cm: CostModel) -> bool:
     return bool(len(leaf)) and int(np.max(leaf)) > 0
 
 
-__all__ = ["SpineRule", "spans_leaf_groups", "spine_reorders", "spine_rule"]
+__all__ = ["SpineRule", "spans_leaf_groups", "spine_reorders", "spine_rule",
+           "spine_summary"]
