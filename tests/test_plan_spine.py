@@ -184,6 +184,18 @@ def test_ten_planned_runs_identify_a_slow_spine(llama: CostModel) -> None:
     assert fit.cluster[SPINE_FACTOR] < 0.7
 
 
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])
+@given(st.integers(3, 15))
+def test_the_plan_says_what_the_fit_will_do_with_its_runs(llama: CostModel, k: int) -> None:
+    """Whatever K, the plan's ``identified`` is what calibrate does with the planned runs
+    (noise-free, spine at half), and from nine runs (three factors) it is identified."""
+    plan = plan_profiling(llama, k=k)
+    fitted = SPINE_FACTOR in _fit_at(llama, plan, {SPINE_FACTOR: 0.5}).fitted
+    assert plan.spine is not None and plan.spine["identified"] is fitted
+    assert fitted is (k >= 9)
+
+
 def test_five_runs_cannot_and_the_plan_says_so(llama: CostModel) -> None:
     """Five runs allow two factors, and the GPUs' clock (every candidate 0.19-0.24 over its
     range) outranks the spine in any five candidates: the plan cannot make the fit see the
