@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,13 +21,15 @@ from parsearch.cost.offload import (
     fewest_fitting_layers,
     max_offload_layers,
     offload_allowed,
+    offload_host_bytes,
     offload_saving,
 )
 from parsearch.cost.options import CostOptions
+from parsearch.errors import TopologyError
 from parsearch.layout.space import LayoutTable, enumerate_layouts
 from parsearch.model.specs import RECOMPUTE_CODES
 from parsearch.search.exhaustive import rank_feasible, scan_bounded, scan_table
-from parsearch.topology.cluster import load_cluster
+from parsearch.topology.cluster import load_cluster, topologies_dir
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
 from tests.strategies import small_models, small_trainings
@@ -269,3 +272,37 @@ def test_pinned_zero_never_offloads() -> None:
     assert out.code == 0, out.err
     for e in json.loads(out.out)["results"]:
         assert not any("activation offload" in f for f in e["priced_features"])
+
+
+def test_offload_the_host_memory_cannot_hold_is_not_taken(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The searched count must fit the node's host memory (cluster field host_memory_GB,
+    shared by the node's GPUs): with GB200's 960 GB per tray the recipe layout offloads;
+    with 40 GB per tray (10 GB per GPU) the layers it needs cannot go to the host, so the
+    layout is priced without offload and does not fit."""
+    text = (Path(topologies_dir()) / "gb200-nvl72.yaml").read_text(encoding="utf-8")
+    assert "host_memory_GB: 960" in text
+    small = tmp_path / "small-host.cluster.yaml"
+    small.write_text(text.replace("host_memory_GB: 960", "host_memory_GB: 40")
+                     .replace("name: gb200-nvl72", "name: small-host"), encoding="utf-8")
+    doc = _explain(str(small))
+    assert _offloaded(doc) == 0 and not doc["fits"]
+    assert _offloaded(_explain("gb200-nvl72")) > 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=SLOW)
+@given(cases())
+def test_host_bytes_are_the_saving_plus_the_layer_in_flight(case) -> None:  # type: ignore[no-untyped-def]
+    cm, cols = case
+    held = offload_host_bytes(cm.model, cm.training, cm.options.memory, cols)
+    saving = offload_saving(cm.model, cm.training, cm.options.memory, cols)
+    assert held.shape == saving.shape
+    assert np.all(held >= saving) and np.all(held[:, 0] == 0.0)
+    assert np.all(np.diff(held, axis=1) >= 0.0)  # more layers offloaded, more host memory
+
+
+def test_a_cluster_file_with_a_bad_host_memory_says_which_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    text = (Path(topologies_dir()) / "dgx-h100.yaml").read_text(encoding="utf-8")
+    bad = tmp_path / "bad.cluster.yaml"
+    bad.write_text(text.replace("host_memory_GB: 2048", "host_memory_GB: -5"), encoding="utf-8")
+    with pytest.raises(TopologyError, match="host_memory_GB"):
+        load_cluster(str(bad))

@@ -98,6 +98,21 @@ def offload_saving(model: ModelSpec, training: TrainingSpec, memory: MemoryOptio
     with ``n_kind(K)`` the layers of that kind among the first K and ``b`` a layer's
     saved activations without recompute (``activations.stage_layer_bytes``).
     """
+    held, in_flight = _offloaded_bytes(model, training, memory, cols)
+    return held - in_flight
+
+
+def offload_host_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                       cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Host-memory bytes per GPU the first K offloaded layers take, per row (rows) and
+    K = 0..L-1 (columns): every offloaded layer's saved activations of the one micro-batch
+    in flight (``pp = 1``), ``n_dense(K) b_dense + n_moe(K) b_moe``."""
+    return _offloaded_bytes(model, training, memory, cols)[0]
+
+
+def _offloaded_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                     cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes the first K layers save, the largest of them that stays in HBM in flight)."""
     kinds = stage_layer_bytes(model, training, _degrees(cols), memory)
     none = RECOMPUTE_CODES["none"]
     n = len(np.asarray(cols["tp"]))
@@ -110,7 +125,7 @@ def offload_saving(model: ModelSpec, training: TrainingSpec, memory: MemoryOptio
     n_dense = np.arange(top + 1, dtype=np.float64) - n_moe
     held = (np.outer(dense, n_dense) + np.outer(moe, n_moe))
     in_flight = np.maximum(np.outer(dense, n_dense > 0), np.outer(moe, n_moe > 0))
-    return held - in_flight
+    return held, in_flight
 
 
 def fewest_fitting_layers(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,

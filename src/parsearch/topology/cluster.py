@@ -37,6 +37,8 @@ Fields of a cluster file (required unless a default is given):
                        (nccl-tests all_reduce_perf busbw / the node's NIC total), used for
                        the data-parallel collectives; default: ``network_efficiency``
 ``max_gpus``           largest supported job (default: unlimited)
+``host_memory_GB``     host (CPU) memory per node, GB: caps searched CPU activation
+                       offloading (default: not stated, not checked)
 ``gpu_power_limit_W``  GPU variant (:mod:`parsearch.topology.variants`): board power limit
 ``gpu_sm_clock_MHz``   ... SM clock lock
 ``gpu_memory_GiB``     ... memory per GPU
@@ -125,6 +127,7 @@ _OPTIONAL: tuple[str, ...] = (
     "nvlink_efficiency",
     "network_efficiency",
     "network_collective_efficiency",
+    "host_memory_GB",
     *GPU_VARIANT_FIELDS,
 )
 
@@ -204,6 +207,7 @@ def cluster_from_dict(data: Any, where: str) -> ClusterSpec:
                                        if "network_collective_efficiency" in data else None),
         max_gpus=optional_int("max_gpus"),
         usable_domain_size=optional_int("usable_domain_size"),
+        host_memory_bytes=(num("host_memory_GB") * 1e9 if "host_memory_GB" in data else None),
         description=str(data.get("description", "")).strip(),
         sources=tuple((str(k), str(v).strip()) for k, v in sources.items()),
     )

@@ -33,6 +33,7 @@ FIELD_RANGES: dict[str, tuple[float, float]] = {
     "nvlink_latency_us": (0.0, 1e6),
     "network_latency_us": (0.0, 1e6),
     "switch_latency_us": (0.0, 1e6),
+    "host_memory_GB": (1e-3, 1e7),
 }
 #: Largest value of each integer field of a cluster file.
 INT_MAXIMA: dict[str, int] = {
@@ -79,8 +80,17 @@ class ClusterSpec:
     network_collective_efficiency: float | None = None
     max_gpus: int | None = None
     usable_domain_size: int | None = None
+    #: host (CPU) memory of one node, bytes (``None``: not stated, not checked)
+    host_memory_bytes: float | None = None
     description: str = ""
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def host_memory_per_gpu_bytes(self) -> float | None:
+        """Host memory one GPU's process can use: the node's, shared by its GPUs."""
+        if self.host_memory_bytes is None:
+            return None
+        return self.host_memory_bytes / self.gpus_per_node
 
     @property
     def collective_efficiency(self) -> float:
@@ -102,6 +112,8 @@ class ClusterSpec:
             value = require_number(owner, name, getattr(self, name), positive=True)
             if value < 1:
                 raise TopologyError(f"{owner}: {name} must be >= 1 (1 = non-blocking), got {value}")
+        if self.host_memory_bytes is not None:
+            require_number(owner, "host_memory_bytes", self.host_memory_bytes, positive=True)
         for name in ("nvlink_efficiency", "network_efficiency", "network_collective_efficiency"):
             if getattr(self, name) is None:
                 continue
