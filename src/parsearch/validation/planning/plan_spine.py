@@ -15,6 +15,11 @@ runs that cross it and tell it from the NICs.  Without the rule the planned five
 runs of Llama 3 70B on 128 GPUs in four leaf groups crossed the spine with one run each,
 which the plan counted as pinning it and the fit left tied
 (``benchmarks/calibration_simulation.py --truth spine0.5``).
+
+The rule is applied only where the spine at its low bound would change which candidate
+ranks first (:func:`spine_rule`); elsewhere the plan is what it was.  Not modelled: the
+fit's spread test (``spine_tier.SPINE_GAIN``), which depends on the measured values, not
+on the choice of runs.
 """
 
 from __future__ import annotations
