@@ -224,3 +224,23 @@ def _spine_effect(cm: CostModel, layout) -> float:
                                 with_memory=False)["tokens_per_s_per_gpu"][0])
             for f in ({}, {SPINE_FACTOR: low})]
     return float(np.log(ends[0] / ends[1]))
+
+
+def test_the_text_plan_says_what_its_json_says_of_the_spine() -> None:
+    """``plan-profiling`` prints the spine tier's verdict beside the factor spreads, as its
+    ``--format json`` reports it (the 128-GPU Llama 3 70B job in four leaf groups)."""
+    import json
+
+    from tests.cli_helpers import run_cli
+
+    args = ("plan-profiling", "--model", "llama3-70b", "--cluster", CLUSTER, "--gpus", "128",
+            "--global-batch", "512", "--seq-len", "8192", "--k", "5")
+    doc = run_cli(*args, "--format", "json")
+    text = run_cli(*args)
+    assert doc.code == 0 and text.code == 0, doc.err + text.err
+    spine = json.loads(doc.out)["spine_tier"]
+    if spine["changes_the_fastest"]:
+        state = "identified" if spine["identified"] else "not identified"
+        assert f"spine (between leaf groups): {state} by these runs: {spine['why']}" in text.out
+    else:
+        assert "spine (between leaf groups)" not in text.out

@@ -330,6 +330,9 @@ def run_plan(args: argparse.Namespace) -> int:
     loose = [f"{n} {plan.factor_sd_before[n]:.2f}->{plan.factor_sd_after[n]:.2f}"
              for n in plan.factors]
     print("factor spread (sd, share of cited range): " + ", ".join(loose))
+    if plan.spine is not None and plan.spine.get("changes_the_fastest"):
+        state = "identified" if plan.spine.get("identified") else "not identified"
+        print(f"spine (between leaf groups): {state} by these runs: {plan.spine['why']}")
     print("each run: --log-interval 1 --log-throughput; the first 10 iterations are warm-up")
     for path in written:
         print(f"wrote {path}")
