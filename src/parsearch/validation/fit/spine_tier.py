@@ -75,12 +75,19 @@ def leaf_before_spine(names: Sequence[str]) -> list[str]:
     return out
 
 
+#: Change in log throughput below which a factor's effect on the runs counts as none.
+NEGLIGIBLE_EFFECT = 1e-12
+
+
 def unique_effect(effects: Mapping[str, np.ndarray], others: Sequence[str],
                   name: str) -> float:
     """The largest change in any run that ``name`` makes and no least-squares combination
     of ``others`` can (its whole effect when ``others`` is empty)."""
     own = np.asarray(effects[name], dtype=np.float64)
-    columns = [np.asarray(effects[o], dtype=np.float64) for o in others if o != name]
+    # A factor that moves no run (below NEGLIGIBLE_EFFECT) explains nothing; kept, its
+    # near-zero column would make the least squares divide by it.
+    columns = [c for c in (np.asarray(effects[o], dtype=np.float64) for o in others
+                           if o != name) if np.max(np.abs(c), initial=0.0) > NEGLIGIBLE_EFFECT]
     if not columns:
         return float(np.max(np.abs(own)))
     matrix = np.column_stack(columns)
