@@ -306,3 +306,20 @@ def test_a_cluster_file_with_a_bad_host_memory_says_which_field(tmp_path) -> Non
     bad.write_text(text.replace("host_memory_GB: 2048", "host_memory_GB: -5"), encoding="utf-8")
     with pytest.raises(TopologyError, match="host_memory_GB"):
         load_cluster(str(bad))
+
+
+def test_pinned_offload_beyond_the_host_memory_does_not_fit_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A pinned count is held to the host memory too: 40 layers of the Llama 3 70B recipe
+    layout fit GB200's 960 GB per tray, not 40 GB; explain says what they need."""
+    text = (Path(topologies_dir()) / "gb200-nvl72.yaml").read_text(encoding="utf-8")
+    small = tmp_path / "small-host.cluster.yaml"
+    small.write_text(text.replace("host_memory_GB: 960", "host_memory_GB: 40")
+                     .replace("name: gb200-nvl72", "name: small-host"), encoding="utf-8")
+    roomy = _explain("gb200-nvl72", "--activation-offload-layers", "40")
+    tight = _explain(str(small), "--activation-offload-layers", "40")
+    assert roomy["fits"] and not any("host memory" in f for f in roomy["flags"])
+    assert not tight["fits"]
+    assert any("host memory" in f and "small-host" in f for f in tight["flags"])
+    # the time and the HBM are the same: only the host cannot hold the copies
+    assert tight["step_time_s"] == roomy["step_time_s"]
+    assert tight["memory_gib_per_gpu"]["total"] == roomy["memory_gib_per_gpu"]["total"]

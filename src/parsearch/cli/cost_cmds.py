@@ -98,6 +98,7 @@ def run_explain(args: argparse.Namespace) -> int:
     document["slowest_stage"] = result.slowest_stage
     document["peak_memory_stage"] = result.peak_memory_stage
     document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
+    document["flags"] += _host_memory_flags(cm, layout)
     # what the number assumes, from the same plan the launch settings are written from
     priced = result.options or cm.options  # with searched features: the ones chosen
     plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=priced,
@@ -123,6 +124,27 @@ def run_explain(args: argparse.Namespace) -> int:
         return 0
     _print_explain(model.name, args.cluster, document)
     return 0
+
+
+def _host_memory_flags(cm: Any, layout: Any) -> list[str]:
+    """A note where the offloaded layers the user pinned need more host memory per GPU than
+    the cluster file states (the layout is then priced as not fitting)."""
+    from parsearch.cost.analytic import layout_columns
+    from parsearch.cost.offload import host_memory_fits, offload_host_bytes
+
+    k = cm.training.activation_offload_layers
+    cap = cm.fabric.cluster.host_memory_per_gpu_bytes
+    if not k or cap is None:
+        return []
+    cols = layout_columns([layout])
+    if bool(host_memory_fits(cm.model, cm.training, cm.options.memory, cols, cap)[0]):
+        return []
+    held = offload_host_bytes(cm.model, cm.training, cm.options.memory, cols)
+    need = float(held[0, min(k, held.shape[1] - 1)])
+    return [f"the {k} offloaded layers' activations need {need / 1e9:.0f} GB of host memory "
+            f"per GPU; cluster {cm.fabric.cluster.name} has {cap / 1e9:.0f} GB per GPU "
+            "(host_memory_GB over its GPUs per node): offload fewer layers "
+            "(--activation-offload-layers) or use a smaller micro-batch"]
 
 
 def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:

@@ -49,6 +49,7 @@ from parsearch.cost.memory_features import (
     searches_memory_features,
     setting_of,
 )
+from parsearch.cost.offload import host_memory_fits
 from parsearch.cost.offload_choice import choose_offload
 from parsearch.cost.option_checks import check_precision_options
 from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, MOE_DISPATCHERS, CostOptions
@@ -370,6 +371,9 @@ def memory_scores(cm: CostModel, cols: dict[str, np.ndarray], *,
                         degree_rows=degree_rows)
     out = {f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64) for k in MEMORY_KEYS}
     out["fits"] = out["mem_total"] <= usable_memory_bytes(cm.fabric.gpu, cm.options)
+    if cm.training.activation_offload_layers:  # offloaded activations need host memory
+        out["fits"] &= host_memory_fits(cm.model, cm.training, cm.options.memory, cols,
+                                        cm.fabric.cluster.host_memory_per_gpu_bytes)
     out["peak_memory_stage"] = np.asarray(mem.peak_stage)
     return out
 

@@ -164,3 +164,18 @@ def fewest_fitting_layers(model: ModelSpec, training: TrainingSpec, memory: Memo
         out[pending[over]] = model.num_layers
         pending = pending[~over]
     return out
+
+
+def host_memory_fits(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                     cols: dict[str, np.ndarray], host_bytes_per_gpu: float | None) -> np.ndarray:
+    """Per row, whether the ``training.activation_offload_layers`` offloaded layers'
+    activations fit the host memory one GPU has (``None``: not stated, every row fits).
+    Rows Megatron does not offload on (:func:`offload_allowed`) offload nothing here."""
+    n = len(np.asarray(cols["tp"]))
+    k = training.activation_offload_layers
+    if host_bytes_per_gpu is None or k <= 0 or not n:
+        return np.ones(n, dtype=bool)
+    held = offload_host_bytes(model, training, memory, cols)
+    need = held[:, min(k, held.shape[1] - 1)]
+    return ~offload_allowed(cols) | (need <= host_bytes_per_gpu)
+
