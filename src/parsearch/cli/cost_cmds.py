@@ -130,17 +130,16 @@ def _host_memory_flags(cm: Any, layout: Any) -> list[str]:
     """A note where the offloaded layers the user pinned need more host memory per GPU than
     the cluster file states (the layout is then priced as not fitting)."""
     from parsearch.cost.analytic import layout_columns
-    from parsearch.cost.offload import host_memory_fits, offload_host_bytes
+    from parsearch.cost.offload import host_bytes_needed
 
     k = cm.training.activation_offload_layers
     cap = cm.fabric.cluster.host_memory_per_gpu_bytes
     if not k or cap is None:
         return []
-    cols = layout_columns([layout])
-    if bool(host_memory_fits(cm.model, cm.training, cm.options.memory, cols, cap)[0]):
+    need = float(host_bytes_needed(cm.model, cm.training, cm.options.memory,
+                                   layout_columns([layout]))[0])
+    if need <= cap:
         return []
-    held = offload_host_bytes(cm.model, cm.training, cm.options.memory, cols)
-    need = float(held[0, min(k, held.shape[1] - 1)])
     return [f"the {k} offloaded layers' activations need {need / 1e9:.0f} GB of host memory "
             f"per GPU; cluster {cm.fabric.cluster.name} has {cap / 1e9:.0f} GB per GPU "
             "(host_memory_GB over its GPUs per node): offload fewer layers "

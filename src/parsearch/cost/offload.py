@@ -166,16 +166,23 @@ def fewest_fitting_layers(model: ModelSpec, training: TrainingSpec, memory: Memo
     return out
 
 
-def host_memory_fits(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
-                     cols: dict[str, np.ndarray], host_bytes_per_gpu: float | None) -> np.ndarray:
-    """Per row, whether the ``training.activation_offload_layers`` offloaded layers'
-    activations fit the host memory one GPU has (``None``: not stated, every row fits).
-    Rows Megatron does not offload on (:func:`offload_allowed`) offload nothing here."""
+def host_bytes_needed(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                      cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, the host memory per GPU the ``training.activation_offload_layers``
+    offloaded layers take (:func:`offload_host_bytes` at that count); 0 on rows Megatron
+    does not offload on (:func:`offload_allowed`) and without offload."""
     n = len(np.asarray(cols["tp"]))
     k = training.activation_offload_layers
-    if host_bytes_per_gpu is None or k <= 0 or not n:
-        return np.ones(n, dtype=bool)
+    if k <= 0 or not n:
+        return np.zeros(n)
     held = offload_host_bytes(model, training, memory, cols)
-    need = held[:, min(k, held.shape[1] - 1)]
-    return ~offload_allowed(cols) | (need <= host_bytes_per_gpu)
+    return np.where(offload_allowed(cols), held[:, min(k, held.shape[1] - 1)], 0.0)
 
+
+def host_memory_fits(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                     cols: dict[str, np.ndarray], host_bytes_per_gpu: float | None) -> np.ndarray:
+    """Per row, whether the offloaded activations (:func:`host_bytes_needed`) fit the host
+    memory one GPU has (``None``: not stated, every row fits)."""
+    if host_bytes_per_gpu is None:
+        return np.ones(len(np.asarray(cols["tp"])), dtype=bool)
+    return host_bytes_needed(model, training, memory, cols) <= host_bytes_per_gpu

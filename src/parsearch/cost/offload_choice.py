@@ -22,7 +22,7 @@ from parsearch.cost.memory_features import (
     numerics_penalty,
     with_setting,
 )
-from parsearch.cost.offload import fewest_fitting_layers, offload_allowed, offload_host_bytes
+from parsearch.cost.offload import fewest_fitting_layers, offload_allowed
 
 
 def _total(cm: CostModel, c: dict[str, np.ndarray]) -> np.ndarray:
@@ -30,21 +30,6 @@ def _total(cm: CostModel, c: dict[str, np.ndarray]) -> np.ndarray:
                         c["vpp"], c["mbs"], c["dp"], c["edp"], c["recompute"], c["sp"],
                         cm.options.memory)
     return np.asarray(mem.total, dtype=np.float64).reshape(-1)
-
-
-def _within_host_memory(cm: CostModel, priced: CostModel, sub: dict[str, np.ndarray],
-                        layers: np.ndarray) -> np.ndarray:
-    """``layers`` with ``num_layers`` (no offload fits) where the offloaded activations
-    would not fit in the host memory the cluster file states per GPU (the node's host
-    memory over its GPUs; not checked where the file states none)."""
-    cap = cm.fabric.cluster.host_memory_per_gpu_bytes
-    top = cm.model.num_layers
-    if cap is None or not len(layers):
-        return layers
-    held = offload_host_bytes(cm.model, priced.training, priced.options.memory, sub)
-    k = np.minimum(layers, held.shape[1] - 1)
-    over = (layers < top) & (held[np.arange(len(layers)), k] > cap)
-    return np.where(over, top, layers)
 
 
 def choose_offload(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
@@ -64,8 +49,8 @@ def choose_offload(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np
     or where it is faster under the numerics weighing
     (:func:`~parsearch.cost.memory_features.numerics_penalty`).  ``memory_setting`` then
     also carries the count (:func:`~parsearch.cost.memory_features.setting_of`).  A count
-    whose activations the node's host memory cannot hold is not taken
-    (:func:`_within_host_memory`).
+    whose activations the node's host memory cannot hold does not fit (the memory model's
+    own check, :func:`parsearch.cost.offload.host_memory_fits`), so it is not taken.
     """
     allowed = np.nonzero(offload_allowed(cols))[0]
     flat = [s for combo in memory_settings(cm) for s in combo]
@@ -88,7 +73,6 @@ def choose_offload(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np
 
         layers = fewest_fitting_layers(cm.model, priced.training, priced.options.memory, sub,
                                        excess, over)
-        layers = _within_host_memory(cm, priced, sub, layers)
         for k in np.unique(layers[layers < cm.model.num_layers]):
             where = rows[layers == k]
             part = score(with_setting(cm, replace(base, offload_layers=int(k))),

@@ -85,20 +85,15 @@ def cached_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
     return compute
 
 
-def flex_forward_Bps(cm: CostModel) -> float | None:
-    """DeepEP's internode forwarding rate on this cost model's GPU and backend
-    (:func:`parsearch.cost.communication.deepep_forward_Bps`)."""
+def flex_rates(cm: CostModel) -> tuple[float | None, float]:
+    """DeepEP's figures on this cost model's GPU and flex backend: its internode NVLink
+    forwarding rate (:func:`parsearch.cost.communication.deepep_forward_Bps`) and its RDMA
+    stage's share of the network rate (:func:`parsearch.cost.communication.deepep_rdma_share`)."""
     cluster = cm.fabric.cluster
     backend = flex_backend(cm.options, cluster.nvlink_domain_size, cluster.gpus_per_node)
-    return deepep_forward_Bps(cm.options, backend, cm.fabric.gpu.compute_capability)
-
-
-def flex_rdma_share(cm: CostModel) -> float:
-    """The share of the network rate DeepEP's RDMA stage reaches on this cost model's GPU
-    and backend (:func:`parsearch.cost.communication.deepep_rdma_share`)."""
-    cluster = cm.fabric.cluster
-    backend = flex_backend(cm.options, cluster.nvlink_domain_size, cluster.gpus_per_node)
-    return deepep_rdma_share(cm.options, backend, cm.fabric.gpu.compute_capability)
+    capability = cm.fabric.gpu.compute_capability
+    return (deepep_forward_Bps(cm.options, backend, capability),
+            deepep_rdma_share(cm.options, backend, capability))
 
 
 def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit: str,
@@ -116,11 +111,11 @@ def unit_prices(cm: CostModel, cols: dict[str, np.ndarray], groups: Groups, unit
     compute = cached_unit_compute(cm, cols, unit, recompute, compute_cache)
     cluster = cm.fabric.cluster
     backend = flex_backend(opt, cluster.nvlink_domain_size, cluster.gpus_per_node)
+    forward, rdma_share = flex_rates(cm)
     comm = unit_comm(cm.model, cm.training, cm.profile, opt, cols, groups, unit, compute,
                      recompute, ep_share=ep_sm_share(opt, cm.profile, cm.fabric.gpu.sm_count,
                                                      backend),
-                     traffic_cache=compute_cache, forward_Bps=flex_forward_Bps(cm),
-                     rdma_share=flex_rdma_share(cm))
+                     traffic_cache=compute_cache, forward_Bps=forward, rdma_share=rdma_share)
     offload = (offload_exposed(cm.model, cm.training, cm.fabric.gpu, opt.memory, cols,
                                unit == "moe", compute.total)
                if unit in ("dense", "moe") else 0.0 * compute.total)

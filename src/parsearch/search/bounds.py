@@ -55,8 +55,7 @@ from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
 from parsearch.cost.unit_prices import (
     cached_unit_compute,
-    flex_forward_Bps,
-    flex_rdma_share,
+    flex_rates,
     process_groups,
     stage_features,
 )
@@ -154,8 +153,7 @@ def _unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray],
                      ) -> dict[str, np.ndarray]:
     model, training, opt = cm.model, cm.training, cm.options
     n = len(cols["tp"])
-    forward = flex_forward_Bps(cm)
-    rdma_share = flex_rdma_share(cm)
+    forward, rdma_share = flex_rates(cm)
     share = float(cm.profile.comm_sm_share)
     zero = np.zeros(n)
     idle = UnitCompute(gemm=zero, routed=zero, attention=zero, logits=zero,

@@ -37,8 +37,8 @@ Fields of a cluster file (required unless a default is given):
                        (nccl-tests all_reduce_perf busbw / the node's NIC total), used for
                        the data-parallel collectives; default: ``network_efficiency``
 ``max_gpus``           largest supported job (default: unlimited)
-``host_memory_GB``     host (CPU) memory per node, GB: caps searched CPU activation
-                       offloading (default: not stated, not checked)
+``host_memory_GB``     host (CPU) memory per node, GB: holds CPU-offloaded activations
+                       (default: not stated, not checked)
 ``gpu_power_limit_W``  GPU variant (:mod:`parsearch.topology.variants`): board power limit
 ``gpu_sm_clock_MHz``   ... SM clock lock
 ``gpu_memory_GiB``     ... memory per GPU
