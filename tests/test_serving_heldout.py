@@ -123,10 +123,13 @@ def test_held_out_rows_never_reach_a_fit(vs: ModuleType, held: list[dict[str, st
 
 def test_held_out_summary_groups_by_engine(vs: ModuleType, held: list[dict[str, str]]) -> None:
     rows = [vs.evaluate_row(r) for r in _sample(held)[:6]]
+    rows[0] = {**rows[0], "stall": "first-wave"}  # a row whose every repeat stalled
     summary = vs.held_out_summary(rows)
-    assert summary["all"]["rows"] == len(rows)
-    for e in {r["engine"] for r in rows}:
-        assert summary[f"engine {e}"]["rows"] == sum(r["engine"] == e for r in rows)
+    assert summary["all"]["rows"] == len(rows) - 1
+    assert summary[vs.ALL_STALLS_IN]["rows"] == len(rows)
+    assert summary[vs.STALLED]["rows"] == 1
+    for e in {r["engine"] for r in rows[1:]}:
+        assert summary[f"engine {e}"]["rows"] == sum(r["engine"] == e for r in rows[1:])
 
 
 def test_a_sweep_point_beaten_by_replicas_of_a_measured_layout_is_dominated() -> None:
