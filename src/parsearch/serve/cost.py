@@ -20,7 +20,11 @@ from parsearch.serve.engines import moe_kernel_efficiency
 from parsearch.serve.kernels import eager_prefill_host_s, kernels_per_layer
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import stage_weights
-from parsearch.serve.moe import ep_imbalance, expected_touched_share, expert_gemm_time
+from parsearch.serve.moe import (
+    busiest_rank_touched_share,
+    ep_imbalance,
+    expert_gemm_time,
+)
 from parsearch.serve.prefix_cache import computed_prompt_tokens, mean_prefill_attended
 from parsearch.serve.rates import Rates, gemm_eff, rates_for
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
@@ -281,7 +285,9 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     w = stage_weights(model, layout, counts)
     prec = ELEMENT_BYTES[workload.precision]
     moe = model.moe
-    touched = (expected_touched_share(moe.top_k, moe.num_experts, b_m)
+    # the busiest EP rank's touched experts (each rank reads whole experts; the MoE output's
+    # all-reduce waits for it): moe.busiest_rank_touched_share, the mean share without EP
+    touched = (busiest_rank_touched_share(moe.top_k, moe.num_experts, layout.ep, b_m)
                if moe is not None else 0.0)
     weights = w.linear * prec + w.routed * touched * prec + w.output * _ACT
     kv = t_rank * kv_bytes_per_sequence(model, workload.kv_precision,

@@ -60,6 +60,36 @@ def expected_touched_share(top_k: int, experts: int, tokens: float) -> float:
     return 1.0 - (1.0 - top_k / experts) ** tokens
 
 
+def busiest_rank_touched_share(top_k: int, experts: int, ep: int, tokens: float) -> float:
+    """Expected share of its ``E / ep`` local experts that the busiest of ``ep`` expert-parallel
+    ranks must read in one pass of ``tokens`` tokens, each picking ``top_k`` of ``E``
+    uniformly (:func:`expected_touched_share` for ``ep = 1``).  Each local expert is touched
+    with probability ``p = 1 - (1 - k/E)^tokens``, so a rank's touched count is Binomial(E/ep,
+    p) (experts taken as independent) and the ranks wait for the largest of ``ep`` such
+    counts before the MoE output is summed: ``E[max] = sum_m (1 - F(m)^ep)`` (the tail sum
+    ``E[X] = sum_m P(X > m)`` of a count, with ``P(max <= m) = F(m)^ep`` for independent
+    ranks; vLLM's EP without DP sums the outputs by all-reduce, ``FusedMoEParallelConfig.
+    use_all2all_kernels`` is ``dp_size > 1 and use_ep``).  A rank
+    reads whole experts, so at small batch the busiest one reads more than the mean; with
+    tensor-sliced experts (ep = 1) every rank reads its slice of every touched expert, the
+    mean.  Skewed real routing spreads the counts further, so this is a lower bound.
+
+    >>> round(busiest_rank_touched_share(4, 128, 8, 16), 3)   # mean share is 0.398
+    0.573
+    >>> round(busiest_rank_touched_share(4, 128, 1, 16), 3)
+    0.398
+    """
+    share = expected_touched_share(top_k, experts, tokens)
+    if ep <= 1 or share <= 0.0 or share >= 1.0:
+        return share
+    local = max(1, round(experts / ep))
+    pmf = [math.comb(local, m) * share ** m * (1.0 - share) ** (local - m)
+           for m in range(local + 1)]
+    cdf = np.cumsum(pmf)
+    expected_max = float(np.sum(1.0 - np.minimum(cdf[:-1], 1.0) ** ep))
+    return expected_max / local
+
+
 def ep_imbalance(model: ModelSpec, layout: ServingLayout, tokens_stage: float,
                  sequences: float, balanced: bool = False) -> float:
     """max / mean routed tokens per EP rank in one pass (1 without EP): the trained-router
@@ -133,7 +163,9 @@ def expert_gemm_time(model: ModelSpec, layout: ServingLayout, counts: ParameterC
     per_expert = counts.routed_experts_per_layer / moe.num_experts
     n_moe = moe_layer_count(model) * stage_layers(model, layout.pp) / model.num_layers
     local = moe.num_experts / layout.ep
-    share = expected_touched_share(moe.top_k, moe.num_experts, rows_tokens)
+    # the busiest EP rank's touched experts (busiest_rank_touched_share; the mean share
+    # without EP) share its routed copies, ``imbalance`` times the mean rank's
+    share = busiest_rank_touched_share(moe.top_k, moe.num_experts, layout.ep, rows_tokens)
     rows = rows_tokens * moe.top_k / moe.num_experts / share * imbalance
     tile = tile_rows(rows_tokens, moe.num_experts)
     padded = padded_rows(rows, tile)
