@@ -55,6 +55,7 @@ from parsearch.cost.unfused_ops import (
     unfused_attention_kernels,
     unfused_kernels,
 )
+from parsearch.cost.window_attention import window_time_factors
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile, generation_profiles
 
@@ -383,6 +384,16 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         peak_attn * profile.attention_backward_efficiency * size_factor
         * attention_scale(gpu, profile, model, backward=True, precision=attn_precision)
         * head_dim_scale(profile, model, backward=True))
+    # Sliding-window layers: whole key tiles, a short key loop, FP8 backward over the
+    # causal triangle (cost/window_attention.py; cuDNN's measured window kernels).
+    fp8_speedup = (peak_attn * attention_scale(gpu, profile, model, backward=False,
+                                               precision=attn_precision)
+                   / (peak_bf16 * attention_scale(gpu, profile, model, backward=False)))
+    window_fwd, window_bwd = window_time_factors(
+        model, s, causal, block, profile.attention_half_block,
+        fp8_attention=attn_precision == "fp8", fp8_speedup=fp8_speedup)
+    t_attn_fwd = t_attn_fwd * window_fwd
+    t_attn_bwd = t_attn_bwd * window_bwd
     hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
     # Attention-score elements of one micro-batch on this rank (heads / tp, s/cp squared).
     score_elements = mbs * (s / cp) * model.num_attention_heads / tp * (s / cp)
