@@ -1,13 +1,17 @@
 """One-off check: the emitted launch settings against real Megatron-LM and Megatron-Bridge code.
 
 Runs ``tests/test_launch_megatron_integration.py`` (Megatron-LM ``parse_args`` +
-``validate_args``) and ``tests/test_launch_bridge_integration.py`` (Bridge v0.6.0
+``validate_args``) and ``tests/test_launch_bridge_integration.py`` (Bridge
 recipes + ``process_config_with_overrides``) on a CPU machine.  Needs checkouts
-of Megatron-LM (the commit in ``src/parsearch/data/launch_names.json``) and
-Megatron-Bridge v0.6.0, ``torch``, ``triton``, ``einops``, ``hydra-core==1.3.2``,
-``transformers==5.12.1``, ``accelerate``, and an offline Hugging Face cache
-holding the recipes' ``config.json`` files (``--hf-cache``; built from
-``tests/fixtures/hf_configs``).
+of Megatron-Bridge and of the Megatron-LM it pins (v0.6.0: the commit in
+``src/parsearch/data/launch_names.json``; main: its ``3rdparty/Megatron-LM``
+submodule), ``torch`` (the CPU wheel), ``triton``, ``einops``,
+``hydra-core==1.3.2``, ``transformers==5.12.1``, ``accelerate``, and an offline
+Hugging Face cache holding the recipes' ``config.json`` files (``--hf-cache``;
+built from ``tests/fixtures/hf_configs``).  Run it once per Bridge: v0.6.0
+(flat model configs) and main (Llama recipes with the model's Transformer
+fields under ``model.transformer``); the Bridge test module's docstring has the
+last runs.
 
 GPU-only packages (Transformer Engine, DeepEP, ...) are replaced by import
 stubs, and ``torch.cuda.get_device_properties`` answers for a GB200: only
@@ -109,9 +113,12 @@ def main() -> int:
         major=10, minor=0, name="NVIDIA GB200", multi_processor_count=148,
         total_memory=186 * 2**30)
     names = json.loads((ROOT / "src/parsearch/data/launch_names.json").read_text())
-    print(f"Megatron-LM {names['megatron_lm']['commit']}, Megatron-Bridge "
-          f"{names['megatron_bridge']['tag']}", flush=True)
-    return pytest.main(["-q", "-p", "no:cacheprovider", "-W", "ignore", "--tb=short",
+    import megatron.bridge.package_info as bridge_info
+
+    print(f"Megatron-LM {args.megatron_lm}, Megatron-Bridge {bridge_info.__version__} "
+          f"{args.bridge} (names recorded from Megatron-Bridge "
+          f"{names['megatron_bridge']['tag']})", flush=True)
+    return pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "-W", "ignore", "--tb=short",
                         str(ROOT / "tests/test_launch_megatron_integration.py"),
                         str(ROOT / "tests/test_launch_bridge_integration.py")])
 

@@ -1,24 +1,53 @@
 """Optional: apply the emitted overrides to real Megatron-Bridge recipes and read back the layout.
 
-Skipped unless Megatron-Bridge (v0.6.0, the recorded release) and its pinned
-Megatron-LM are importable.  Each case starts from a recipe whose own settings
-fight the layout (its VPP, its mixed-precision and communication-overlap
-objects), applies the overrides with Bridge's own
-``process_config_with_overrides`` (what ``run_recipe.py`` does), runs Bridge's
-mixed-precision and overlap setup the way ``ConfigContainer.validate`` does,
-and checks the resolved config is the priced layout.
+Skipped unless Megatron-Bridge and its Megatron-LM are importable (run it with
+``benchmarks/run_launch_integration.py``).  Each case starts from a recipe whose
+own settings fight the layout (its VPP, its mixed-precision and
+communication-overlap objects), applies the overrides with Bridge's own
+``process_config_with_overrides`` — as the Hydra CLI list (what
+``run_recipe.py`` does) and as the nested YAML file of ``search --export``
+(``config_filepath``) — runs Bridge's mixed-precision setup the way
+``ConfigContainer.validate`` does, and checks the resolved config is the
+priced layout.
+
+Both model layouts are covered: Bridge v0.6.0 recipes hold a flat
+``GPTModelProvider``; on Bridge main the Llama recipes hold a
+``BridgeGPTModelConfig`` whose Transformer fields sit under
+``model.transformer`` (``src/parsearch/launch/bridge.py`` says why ``++model.*``
+resolves on both).  On the nested layout every Transformer field is read from
+``model.transformer`` and must not be shadowed on the outer object.
+
+Last runs (2026-12-06, CPU, Python 3.11, torch 2.13.0+cpu, hydra-core 1.3.2,
+transformers 5.12.1, accelerate 1.16.0, triton 3.9.0), with ``git archive``
+checkouts of NVIDIA-NeMo/Megatron-Bridge and NVIDIA/Megatron-LM::
+
+    python benchmarks/run_launch_integration.py --megatron-lm MLM --bridge BRIDGE
+
+    BRIDGE v0.6.0 (51885cf1), MLM cd4afffa (its pin)     50 passed (every recipe flat)
+    BRIDGE main 067f987d, MLM 2a75ac12 (its pin)         50 passed (Llama nested,
+                                                         DeepSeek-V3 and Qwen3 MoE flat)
+    BRIDGE main 067f987d, MLM d98e8a64                   50 passed
+
+(50 = 17 Megatron-LM cases + 16 Bridge cases x {cli, yaml} + the layout check.)
+With plain ``model.X=v`` keys, Bridge main refused the CLI route of all 13
+Llama cases ("Could not override 'model.tensor_model_parallel_size' ... not in
+struct"); the YAML route passed, a merged file not being in struct mode.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.launch_cases import LAUNCH_CASES, LaunchCase
 
-#: model preset -> (module, recipe function) of a Bridge v0.6.0 performance recipe
+#: model preset -> (module, recipe function) of a Bridge performance recipe
+#: (the same names in v0.6.0 and main)
 RECIPES: dict[str, tuple[str, str]] = {
     "llama3-70b": ("megatron.bridge.perf_recipes.llama.h100.llama3",
                    "llama3_70b_pretrain_64gpu_h100_bf16_config"),
@@ -29,6 +58,7 @@ RECIPES: dict[str, tuple[str, str]] = {
     "qwen3-30b-a3b": ("megatron.bridge.perf_recipes.qwen.gb200.qwen3_moe",
                       "qwen3_30b_a3b_pretrain_8gpu_gb200_bf16_config"),
 }
+CASES = [c for c in LAUNCH_CASES if c.model_name in RECIPES]
 
 
 def _bridge() -> Any:
@@ -38,18 +68,54 @@ def _bridge() -> Any:
         pytest.skip(f"Megatron-Bridge is not importable: {error}")
 
 
-@pytest.mark.parametrize("case", [c for c in LAUNCH_CASES if c.model_name in RECIPES],
-                         ids=lambda c: c.name)
-def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase) -> None:
+def _recipe(model_name: str) -> Any:
+    module, function = RECIPES[model_name]
+    return getattr(importlib.import_module(module), function)()
+
+
+def _is_nested(model: Any) -> bool:
+    """Whether the model config keeps its Transformer fields under ``transformer``."""
+    return dataclasses.is_dataclass(model) and any(
+        f.name == "transformer" for f in dataclasses.fields(model))
+
+
+class _Fields:
+    """Reads a model field where its layout keeps it; refuses a shadowed copy."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.inner = model.transformer if _is_nested(model) else None
+
+    def __getattr__(self, name: str) -> Any:
+        if self.inner is not None and any(f.name == name
+                                          for f in dataclasses.fields(self.inner)):
+            assert name not in vars(self.model), f"model.{name} shadows model.transformer"
+            return getattr(self.inner, name)
+        return getattr(self.model, name)
+
+
+def _apply(omegaconf_utils: Any, cfg: Any, launch: Any, route: str, tmp_path: Path) -> Any:
+    if route == "cli":
+        return omegaconf_utils.process_config_with_overrides(
+            cfg, cli_overrides=list(launch.bridge_overrides))
+    from parsearch.launch.bridge import bridge_fields, nested
+    from parsearch.launch.names import bridge_groups
+
+    path = tmp_path / "bridge_overrides.yaml"
+    path.write_text(yaml.safe_dump(nested(bridge_fields(launch.plan, bridge_groups()))))
+    return omegaconf_utils.process_config_with_overrides(cfg, config_filepath=str(path))
+
+
+@pytest.mark.parametrize("route", ["cli", "yaml"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase, route: str,
+                                                  tmp_path: Path) -> None:
     omegaconf_utils = _bridge()
-    module, function = RECIPES[case.model_name]
-    cfg = getattr(importlib.import_module(module), function)()
     launch = case.settings()
-    cfg = omegaconf_utils.process_config_with_overrides(
-        cfg, cli_overrides=list(launch.bridge_overrides))
+    cfg = _apply(omegaconf_utils, _recipe(case.model_name), launch, route, tmp_path)
     if cfg.mixed_precision is not None:  # what ConfigContainer.validate would copy over
         cfg.mixed_precision.setup(cfg.model, cfg.optimizer, cfg.ddp)
-    model, lay, plan = cfg.model, case.layout, launch.plan
+    model, lay, plan = _Fields(cfg.model), case.layout, launch.plan
     assert cfg.mixed_precision is None and cfg.comm_overlap is None
     assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size,
             model.context_parallel_size) == (lay.tp, lay.pp, lay.cp)
@@ -59,8 +125,10 @@ def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase) -> None:
     assert model.sequence_parallel == lay.sp
     assert cfg.train.micro_batch_size == lay.mbs
     assert cfg.train.global_batch_size == case.training.global_batch
-    assert cfg.dataset.seq_length == case.training.seq_len
-    assert model.recompute_granularity == plan.recompute_granularity
+    assert cfg.dataset.seq_length == cfg.model.seq_length == case.training.seq_len
+    assert (model.recompute_granularity, model.recompute_method, model.recompute_num_layers) \
+        == (plan.recompute_granularity, plan.recompute_method, plan.recompute_num_layers)
+    assert model.cpu_offloading_num_layers == plan.offload_layers
     assert model.tp_comm_overlap == plan.tp_comm_overlap
     assert cfg.ddp.use_megatron_fsdp == plan.fsdp
     assert cfg.ddp.use_distributed_optimizer == plan.distributed_optimizer
@@ -68,9 +136,25 @@ def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase) -> None:
     assert model.fp8 == ({"mxfp8": "e4m3"}.get(plan.fp8_recipe or "", "hybrid")
                          if plan.precision == "fp8" else None)
     assert model.fp4 == ("e2m1" if plan.precision == "fp4" else None)
+    if plan.precision == "fp8":
+        assert model.fp8_recipe == plan.fp8_recipe
+    assert model.bf16 and not model.fp16
     assert str(model.params_dtype).endswith("bfloat16")
+    assert model.cuda_graph_impl == (plan.cuda_graph_impl if plan.cuda_graphs else "none")
     if case.model.is_moe:
         assert model.expert_model_parallel_size == lay.ep
         assert model.moe_token_dispatcher_type == plan.moe_dispatcher
     for name, value in launch.env:
         assert str(cfg.env_vars[name]) == value
+
+
+def test_both_model_layouts_are_exercised() -> None:
+    """v0.6.0: every recipe is flat; a Bridge with ``BridgeGPTModelConfig``: Llama is nested."""
+    _bridge()
+    layouts = {name: _is_nested(_recipe(name).model) for name in RECIPES}
+    try:
+        importlib.import_module("megatron.bridge.models.gpt.model_config")
+    except ImportError:  # v0.6.0 has no nested model config
+        assert not any(layouts.values()), layouts
+    else:
+        assert layouts["llama3-70b"] and layouts["llama3-8b"], layouts

@@ -116,7 +116,7 @@ def test_mxfp8_lm_head_is_priced_and_launched_only_with_mxfp8() -> None:
     with pytest.raises(SpecError, match="mxfp8"):
         build_cost_model(model, training, h100, options=CostOptions(fp8_output_proj=True))
     _assert_faster_and_launched("llama3-8b", training, layout, {"fp8_output_proj": True},
-                                "--fp8-output-proj", "model.fp8_output_proj=true")
+                                "--fp8-output-proj", "++model.fp8_output_proj=true")
 
 
 def test_fp8_attention_launches_through_bridge_and_is_noted_for_megatron_lm() -> None:
@@ -183,7 +183,7 @@ def test_fused_expert_mlp_needs_blackwell_block_scaling_and_is_launched() -> Non
                          options=CostOptions(fused_expert_mlp=True))
     _assert_faster_and_launched("qwen3-30b-a3b", training, layout, {"fused_expert_mlp": True},
                                 "--use-transformer-engine-op-fuser",
-                                "model.moe_mlp_glu_interleave_size=32")
+                                "++model.moe_mlp_glu_interleave_size=32")
 
 
 def test_each_mtp_layer_prices_its_own_pass_of_the_output_head() -> None:

@@ -208,7 +208,7 @@ def test_bridge_overrides_reset_unpriced_recipe_features() -> None:
     layout = Layout(num_gpus=16, ep=16, mbs=1)
     overrides = launch_settings(QWEN, training, layout, gpus_per_node=8,
                                 options=CostOptions()).bridge_overrides
-    for field in ("model.moe_paged_stash=false", "model.moe_expert_rank_capacity_factor=null",
-                  "model.use_transformer_engine_op_fuser=false",
-                  "model.moe_router_force_load_balancing=false"):
+    for field in ("++model.moe_paged_stash=false", "++model.moe_expert_rank_capacity_factor=null",
+                  "++model.use_transformer_engine_op_fuser=false",
+                  "++model.moe_router_force_load_balancing=false"):
         assert field in overrides

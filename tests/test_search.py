@@ -92,7 +92,7 @@ def test_search_result_ranked_with_breakdowns() -> None:
         assert key in first
     assert first["fits"] and first["headroom_gib_per_gpu"] >= 0
     assert first["launch"]["nodes"] == 2
-    assert any(a.startswith("model.tensor_model_parallel_size=")
+    assert any(a.startswith("++model.tensor_model_parallel_size=")
                for a in first["launch"]["megatron_bridge_overrides"])
     # deterministic: the same query gives the same list
     again = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=16, top=6)
@@ -152,10 +152,10 @@ def test_launch_settings_megatron_lm_and_bridge() -> None:
     # 30 layers on pp*vpp=4: uneven -> an explicit layout string
     assert args[args.index("--pipeline-model-parallel-layout") + 1] == \
         pipeline_layout_string(moe, 2, 2, "uneven")
-    assert "model.expert_model_parallel_size=2" in s.bridge_overrides
+    assert "++model.expert_model_parallel_size=2" in s.bridge_overrides
     even = launch_settings(TOY, SETUP, Layout(num_gpus=8, pp=2, vpp=2), gpus_per_node=8)
     assert "--num-layers-per-virtual-pipeline-stage" in even.megatron_lm_args
-    assert "model.virtual_pipeline_model_parallel_size=2" in even.bridge_overrides
+    assert "++model.virtual_pipeline_model_parallel_size=2" in even.bridge_overrides
     assert "--expert-model-parallel-size" not in even.megatron_lm_args
 
 

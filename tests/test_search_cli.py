@@ -55,7 +55,7 @@ def test_search_table_with_launch_and_diverse() -> None:
     marked = [line for line in lines[1:5] if line.split()[0].endswith("~")]
     assert bool(marked) == ("~ tie: within" in result.out)
     assert "run_recipe.py --recipe" in result.out and \
-        " model.tensor_model_parallel_size=" in result.out
+        " ++model.tensor_model_parallel_size=" in result.out
     assert "pretrain_gpt.py" in result.out and " --tensor-model-parallel-size " in result.out
     assert result.out.count("torchrun --nnodes 1 --nproc-per-node 8") == 2 * 4
 

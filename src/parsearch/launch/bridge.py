@@ -2,8 +2,34 @@
 
 Overrides are Hydra ``group.field=value`` strings applied to a recipe's
 ``ConfigContainer`` (``scripts/training/run_recipe.py`` →
-``process_config_with_overrides``, Megatron-Bridge v0.6.0).  Field names are
-checked against ``data/launch_names.json``.
+``process_config_with_overrides``, Megatron-Bridge v0.6.0).  Every key is
+checked against ``data/launch_names.json`` when the overrides are generated
+(:func:`check_key`), so a misspelled field is refused here, not at launch.
+
+``model.*`` keys are written with Hydra's force-add prefix, ``++model.X=v``,
+because the model has two layouts.  Bridge v0.6.0 recipes hold a flat
+``GPTModelProvider``; on Bridge main (067f987d) the Llama recipes hold
+``AutoBridge...get_model_config()``, a ``BridgeGPTModelConfig``
+(``src/megatron/bridge/models/gpt/model_config.py``) whose Megatron-Core base
+``GPTModelConfig`` (Megatron-LM ``megatron/training/models/gpt.py``) keeps
+the ``TransformerConfig`` fields — parallel sizes, recompute, precision —
+under ``transformer`` and proxies attribute get/set to it.
+``process_config_with_overrides``
+(``src/megatron/bridge/training/utils/omegaconf_utils.py``) turns the config
+into a nested dict, so those fields sit at ``model.transformer.X``, sets
+struct mode and applies the overrides with Hydra's parser: a plain
+``model.tensor_model_parallel_size=2`` fails there ("not in struct").
+``++`` adds the flat key when it is absent and overrides it when present, and
+``_apply_overrides`` then sets it with ``setattr`` (the proxy, after the
+untouched ``transformer`` values), so one string resolves on both layouts;
+writing ``model.transformer.X`` instead would need to know the recipe's
+layout and fails on the flat one.  What ``++`` gives up is Bridge's own
+refusal of an unknown model key (it logs "not found ... Skipping" and goes
+on), hence the check at generation.  The YAML form (:func:`nested`) keeps flat
+keys too: ``OmegaConf.merge`` of a config file is not in struct mode and
+adds them the same way.  Other groups have one layout and keep plain keys,
+so Bridge still refuses a key its release lacks.  Checked against Bridge
+v0.6.0 and main in ``tests/test_launch_bridge_integration.py``.
 
 A recipe brings its own settings, and some of them fight a layout override:
 its virtual pipeline size, its ``account_for_*_in_pipeline_split`` flags or
@@ -26,6 +52,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from parsearch.launch.names import bridge_top_level
 from parsearch.launch.plan import LaunchPlan
 
 #: Values ``MixedPrecisionConfig`` takes for BF16 mixed precision (``bf16_mixed()``,
@@ -42,6 +69,8 @@ _BF16_BASE: dict[str, Any] = {
 PRECISION_GROUPS: tuple[str, ...] = ("model", "optimizer", "ddp")
 _TORCH_DTYPE: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16"}
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+#: ConfigContainer fields whose keys are written with Hydra's force-add ``++``
+FORCE_ADD: frozenset[str] = frozenset({"model", "env_vars"})
 
 
 def hydra_value(value: Any) -> str:
@@ -187,10 +216,47 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
     return fields
 
 
-def bridge_overrides(plan: LaunchPlan, groups: dict[str, set[str]]) -> tuple[str, ...]:
-    """Hydra overrides that turn any GPT recipe into the priced layout and features."""
-    # ++: add or replace a key of the recipe's env_vars dict (it may not hold the key yet)
-    return tuple(("++" if key.startswith("env_vars.") else "") + f"{key}={hydra_value(value)}"
+def check_key(key: str, groups: dict[str, set[str]], top: set[str]) -> str:
+    """``key`` if it names a recorded ConfigContainer field (``env_vars.*``: any name).
+
+    >>> check_key("model.sequence_parallel", {"model": {"sequence_parallel"}}, {"model"})
+    'model.sequence_parallel'
+    >>> check_key("model.sequence_paralel", {"model": {"sequence_parallel"}}, {"model"})
+    Traceback (most recent call last):
+    ...
+    ValueError: model.sequence_paralel is not a field of Megatron-Bridge's model config
+    """
+    head, _, field = key.partition(".")
+    if head not in top:
+        raise ValueError(f"{head} is not a Megatron-Bridge ConfigContainer field")
+    if field and head != "env_vars" and field not in groups.get(head, set()):
+        raise ValueError(f"{key} is not a field of Megatron-Bridge's {head} config")
+    return key
+
+
+def override(key: str, value: Any) -> str:
+    """One Hydra override; ``model.*`` and ``env_vars.*`` keys are force-added (``++``).
+
+    ``++`` on ``model.*`` resolves on both model layouts (module docstring);
+    on ``env_vars.*`` it adds a key the recipe's dict may not hold yet.
+
+    >>> override("model.tensor_model_parallel_size", 2), override("train.micro_batch_size", 1)
+    ('++model.tensor_model_parallel_size=2', 'train.micro_batch_size=1')
+    >>> override("mixed_precision", None)
+    'mixed_precision=null'
+    """
+    prefix = "++" if key.split(".", 1)[0] in FORCE_ADD else ""
+    return f"{prefix}{key}={hydra_value(value)}"
+
+
+def bridge_overrides(plan: LaunchPlan, groups: dict[str, set[str]],
+                     top: set[str] | None = None) -> tuple[str, ...]:
+    """Hydra overrides that turn any GPT recipe into the priced layout and features.
+
+    ``top``: the ConfigContainer's fields (default: the recorded ones).
+    """
+    top = bridge_top_level() if top is None else top
+    return tuple(override(check_key(key, groups, top), value)
                  for key, value in bridge_fields(plan, groups).items())
 
 
@@ -210,5 +276,5 @@ def nested(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["PRECISION_GROUPS", "bridge_fields", "bridge_overrides", "hydra_value", "nested",
-           "precision_fields"]
+__all__ = ["FORCE_ADD", "PRECISION_GROUPS", "bridge_fields", "bridge_overrides", "check_key",
+           "hydra_value", "nested", "override", "precision_fields"]

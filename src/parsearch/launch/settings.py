@@ -12,7 +12,7 @@ the estimate.
 >>> s.nodes, s.torchrun_args
 (2, ('--nnodes', '2', '--nproc-per-node', '8'))
 >>> s.bridge_overrides[0]
-'model.tensor_model_parallel_size=2'
+'++model.tensor_model_parallel_size=2'
 >>> s.env
 (('CUDA_DEVICE_MAX_CONNECTIONS', '1'),)
 """
