@@ -8,7 +8,9 @@ communication-overlap objects), applies the overrides with Bridge's own
 ``run_recipe.py`` does) and as the nested YAML file of ``search --export``
 (``config_filepath``) — runs Bridge's mixed-precision setup the way
 ``ConfigContainer.validate`` does, and checks the resolved config is the
-priced layout.
+priced layout, with the features the cost model does not price turned off
+(three recipes that turn one on: fine-grained activation offloading,
+``external_cuda_graph``, deterministic mode).
 
 Both model layouts are covered: Bridge v0.6.0 recipes hold a flat
 ``GPTModelProvider``; on Bridge main the Llama recipes hold a
@@ -23,12 +25,13 @@ checkouts of NVIDIA-NeMo/Megatron-Bridge and NVIDIA/Megatron-LM::
 
     python benchmarks/run_launch_integration.py --megatron-lm MLM --bridge BRIDGE
 
-    BRIDGE v0.6.0 (51885cf1), MLM cd4afffa (its pin)     50 passed (every recipe flat)
-    BRIDGE main 067f987d, MLM 2a75ac12 (its pin)         50 passed (Llama nested,
+    BRIDGE v0.6.0 (51885cf1), MLM cd4afffa (its pin)     53 passed (every recipe flat)
+    BRIDGE main 067f987d, MLM 2a75ac12 (its pin)         53 passed (Llama nested,
                                                          DeepSeek-V3 and Qwen3 MoE flat)
-    BRIDGE main 067f987d, MLM d98e8a64                   50 passed
+    BRIDGE main 067f987d, MLM d98e8a64                   53 passed
 
-(50 = 17 Megatron-LM cases + 16 Bridge cases x {cli, yaml} + the layout check.)
+(53 = 17 Megatron-LM cases + 16 Bridge cases x {cli, yaml} + 3 recipes that
+turn on an unpriced feature + the layout check.)
 With plain ``model.X=v`` keys, Bridge main refused the CLI route of all 13
 Llama cases ("Could not override 'model.tensor_model_parallel_size' ... not in
 struct"); the YAML route passed, a merged file not being in struct mode.
@@ -59,6 +62,19 @@ RECIPES: dict[str, tuple[str, str]] = {
                       "qwen3_30b_a3b_pretrain_8gpu_gb200_bf16_config"),
 }
 CASES = [c for c in LAUNCH_CASES if c.model_name in RECIPES]
+#: launch case -> a recipe (same name in v0.6.0 and main) that turns on a feature the cost
+#: model does not price, and that feature's model field
+FEATURE_RECIPES: dict[str, tuple[str, str, str]] = {
+    "moe-nvl72-flex": ("megatron.bridge.perf_recipes.deepseek.gb200.deepseek_v3",
+                       "deepseek_v3_pretrain_256gpu_gb200_fp8mx_partial_cg_dev_config",
+                       "fine_grained_activation_offloading"),
+    "moe-mxfp8-fusions-gb300": ("megatron.bridge.perf_recipes.qwen.gb200.qwen3_moe",
+                                "qwen3_30b_a3b_pretrain_16gpu_gb200_fp8mx_partial_cg_dev_config",
+                                "external_cuda_graph"),
+    "dense-interleaved": ("megatron.bridge.recipes.llama.h100.llama3",
+                          "llama3_70b_pretrain_32gpu_h100_bf16_deterministic_config",
+                          "deterministic_mode"),
+}
 
 
 def _bridge() -> Any:
@@ -68,8 +84,7 @@ def _bridge() -> Any:
         pytest.skip(f"Megatron-Bridge is not importable: {error}")
 
 
-def _recipe(model_name: str) -> Any:
-    module, function = RECIPES[model_name]
+def _recipe(module: str, function: str) -> Any:
     return getattr(importlib.import_module(module), function)()
 
 
@@ -106,13 +121,8 @@ def _apply(omegaconf_utils: Any, cfg: Any, launch: Any, route: str, tmp_path: Pa
     return omegaconf_utils.process_config_with_overrides(cfg, config_filepath=str(path))
 
 
-@pytest.mark.parametrize("route", ["cli", "yaml"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase, route: str,
-                                                  tmp_path: Path) -> None:
-    omegaconf_utils = _bridge()
-    launch = case.settings()
-    cfg = _apply(omegaconf_utils, _recipe(case.model_name), launch, route, tmp_path)
+def _assert_priced(cfg: Any, case: LaunchCase, launch: Any) -> None:
+    """The resolved config is the priced layout, with the unpriced features off."""
     if cfg.mixed_precision is not None:  # what ConfigContainer.validate would copy over
         cfg.mixed_precision.setup(cfg.model, cfg.optimizer, cfg.ddp)
     model, lay, plan = _Fields(cfg.model), case.layout, launch.plan
@@ -141,17 +151,49 @@ def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase, route: str,
     assert model.bf16 and not model.fp16
     assert str(model.params_dtype).endswith("bfloat16")
     assert model.cuda_graph_impl == (plan.cuda_graph_impl if plan.cuda_graphs else "none")
+    if plan.cuda_graphs:
+        assert model.use_te_rng_tracker
     if case.model.is_moe:
         assert model.expert_model_parallel_size == lay.ep
         assert model.moe_token_dispatcher_type == plan.moe_dispatcher
+    # features no recipe may bring in unpriced
+    assert (model.overlap_p2p_comm, model.batch_p2p_comm) == (lay.pp > 1 and lay.vpp > 1,
+                                                              lay.pp > 1 and lay.vpp == 1)
+    assert model.microbatch_group_size_per_vp_stage in (None, lay.pp)
+    assert not (model.enable_cuda_graph or model.external_cuda_graph
+                or model.fine_grained_activation_offloading or model.deterministic_mode)
+    assert not cfg.optimizer.optimizer_cpu_offload
+    assert cfg.ddp.num_distributed_optimizer_instances == 1
     for name, value in launch.env:
         assert str(cfg.env_vars[name]) == value
+
+
+@pytest.mark.parametrize("route", ["cli", "yaml"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_bridge_overrides_yield_the_priced_layout(case: LaunchCase, route: str,
+                                                  tmp_path: Path) -> None:
+    omegaconf_utils = _bridge()
+    launch = case.settings()
+    cfg = _apply(omegaconf_utils, _recipe(*RECIPES[case.model_name]), launch, route, tmp_path)
+    _assert_priced(cfg, case, launch)
+
+
+@pytest.mark.parametrize("case_name", sorted(FEATURE_RECIPES))
+def test_recipe_features_the_cost_model_does_not_price_are_reset(case_name: str,
+                                                                 tmp_path: Path) -> None:
+    omegaconf_utils = _bridge()
+    case = next(c for c in LAUNCH_CASES if c.name == case_name)
+    module, function, field = FEATURE_RECIPES[case_name]
+    recipe = _recipe(module, function)
+    assert getattr(recipe.model, field), f"{function} no longer sets {field}"
+    launch = case.settings()
+    _assert_priced(_apply(omegaconf_utils, recipe, launch, "cli", tmp_path), case, launch)
 
 
 def test_both_model_layouts_are_exercised() -> None:
     """v0.6.0: every recipe is flat; a Bridge with ``BridgeGPTModelConfig``: Llama is nested."""
     _bridge()
-    layouts = {name: _is_nested(_recipe(name).model) for name in RECIPES}
+    layouts = {name: _is_nested(_recipe(*where).model) for name, where in RECIPES.items()}
     try:
         importlib.import_module("megatron.bridge.models.gpt.model_config")
     except ImportError:  # v0.6.0 has no nested model config

@@ -143,3 +143,25 @@ def test_an_unrecorded_field_stops_the_overrides() -> None:
     with pytest.raises(ValueError, match="ConfigContainer"):
         bridge_overrides(case.settings().plan, bridge_groups(), top=set(bridge_top_level())
                          - {"ddp"})
+
+
+@pytest.mark.parametrize("case", LAUNCH_CASES, ids=lambda c: c.name)
+def test_unpriced_recipe_features_are_written_off(case: LaunchCase) -> None:
+    """Features some recipe turns on and the cost model does not price are reset."""
+    launch = case.settings()
+    lay, fields = case.layout, bridge_fields(launch.plan, bridge_groups())
+    assert {k: fields[k] for k in ("model.enable_cuda_graph", "model.external_cuda_graph",
+                                   "model.fine_grained_activation_offloading",
+                                   "model.deterministic_mode",
+                                   "model.microbatch_group_size_per_vp_stage",
+                                   "optimizer.optimizer_cpu_offload",
+                                   "ddp.num_distributed_optimizer_instances")} == {
+        "model.enable_cuda_graph": False, "model.external_cuda_graph": False,
+        "model.fine_grained_activation_offloading": False, "model.deterministic_mode": False,
+        "model.microbatch_group_size_per_vp_stage": None,
+        "optimizer.optimizer_cpu_offload": False, "ddp.num_distributed_optimizer_instances": 1}
+    # the p2p overlap the interleaved schedule was priced with (CommOverlapConfig's rule)
+    assert fields["model.overlap_p2p_comm"] == (lay.pp > 1 and lay.vpp > 1)
+    assert not (fields["model.overlap_p2p_comm"] and fields["model.batch_p2p_comm"])
+    if launch.plan.cuda_graphs:
+        assert fields["model.use_te_rng_tracker"] is True

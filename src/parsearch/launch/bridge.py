@@ -137,6 +137,35 @@ def _pipeline_overrides(plan: LaunchPlan) -> dict[str, Any]:
     }
 
 
+def _unpriced_resets(plan: LaunchPlan) -> dict[str, Any]:
+    """Recipe features the cost model does not price, set to what it priced.
+
+    Each is turned on by some Bridge v0.6.0 or main recipe (``perf_recipes``).
+    """
+    lay = plan.layout
+    return {
+        # what CommOverlapConfig sets for PP (dropped with comm_overlap=null), as priced:
+        # p2p hidden behind compute on interleaved schedules (Megatron-LM's default too)
+        "model.overlap_p2p_comm": lay.pp > 1 and lay.vpp > 1,
+        "model.batch_p2p_comm": lay.pp > 1 and lay.vpp == 1,
+        # the interleaved schedule's micro-batch group; null: pipeline size, as priced
+        "model.microbatch_group_size_per_vp_stage": None,
+        # deprecated graph switches: TransformerConfig.__post_init__ turns them into
+        # cuda_graph_impl (and refuses them next to it); the Qwen3 GB200 recipe sets one
+        "model.enable_cuda_graph": False,
+        "model.external_cuda_graph": False,
+        # module-wise activation offload to host (DeepSeek, Nemotron-H recipes); the
+        # cost model prices whole-layer offloading only, and Megatron-Core refuses both
+        "model.fine_grained_activation_offloading": False,
+        "model.deterministic_mode": False,
+        # optimizer state on the host (DeepSeek-V4 recipe) / one copy per instance
+        # (HSDP-style, DeepSeek-V3 GB300): the cost model shards it over all of DP
+        "optimizer.optimizer_cpu_offload": False,
+        "ddp.num_distributed_optimizer_instances": 1,
+        "ddp.outer_dp_sharding_strategy": "no_shard",
+    }
+
+
 def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, Any]:
     """``group.field`` -> value for every ConfigContainer field the priced layout fixes."""
     lay = plan.layout
@@ -175,7 +204,12 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         # captures the whole layer
         "model.cuda_graph_modules": list(plan.cuda_graph_scope) if plan.cuda_graphs else [],
         "model.cuda_graph_scope": None,
+        **_unpriced_resets(plan),
     }
+    if plan.cuda_graphs:
+        # Megatron-Core GPT finalize requires it for graphs; Bridge's validate syncs
+        # rng.te_rng_tracker from it
+        fields["model.use_te_rng_tracker"] = True
     if plan.fsdp:
         fields["checkpoint.ckpt_format"] = "fsdp_dtensor"
     if not plan.flash_attention:
