@@ -4,7 +4,7 @@ The shipped profiles record the architectures of the runs they were fitted to
 (``calibrated_on``, written by ``benchmarks/calibrate_efficiency.py``); ``explain`` and
 ``search`` name what a model has outside them, because the error bands say nothing
 there (held-out gpt-oss-120b: predicted 1.1-1.4x too fast after its unfused ops were
-priced on 2026-12-06, INDEPENDENT_RUNS.md).
+priced on 2026-12-06, INDEPENDENT_RUNS.md; 1.09-1.30x after its window kernels were).
 """
 
 from __future__ import annotations

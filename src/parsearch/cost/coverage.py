@@ -10,7 +10,9 @@ too fast on its held-out rows while the calibrated families stayed within their 
 (``src/parsearch/data/INDEPENDENT_RUNS.md``, held-out rows).  Pricing the ops Megatron-Core
 runs unfused for it (:mod:`parsearch.cost.unfused_ops`: YaRN RoPE, the GLU clamp, the
 experts' FC2 bias) and its head dim's exponential share (:func:`parsearch.cost.softmax.
-head_dim_scale`) brings its recipe-read rows to 1.1-1.4x; the rest is not explained.
+head_dim_scale`) brings its recipe-read rows to 1.1-1.4x, and its window kernels as cuDNN
+runs them (:mod:`parsearch.cost.window_attention`) to 1.09-1.30x (2026-12-06); the rest is
+not explained.
 
 :func:`coverage_of` summarises the models of a calibration set (written into the profile
 by ``benchmarks/calibrate_efficiency.py``); :func:`uncovered_features` names what a model
@@ -140,7 +142,7 @@ def coverage_note(features: tuple[str, ...]) -> str:
         return ""
     return (f"note: no calibration run of this GPU generation has {'; '.join(features)}; the "
             "ranges do not cover these (held-out gpt-oss-120b, with such features, is predicted "
-            "1.1-1.4x too fast)")
+            "1.1-1.3x too fast)")
 
 
 def parse_coverage(raw: Any, where: str) -> ArchitectureCoverage:
