@@ -13,11 +13,18 @@ Developer script; writes ``src/parsearch/data/launch_names.json``, which
   Megatron-Core bases, ``ddp``, ``optimizer``, ...) from the source with
   ``ast`` (following base classes into the Megatron-LM checkout Bridge pins),
   the registered mixed-precision recipe names and the recipe function names.
+* The nested model layout (``--nested-bridge``): a later Bridge whose Llama
+  recipes hold a ``BridgeGPTModelConfig`` — its own fields and those of the
+  ``TransformerConfig`` it keeps under ``model.transformer`` — read the same
+  way from that Bridge and the Megatron-LM it pins.  The tests check every
+  emitted ``model.*`` override against both layouts.
 
 Usage::
 
     python benchmarks/record_launch_names.py --megatron-lm DIR --megatron-lm-commit SHA \\
-        --bridge DIR --bridge-commit SHA --bridge-tag v0.6.0
+        --bridge DIR --bridge-commit SHA --bridge-tag v0.6.0 \\
+        --nested-bridge DIR --nested-bridge-commit SHA \\
+        --nested-megatron-lm DIR --nested-megatron-lm-commit SHA
 """
 
 from __future__ import annotations
@@ -131,6 +138,25 @@ class SourceIndex:
         return names
 
 
+#: the nested model layout: (module, class) of the model config and of its ``transformer``
+NESTED_MODEL: dict[str, tuple[str, str]] = {
+    "outer": ("megatron.bridge.models.gpt.model_config", "BridgeGPTModelConfig"),
+    "transformer": ("megatron.bridge.models.transformer_config", "TransformerConfig"),
+}
+
+
+def nested_model(bridge: Path, bridge_commit: str, megatron_lm: Path,
+                 megatron_lm_commit: str) -> dict[str, object]:
+    index = SourceIndex([bridge / "src", megatron_lm])
+    fields = {part: sorted(index.fields(*where)) for part, where in NESTED_MODEL.items()}
+    assert all(fields.values()), f"no nested model config in {bridge}"
+    return {"commit": bridge_commit, "megatron_lm_commit": megatron_lm_commit,
+            "source": "src/megatron/bridge/models/gpt/model_config.py BridgeGPTModelConfig "
+                      "(outer) and models/transformer_config.py TransformerConfig (under "
+                      "model.transformer), with base classes",
+            **fields}
+
+
 def registered_precision_recipes(index: SourceIndex) -> list[str]:
     tree = index.module("megatron.bridge.training.mixed_precision")
     assert tree is not None
@@ -156,6 +182,12 @@ def main() -> None:
     parser.add_argument("--bridge", type=Path, required=True, help="Bridge checkout root")
     parser.add_argument("--bridge-commit", required=True)
     parser.add_argument("--bridge-tag", required=True)
+    parser.add_argument("--nested-bridge", type=Path, required=True,
+                        help="checkout of a Bridge with the nested model layout")
+    parser.add_argument("--nested-bridge-commit", required=True)
+    parser.add_argument("--nested-megatron-lm", type=Path, required=True,
+                        help="the Megatron-LM checkout that Bridge pins")
+    parser.add_argument("--nested-megatron-lm-commit", required=True)
     args = parser.parse_args()
     bridge_src = args.bridge / "src"
     index = SourceIndex([bridge_src, args.megatron_lm])
@@ -174,6 +206,9 @@ def main() -> None:
             "groups": groups,
             "mixed_precision_recipes": registered_precision_recipes(index),
             "recipes": recipe_names(bridge_src),
+            "nested_model": nested_model(args.nested_bridge, args.nested_bridge_commit,
+                                         args.nested_megatron_lm,
+                                         args.nested_megatron_lm_commit),
         },
     }
     OUT.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")

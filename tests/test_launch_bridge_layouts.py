@@ -29,21 +29,10 @@ from parsearch.launch.bridge import (
     nested,
     override,
 )
-from parsearch.launch.names import bridge_groups, bridge_top_level
+from parsearch.launch.names import bridge_groups, bridge_nested_model, bridge_top_level
 from tests.launch_cases import LAUNCH_CASES, LaunchCase
 
-#: Fields a nested model config keeps outside ``transformer`` (Megatron-LM 2a75ac12, the
-#: commit Bridge main pins: ``megatron/training/models/base.py`` ModelConfig and
-#: ``gpt.py`` GPTModelConfig; Bridge 067f987d ``models/gpt/gpt_builder.py`` and
-#: ``models/gpt/model_config.py``).  Every other model field sits under ``transformer``.
-NESTED_OUTER = frozenset({
-    "transformer", "restore_modelopt_state", "extra_checkpoint_metadata", "pre_wrap_hooks",
-    "post_wrap_hooks", "transformer_layer_spec", "vocab_size", "make_vocab_size_divisible_by",
-    "should_pad_vocab", "seq_length", "fp16_lm_cross_entropy", "logit_dtype",
-    "parallel_output", "share_embeddings_and_output_weights", "position_embedding_type",
-    "rotary_percent", "rotary_base", "rope_scaling", "rope_scaling_factor",
-    "scatter_embedding_sequence_parallel", "seq_len_interpolation_factor",
-    "tp_comm_overlap_cfg", "use_arbitrary_attention_mask"})
+NESTED = bridge_nested_model()  # recorded from Bridge main 067f987d + Megatron-LM 2a75ac12
 
 
 def _keys(layout: str) -> set[str]:
@@ -51,8 +40,8 @@ def _keys(layout: str) -> set[str]:
     keys = set(bridge_top_level())
     for group, fields in bridge_groups().items():
         if group == "model" and layout == "nested":
-            keys |= {f"model.{f}" if f in NESTED_OUTER else f"model.transformer.{f}"
-                     for f in fields}
+            keys |= {f"model.{f}" for f in NESTED["outer"]}
+            keys |= {f"model.transformer.{f}" for f in NESTED["transformer"]}
         else:
             keys |= {f"{group}.{f}" for f in fields}
     return keys
@@ -69,6 +58,15 @@ def _accepts(item: str, keys: set[str]) -> bool:
     if item.startswith("+"):
         return key not in keys
     return key in keys
+
+
+@pytest.mark.parametrize("case", LAUNCH_CASES, ids=lambda c: c.name)
+def test_every_model_field_exists_on_the_nested_layout(case: LaunchCase) -> None:
+    """A model field main lacks would be skipped there with a warning: none is."""
+    fields = {k.removeprefix("++").split("=", 1)[0].removeprefix("model.")
+              for k in case.settings().bridge_overrides if k.startswith("++model.")}
+    missing = fields - NESTED["outer"] - NESTED["transformer"]
+    assert not missing, f"not on Bridge main's nested model config: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

@@ -106,6 +106,11 @@ def test_record_names_its_commits() -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", record["megatron_lm"]["commit"])
     assert record["megatron_bridge"]["tag"] == "v0.6.0"
     assert record["megatron_bridge"]["megatron_lm_commit"] == record["megatron_lm"]["commit"]
+    nested = record["megatron_bridge"]["nested_model"]
+    assert re.fullmatch(r"[0-9a-f]{40}", nested["commit"])
+    assert re.fullmatch(r"[0-9a-f]{40}", nested["megatron_lm_commit"])
+    assert "transformer" in nested["outer"]
+    assert "tensor_model_parallel_size" in nested["transformer"]
 
 
 def test_name_checker_catches_a_misspelled_field() -> None:

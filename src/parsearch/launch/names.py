@@ -2,7 +2,8 @@
 
 ``data/launch_names.json`` is written by ``benchmarks/record_launch_names.py``
 from the real parsers at pinned commits (Megatron-LM's ``argparse`` parser;
-Megatron-Bridge's ``ConfigContainer`` dataclasses, v0.6.0).  The launch
+Megatron-Bridge's ``ConfigContainer`` dataclasses, v0.6.0; the nested model
+layout of Bridge main).  The launch
 writers use it to place precision fields, and to check a recipe name the user
 gives; the tests check every emitted name and value form against it.
 """
@@ -40,6 +41,16 @@ def bridge_top_level() -> set[str]:
     return set(launch_names()["megatron_bridge"]["top_level"])
 
 
+def bridge_nested_model() -> dict[str, set[str]]:
+    """The nested model layout of a later Bridge (Llama recipes on main).
+
+    ``"outer"``: the ``BridgeGPTModelConfig`` fields at ``model.*``;
+    ``"transformer"``: the ``TransformerConfig`` fields at ``model.transformer.*``.
+    """
+    record = launch_names()["megatron_bridge"]["nested_model"]
+    return {"outer": set(record["outer"]), "transformer": set(record["transformer"])}
+
+
 def check_recipe(name: str) -> str:
     """``name`` if it is a Megatron-Bridge recipe function of the recorded release."""
     record = launch_names()["megatron_bridge"]
@@ -60,5 +71,5 @@ def provenance() -> dict[str, str]:
                                f"({record['megatron_bridge']['commit']})"}
 
 
-__all__ = ["bridge_groups", "bridge_top_level", "check_recipe", "launch_names",
-           "megatron_lm_options", "provenance"]
+__all__ = ["bridge_groups", "bridge_nested_model", "bridge_top_level", "check_recipe",
+           "launch_names", "megatron_lm_options", "provenance"]
