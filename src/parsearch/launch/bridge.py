@@ -158,6 +158,9 @@ def _unpriced_resets(plan: LaunchPlan) -> dict[str, Any]:
         # cost model prices whole-layer offloading only, and Megatron-Core refuses both
         "model.fine_grained_activation_offloading": False,
         "model.deterministic_mode": False,
+        # CP is priced as the p2p ring of K/V blocks (cost/communication.py); recipes
+        # pick a2a or all_gather too (Megatron-LM's default is p2p)
+        "model.cp_comm_type": "p2p",
         # optimizer state on the host (DeepSeek-V4 recipe) / one copy per instance
         # (HSDP-style, DeepSeek-V3 GB300): the cost model shards it over all of DP
         "optimizer.optimizer_cpu_offload": False,
