@@ -25,9 +25,10 @@ untouched ``transformer`` values), so one string resolves on both layouts;
 writing ``model.transformer.X`` instead would need to know the recipe's
 layout and fails on the flat one.  What ``++`` gives up is Bridge's own
 refusal of an unknown model key (it logs "not found ... Skipping" and goes
-on), hence the check at generation.  The YAML form (:func:`nested`) keeps flat
-keys too: ``OmegaConf.merge`` of a config file is not in struct mode and
-adds them the same way.  Other groups have one layout and keep plain keys,
+on), hence the check at generation (and, in the tests, against the nested
+fields recorded from main: ``nested_model`` in the record).  The YAML form
+(:func:`nested`) keeps flat keys too: ``OmegaConf.merge`` of a config file is
+not in struct mode and adds them the same way.  Other groups have one layout and keep plain keys,
 so Bridge still refuses a key its release lacks.  Checked against Bridge
 v0.6.0 and main in ``tests/test_launch_bridge_integration.py``.
 
@@ -44,7 +45,8 @@ by field with ``mixed_precision=null`` (the fields
 ``MixedPrecisionConfig.setup`` would copy, to every group that has them),
 and overlap the same way with ``comm_overlap=null``, because a recipe may
 hold either as a name or as an object and Hydra cannot edit a field of a
-name.
+name.  Features some recipe turns on that the cost model does not price are
+written off too (:func:`_unpriced_resets`).
 """
 
 from __future__ import annotations
