@@ -162,7 +162,7 @@ def _assert_priced(cfg: Any, case: LaunchCase, launch: Any) -> None:
     assert model.microbatch_group_size_per_vp_stage in (None, lay.pp)
     assert not (model.enable_cuda_graph or model.external_cuda_graph
                 or model.fine_grained_activation_offloading or model.deterministic_mode)
-    assert model.cp_comm_type == "p2p"
+    assert model.cp_comm_type == "p2p" and model.cross_entropy_loss_fusion
     assert not cfg.optimizer.optimizer_cpu_offload
     assert cfg.ddp.num_distributed_optimizer_instances == 1
     for name, value in launch.env:

@@ -151,12 +151,13 @@ def test_unpriced_recipe_features_are_written_off(case: LaunchCase) -> None:
     assert {k: fields[k] for k in ("model.enable_cuda_graph", "model.external_cuda_graph",
                                    "model.fine_grained_activation_offloading",
                                    "model.deterministic_mode", "model.cp_comm_type",
+                                   "model.cross_entropy_loss_fusion",
                                    "model.microbatch_group_size_per_vp_stage",
                                    "optimizer.optimizer_cpu_offload",
                                    "ddp.num_distributed_optimizer_instances")} == {
         "model.enable_cuda_graph": False, "model.external_cuda_graph": False,
         "model.fine_grained_activation_offloading": False, "model.deterministic_mode": False,
-        "model.cp_comm_type": "p2p",
+        "model.cp_comm_type": "p2p", "model.cross_entropy_loss_fusion": True,
         "model.microbatch_group_size_per_vp_stage": None,
         "optimizer.optimizer_cpu_offload": False, "ddp.num_distributed_optimizer_instances": 1}
     # the p2p overlap the interleaved schedule was priced with (CommOverlapConfig's rule)

@@ -159,7 +159,10 @@ def _unpriced_resets(plan: LaunchPlan) -> dict[str, Any]:
         # module-wise activation offload to host (DeepSeek, Nemotron-H recipes); the
         # cost model prices whole-layer offloading only, and Megatron-Core refuses both
         "model.fine_grained_activation_offloading": False,
+        # deterministic mode (Llama ..._deterministic recipes) also turns the fused
+        # cross-entropy off, which the compute model prices (cost/compute.py "output")
         "model.deterministic_mode": False,
+        "model.cross_entropy_loss_fusion": True,
         # CP is priced as the p2p ring of K/V blocks (cost/communication.py); recipes
         # pick a2a or all_gather too (Megatron-LM's default is p2p)
         "model.cp_comm_type": "p2p",
