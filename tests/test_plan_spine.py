@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import CostModel, build_cost_model, layout_columns, score_columns
@@ -101,6 +101,9 @@ effects = st.lists(st.floats(-0.6, 0.6, allow_nan=False), min_size=len(NAMES),
 @settings(max_examples=50, deadline=None)
 @given(st.lists(effects, min_size=1, max_size=8), st.permutations(range(len(NAMES))),
        st.integers(1, len(NAMES)))
+# found by hypothesis: a denormal clock column the planner kept in its least squares while
+# the fit leaves it out (spine_tier.unique_effect), so the two disagreed on the spine
+@example(rows=[[0.0, 0.0, 1.9478766467303375e-42, 0.5, 0.0]], perm=[0, 1, 2, 3, 4], length=4)
 def test_apart_and_informed_are_the_fits_rules(rows: list[list[float]], perm: list[int],
                                                length: int) -> None:
     g = np.array(rows)

@@ -37,6 +37,7 @@ from parsearch.validation.fit.network_calibration import (
     SPINE_FACTOR,
     with_cluster_factors,
 )
+from parsearch.validation.fit.spine_tier import unique_effect
 from parsearch.validation.user.user_calibration import MIN_RUNS_MOVED, MIN_UNIQUE_EFFECT
 
 
@@ -74,12 +75,10 @@ class SpineRule:
         others = out[:out.index(self.spine)]
         if self.leaf is not None and self.leaf not in others:
             others.append(self.leaf)
-        own = g_measured[:, self.spine]
-        if others:
-            matrix = g_measured[:, others]
-            coef, *_ = np.linalg.lstsq(matrix, own, rcond=None)
-            own = own - matrix @ coef
-        if float(np.max(np.abs(own), initial=0.0)) <= MIN_UNIQUE_EFFECT:
+        # the fit's own measure (a column that moves no run is left out of the least squares)
+        columns = {str(j): g_measured[:, j] for j in {*others, self.spine}}
+        if unique_effect(columns, [str(j) for j in others], str(self.spine)) \
+                <= MIN_UNIQUE_EFFECT:
             out.remove(self.spine)
         return out
 
