@@ -264,3 +264,5 @@ def test_pareto_launch_settings_carry_the_priced_options() -> None:
         args = point.launch.megatron_lm_args
         assert args[args.index("--moe-token-dispatcher-type") + 1] == "flex"
         assert "--cuda-graph-impl" in args
+        # the cost model prices the fused cross-entropy, so the launch turns it on
+        assert "--cross-entropy-loss-fusion" in args

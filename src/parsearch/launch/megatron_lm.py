@@ -171,6 +171,10 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
     if plan.fused_expert_mlp:
         # TransformerConfig fields, generated as arguments (arguments.py ArgumentGroupFactory)
         args += ["--use-transformer-engine-op-fuser", "--moe-mlp-glu-interleave-size", "32"]
+    # the compute model prices the fused cross-entropy (cost/compute.py "output": one read
+    # of the logits, one write of their gradient); Megatron-LM leaves it off unless asked
+    # (arguments.py --cross-entropy-loss-fusion, store_true; Bridge writes the same field)
+    args.append("--cross-entropy-loss-fusion")
     return args
 
 
