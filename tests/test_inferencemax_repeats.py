@@ -3,30 +3,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from tests.bench_modules import benchmark_module
 
-
-def _module() -> ModuleType:
-    name = "inferencemax_repeats"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-imr = _module()
+imr = benchmark_module("inferencemax_repeats")
 
 repeats = st.lists(
     st.builds(imr.Repeat, run=st.integers(1, 10**11).map(str), image=st.just("img"),

@@ -8,33 +8,21 @@ workload, is priced without error on its published layout, and never reaches a f
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from parsearch.model.presets import PRESETS
 from parsearch.topology.cluster import preset_names
+from tests.bench_modules import benchmark_module
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 #: A URL pinned to one document version: a 40-hex commit or a release tag in the path.
 PINNED = re.compile(r"/blob/([0-9a-f]{40}|v\d+\.\d+\.\d+)/")
 
 
 def _module(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # fit_serving_moe imports validate_serving by name
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module(name)
 
 
 @pytest.fixture(scope="module")
