@@ -386,14 +386,17 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
         * head_dim_scale(profile, model, backward=True))
     # Sliding-window layers: whole key tiles, a short key loop, FP8 backward over the
     # causal triangle (cost/window_attention.py; cuDNN's measured window kernels).
-    fp8_speedup = (peak_attn * attention_scale(gpu, profile, model, backward=False,
-                                               precision=attn_precision)
-                   / (peak_bf16 * attention_scale(gpu, profile, model, backward=False)))
-    window_fwd, window_bwd = window_time_factors(
-        model, s, causal, block, profile.attention_half_block,
-        fp8_attention=attn_precision == "fp8", fp8_speedup=fp8_speedup)
-    t_attn_fwd = t_attn_fwd * window_fwd
-    t_attn_bwd = t_attn_bwd * window_bwd
+    if model.sliding_window_layers:
+        fp8_attention = attn_precision == "fp8"
+        fp8_speedup = (peak_attn * attention_scale(gpu, profile, model, backward=False,
+                                                   precision=attn_precision)
+                       / (peak_bf16 * attention_scale(gpu, profile, model, backward=False))
+                       if fp8_attention else 1.0)
+        window_fwd, window_bwd = window_time_factors(
+            model, s, causal, block, profile.attention_half_block,
+            fp8_attention=fp8_attention, fp8_speedup=fp8_speedup)
+        t_attn_fwd = t_attn_fwd * window_fwd
+        t_attn_bwd = t_attn_bwd * window_bwd
     hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
     # Attention-score elements of one micro-batch on this rank (heads / tp, s/cp squared).
     score_elements = mbs * (s / cp) * model.num_attention_heads / tp * (s / cp)
