@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
+from parsearch.cost.memory import MemoryOptions
 from parsearch.model.specs import ModelSpec, MoeSpec, TrainingSpec
 
 
@@ -54,3 +56,10 @@ def small_trainings(draw: st.DrawFn) -> TrainingSpec:
         sequence_parallel=draw(st.sampled_from(["both", "on", "off"])),
         max_vpp=draw(st.one_of(st.none(), st.integers(1, 4))),
     )
+
+
+#: Health checks the memory-feature searches' property tests relax (each example builds
+#: and scores a layout table).
+SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+#: Memory options without the framework's fixed overhead, so only the priced terms count.
+NO_OVERHEAD = MemoryOptions(framework_overhead_bytes=0.0)

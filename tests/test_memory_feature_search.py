@@ -10,11 +10,11 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, score_columns, wide_columns
-from parsearch.cost.memory import MemoryOptions, memory_arrays
+from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
     MEMORY_FEATURES,
     NUMERICS_MIN_GAIN,
@@ -31,14 +31,11 @@ from parsearch.launch.plan import launch_plan, priced_features
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
-from parsearch.search.exhaustive import rank_feasible, scan_bounded, scan_table
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
-from tests.strategies import small_models, small_trainings
-
-SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
-NO_OVERHEAD = MemoryOptions(framework_overhead_bytes=0.0)
+from tests.scan_checks import assert_bounded_scan_matches_full
+from tests.strategies import NO_OVERHEAD, SLOW, small_models, small_trainings
 
 
 def _columns(table, rows):  # type: ignore[no-untyped-def]
@@ -249,13 +246,7 @@ def test_bounded_scan_chooses_as_the_full_scan(case, top: int, diverse: bool) ->
     """The bounded search (memory-only check where the pinned setting fits, the rest priced
     at the block's end) finds the layouts, speeds and memory of the full scan."""
     cm, _, table = case
-    full = scan_table(cm, table)
-    bounded = scan_bounded(cm, table, top=top, diverse=diverse, first_rows=1)
-    picks_full = rank_feasible(full, top=top, diverse=diverse)
-    picks = rank_feasible(bounded, top=top, diverse=diverse)
-    assert full.feasible_rows[picks_full].tolist() == bounded.feasible_rows[picks].tolist()
-    np.testing.assert_allclose(bounded.tokens_per_s[picks], full.tokens_per_s[picks_full],
-                               rtol=1e-9)
+    assert_bounded_scan_matches_full(cm, table, top, diverse)
 
 
 def test_a_setting_is_priced_once_per_cost_model_and_never_leaks_into_another() -> None:

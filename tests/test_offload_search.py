@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, score_columns, wide_columns
-from parsearch.cost.memory import MemoryOptions, memory_arrays
+from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import MEMORY_FEATURES, numerics_penalty, setting_of
 from parsearch.cost.offload import (
     fewest_fitting_layers,
@@ -28,14 +28,12 @@ from parsearch.cost.options import CostOptions
 from parsearch.errors import TopologyError
 from parsearch.layout.space import LayoutTable, enumerate_layouts
 from parsearch.model.specs import RECOMPUTE_CODES
-from parsearch.search.exhaustive import rank_feasible, scan_bounded, scan_table
 from parsearch.topology.cluster import load_cluster, topologies_dir
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
-from tests.strategies import small_models, small_trainings
+from tests.scan_checks import assert_bounded_scan_matches_full
+from tests.strategies import NO_OVERHEAD, SLOW, small_models, small_trainings
 
-SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
-NO_OVERHEAD = MemoryOptions(framework_overhead_bytes=0.0)
 SEARCHED = ("activation_offload_layers",)
 
 
@@ -175,13 +173,7 @@ def test_bounded_scan_offloads_as_the_full_scan(case, top: int, diverse: bool) -
     and memory of the full scan."""
     cm, cols = case
     table = LayoutTable(num_gpus=cm.fabric.num_gpus, columns=cols)
-    full = scan_table(cm, table)
-    bounded = scan_bounded(cm, table, top=top, diverse=diverse, first_rows=1)
-    picks_full = rank_feasible(full, top=top, diverse=diverse)
-    picks = rank_feasible(bounded, top=top, diverse=diverse)
-    assert full.feasible_rows[picks_full].tolist() == bounded.feasible_rows[picks].tolist()
-    np.testing.assert_allclose(bounded.tokens_per_s[picks], full.tokens_per_s[picks_full],
-                               rtol=1e-9)
+    assert_bounded_scan_matches_full(cm, table, top, diverse)
 
 
 def test_offload_is_refused_with_recompute_and_pipelines() -> None:
