@@ -81,6 +81,14 @@ def shape_index(columns: Mapping[str, np.ndarray], rows: np.ndarray | None = Non
 def _groups(cols: Mapping[str, np.ndarray],
             keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """One representative row per distinct value of ``keys``, and each row's group."""
+    starts = run_starts(cols, keys)
+    if starts is not None:  # grouped run by run: the same groups, numbers and representatives
+        grouped = group_rows({name: np.asarray(cols[name])[starts] for name in keys}, keys)
+        if grouped is not None:
+            first_run, run_group = grouped
+            n = len(cols[keys[0]])
+            last_row = np.append(starts[1:], n) - 1  # a group's last row ends its last run
+            return last_row[first_run], np.repeat(run_group, np.diff(np.append(starts, n)))
     grouped = group_rows(cols, keys)
     if grouped is not None:
         return grouped
@@ -91,6 +99,26 @@ def _groups(cols: Mapping[str, np.ndarray],
             code = code * (int(cols[name].max(initial=1)) + 1) + cols[name].astype(np.int64)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     return first, inverse.reshape(-1)
+
+
+def run_starts(cols: Mapping[str, np.ndarray], keys: tuple[str, ...],
+               min_rows: int = 1 << 16) -> np.ndarray | None:
+    """Where each run of equal ``keys`` values starts, in row order; ``None`` for small
+    tables or runs too short to pay (more than a quarter as many runs as rows).
+
+    An enumerated table is sorted by :data:`~parsearch.layout.space.AXIS_ORDER`, so a
+    shape's layouts sit in a few long runs: grouping one row per run is grouping the table.
+    """
+    n = len(cols[keys[0]])
+    if n < min_rows:
+        return None
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for name in keys:
+        values = np.asarray(cols[name])
+        change[1:] |= values[1:] != values[:-1]
+    starts = np.flatnonzero(change)
+    return starts if len(starts) <= n // 4 else None
 
 
 class _Rows(Mapping[str, np.ndarray]):
