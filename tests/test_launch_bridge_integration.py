@@ -25,13 +25,17 @@ checkouts of NVIDIA-NeMo/Megatron-Bridge and NVIDIA/Megatron-LM::
 
     python benchmarks/run_launch_integration.py --megatron-lm MLM --bridge BRIDGE
 
-    BRIDGE v0.6.0 (51885cf1), MLM cd4afffa (its pin)     53 passed (every recipe flat)
-    BRIDGE main 067f987d, MLM 2a75ac12 (its pin)         53 passed (Llama nested,
+    BRIDGE v0.6.0 (51885cf1), MLM cd4afffa (its pin)     55 passed (every recipe flat)
+    BRIDGE main 067f987d, MLM 2a75ac12 (its pin)         55 passed (Llama nested,
                                                          DeepSeek-V3 and Qwen3 MoE flat)
-    BRIDGE main 067f987d, MLM d98e8a64                   53 passed
+    BRIDGE main 067f987d, MLM d98e8a64                   55 passed
 
-(53 = 17 Megatron-LM cases + 16 Bridge cases x {cli, yaml} + 3 recipes that
-turn on an unpriced feature + the layout check.)
+(55 = 17 Megatron-LM cases + 16 Bridge cases x {cli, yaml} + 3 recipes that
+turn on an unpriced feature + 2 recipes whose kernel switches and environment
+differ from the priced ones (DeepSeek-V3 GB200: TE cross-entropy, router
+fusion, NVTE_ALLOW_NONDETERMINISTIC_ALGO=0, its own HybridEP topology; Llama 3
+8B H100 FP8: TE cross-entropy) + the layout check.  With the kernel pins left
+out of the overrides (v0.6.0), 37 of them fail: every Bridge case and both of these.)
 With plain ``model.X=v`` keys, Bridge main refused the CLI route of all 13
 Llama cases ("Could not override 'model.tensor_model_parallel_size' ... not in
 struct"); the YAML route passed, a merged file not being in struct mode.
@@ -47,6 +51,7 @@ from typing import Any
 import pytest
 import yaml
 
+from parsearch.launch.bridge import kernel_pins
 from tests.launch_cases import LAUNCH_CASES, LaunchCase
 
 #: model preset -> (module, recipe function) of a Bridge performance recipe
@@ -167,6 +172,52 @@ def _assert_priced(cfg: Any, case: LaunchCase, launch: Any) -> None:
     assert cfg.ddp.num_distributed_optimizer_instances == 1
     for name, value in launch.env:
         assert str(cfg.env_vars[name]) == value
+    # kernel switches pinned to the priced kernels (fusions, SM counts, empty_cache)
+    for key, value in kernel_pins(plan).items():
+        group, field = key.split(".", 1)
+        got = getattr(model if group == "model" else getattr(cfg, group), field)
+        assert got == value, f"{key}: {got!r}, priced {value!r}"
+
+
+def _recipe_value(cfg: Any, key: str) -> Any:
+    group, field = key.split(".", 1)
+    if group == "env_vars":
+        return None if field not in cfg.env_vars else str(cfg.env_vars[field])
+    return getattr(_Fields(cfg.model) if group == "model" else getattr(cfg, group), field)
+
+
+#: recipe -> pinned fields its own settings differ on (checked before the overrides, so
+#: the test fails if a recipe stops differing rather than passing vacuously)
+DIFFERING: dict[str, tuple[str, ...]] = {
+    # perf_recipes/_common.py: cross_entropy_fusion_impl="te"; deepseek/common.py:
+    # moe_router_fusion=True; the GB200 env_vars: NVTE_ALLOW_NONDETERMINISTIC_ALGO=0,
+    # HybridEP topology for its own EP
+    "deepseek-v3": ("model.cross_entropy_fusion_impl", "model.moe_router_fusion",
+                    "env_vars.NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+                    "env_vars.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"),
+    # perf_recipes/_common.py: cross_entropy_fusion_impl="te" (Llama 3 H100 FP8 recipe)
+    "llama3-8b": ("model.cross_entropy_fusion_impl",),
+}
+
+
+@pytest.mark.parametrize("model_name", sorted(DIFFERING))
+def test_recipe_kernel_settings_that_differ_are_pinned(model_name: str, tmp_path: Path) -> None:
+    """A recipe whose fusions / SM counts / environment differ from the priced ones gets
+    the priced values (both routes)."""
+    omegaconf_utils = _bridge()
+    case = next(c for c in CASES if c.model_name == model_name)
+    launch = case.settings()
+    wanted = {**kernel_pins(launch.plan),
+              **{f"env_vars.{name}": value for name, value in launch.env}}
+    for route in ("cli", "yaml"):
+        recipe = _recipe(*RECIPES[model_name])
+        differ = {k for k in wanted if _recipe_value(recipe, k) != wanted[k]}
+        assert set(DIFFERING[model_name]) <= differ, (
+            f"{RECIPES[model_name][1]} no longer differs on "
+            f"{sorted(set(DIFFERING[model_name]) - differ)}")
+        cfg = _apply(omegaconf_utils, recipe, launch, route, tmp_path)
+        for key in sorted(differ):
+            assert _recipe_value(cfg, key) == wanted[key], (route, key)
 
 
 @pytest.mark.parametrize("route", ["cli", "yaml"])

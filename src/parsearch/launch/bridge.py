@@ -46,7 +46,25 @@ by field with ``mixed_precision=null`` (the fields
 and overlap the same way with ``comm_overlap=null``, because a recipe may
 hold either as a name or as an object and Hydra cannot edit a field of a
 name.  Features some recipe turns on that the cost model does not price are
-written off too (:func:`_unpriced_resets`).
+written off too (:func:`_unpriced_resets`), and kernel switches (fusions, the
+flex dispatcher's SM count, per-step ``empty_cache``, the userbuffers config)
+are pinned to the kernels the cost model counts (:func:`kernel_pins`); the
+environment a recipe's ``env_vars`` would set is written from the plan
+(``launch/plan.py`` ``_env``), which the shell snippet exports too.
+
+Not pinned, and why (recipe ``env_vars`` and fields left as the recipe sets them):
+``NVTE_FWD/BWD_LAYERNORM_SM_MARGIN`` (SMs a memory-bound norm leaves to an
+overlapped collective; the norms are priced by their bytes at HBM rate, which a
+20-SM margin does not bound), ``NVTE_NORM_*_USE_CUDNN`` and ``NVTE_USE_FAST_MATH``
+(other kernels for the same bytes), ``PYTORCH_CUDA_ALLOC_CONF`` (allocator
+fragmentation: the memory model's ``memory_margin``),
+``TORCH_NCCL_AVOID_RECORD_STREAMS``, ``NCCL_GRAPH_REGISTER``, ``NCCL_P2P_NET_CHUNKSIZE``,
+``NCCL_IGNORE_CPU_AFFINITY``, ``NCCL_CTA_POLICY`` and ``TORCH_NCCL_HIGH_PRIORITY``
+(NCCL and host tuning below the alpha-beta model's resolution),
+``moe_hybridep_num_sms_preprocessing`` (HybridEP's metadata scan),
+``persist_layer_norm`` (Apex's persistent LayerNorm, ``core/fusions/fused_layer_norm.py``;
+the Transformer Engine layer specs norm with ``TENorm``) and ``train.manual_gc`` (host
+pauses: the profile's step overhead).
 """
 
 from __future__ import annotations
@@ -54,6 +72,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from parsearch.cost.communication import FLEX_DISPATCH_SMS
 from parsearch.launch.names import bridge_top_level
 from parsearch.launch.plan import LaunchPlan
 
@@ -174,6 +193,105 @@ def _unpriced_resets(plan: LaunchPlan) -> dict[str, Any]:
     }
 
 
+#: Megatron-LM commit whose defaults the kernel pins cite (``megatron/core/transformer/
+#: transformer_config.py``, TC; ``megatron/core/model_parallel_config.py``, MPC).
+_MCORE = "d98e8a64"
+
+
+def kernel_pins(plan: LaunchPlan) -> dict[str, Any]:
+    """Kernel switches pinned to the kernels the cost model prices (issue 32 item 6).
+
+    The byte and kernel counts of :mod:`parsearch.cost.compute` and
+    :mod:`parsearch.cost.kernels` are those of Megatron-Core's fused kernels: a
+    recipe that turns one off runs slower than priced, one that turns on a fusion
+    the counts do not include runs something else.  Each entry names where the
+    field is defined (Megatron-LM at :data:`_MCORE`, Megatron-Bridge main 067f987d)
+    and its default there; a field a MoE or flex-dispatcher launch needs only is
+    written for those launches only.
+    """
+    pins: dict[str, Any] = {
+        # TC bias_activation_fusion=False (Bridge GPTModelProvider: not set; Megatron-LM's
+        # --no-bias-swiglu-fusion leaves it on).  Priced: the fused gated activation (SwiGLU
+        # reads 2f, writes f: compute.py per_ffn 16f; GPT-OSS's clamp on top,
+        # unfused_ops.py).  Bridge main's GPT-OSS H100 recipe turns it off.  Not gated (GeLU
+        # without bias): TransformerConfig refuses True, and the unfused GeLU moves the
+        # priced 10f.  TC use_te_activation_func=False is refused beside it (Kimi K3 bridge).
+        "model.bias_activation_fusion": plan.gated_mlp,
+        # TC bias_dropout_fusion=False; priced: one fused residual add (read 2h, write h,
+        # compute.py per_hidden); unfused it adds a dropout kernel's pass over h
+        "model.bias_dropout_fusion": True,
+        # MPC gradient_accumulation_fusion=False (Bridge: True where Transformer Engine
+        # imports); priced: wgrad GEMMs accumulate into the fp32 main_grad in place (no
+        # per-micro-batch add pass or bf16 wgrad buffer in compute.py or memory/); Gemma 4's
+        # recipe turns it off
+        "model.gradient_accumulation_fusion": True,
+        # MPC cross_entropy_fusion_impl="native"; the fused cross-entropy is priced
+        # (cross_entropy_loss_fusion, below) and Megatron-LM at d98e8a64 refuses "te" beside
+        # it ("disabled due to stability issues", arguments.py validate_args), so both
+        # launches run native; perf_recipes/_common.py and many recipes set "te"
+        "model.cross_entropy_fusion_impl": "native",
+        # Bridge train.empty_unused_memory_level (Megatron-LM megatron/training/config/
+        # training_config.py) = 0; >= 1 calls torch.cuda.empty_cache() every step
+        # (Bridge training/train.py), a host sync and re-allocation the cost model does
+        # not price; the memory model counts peak bytes, which emptying the cache does
+        # not lower.  The Nemotron-3 Nano H100 recipe sets 2.
+        "train.empty_unused_memory_level": 0,
+        # Bridge GPTModelProvider tp_comm_overlap_cfg=None: Transformer Engine's default
+        # userbuffers config (SMs per overlapped collective), what the Megatron-LM launch
+        # runs (no --tp-comm-overlap-cfg).  The time model charges TP overlap the
+        # profile's fitted comm_sm_share (cost/communication.py), not a recipe's tuned SM
+        # counts; comm_overlap=null already drops the recipe's CommOverlapConfig copy
+        "model.tp_comm_overlap_cfg": None,
+    }
+    if plan.gated_mlp:
+        pins["model.use_te_activation_func"] = False
+    if not plan.mla:
+        # TC apply_rope_fusion=False (Megatron-LM's --no-rope-fusion leaves it on); priced:
+        # the fused RoPE kernel (8 B per Q/K element, unfused_ops.FUSED_ROPE_BYTES).  Where
+        # Megatron cannot fuse (YaRN, not rope) Bridge turns it off itself
+        # (utils/fusions.py validate_rope_fusion_compatibility) and the cost model prices
+        # the unfused path (rope_extra_bytes).  MLA: Megatron-Core refuses the fusion
+        # unless rope_type is yarn (MLATransformerConfig.__post_init__), which the model
+        # spec does not record; left to the recipe.
+        pins["model.apply_rope_fusion"] = True
+    if not plan.flash_attention:
+        # Bridge GPTModelProvider masked_softmax_fusion=True (TC False); the unfused
+        # attention's score bytes are those of the fused scale-mask-softmax
+        # (compute.py UNFUSED_SCORE_BYTES_*).  With fused attention the field is unused.
+        pins["model.masked_softmax_fusion"] = True
+    if plan.is_moe:
+        pins.update({
+            # TC moe_permute_fusion=False (Megatron-LM --moe-permute-fusion, store_true);
+            # priced: one read and one write of h per routed copy each way
+            # (compute.py per_routed_copy 16h), the fused permute; most MoE recipes set it
+            "model.moe_permute_fusion": True,
+            # TC moe_router_fusion=False; priced: the unfused router's kernels
+            # (kernels.py KERNELS_ROUTER: gate GEMM, score function, top-k, aux loss, ~15
+            # ops forward); Bridge's DeepSeek perf_recipes/deepseek/common.py sets True
+            "model.moe_router_fusion": False,
+            # TC moe_router_padding_for_quantization=False (and its alias
+            # moe_router_padding_for_fp8, which turns it on in __post_init__): pads every
+            # expert's routed tokens to 16/32 before dispatch, extra copies on the EP
+            # network and a device-to-host sync the cost model does not price (it rounds
+            # expert GEMM rows to the tile only, compute.py tile_padding); set by the
+            # DeepSeek GB200/GB300 and GPT-OSS perf_recipes
+            "model.moe_router_padding_for_quantization": False,
+            "model.moe_router_padding_for_fp8": False,
+        })
+    if plan.flex_backend is not None:
+        # TC moe_flex_dispatcher_num_sms=None (each back end's own default; the deprecated
+        # moe_deepep_num_sms / moe_hybridep_num_sms, None, are routed to it and refused
+        # when they differ).  The time model takes FLEX_DISPATCH_SMS (DeepEP 20,
+        # HybridEP 32) from the GPU's SMs beside the overlapped compute
+        # (communication.ep_sm_share); recipes set 16, 32 or None.
+        pins.update({
+            "model.moe_flex_dispatcher_num_sms": FLEX_DISPATCH_SMS[plan.flex_backend],
+            "model.moe_deepep_num_sms": None,
+            "model.moe_hybridep_num_sms": None,
+        })
+    return pins
+
+
 def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, Any]:
     """``group.field`` -> value for every ConfigContainer field the priced layout fixes."""
     lay = plan.layout
@@ -213,6 +331,7 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         "model.cuda_graph_modules": list(plan.cuda_graph_scope) if plan.cuda_graphs else [],
         "model.cuda_graph_scope": None,
         **_unpriced_resets(plan),
+        **kernel_pins(plan),
     }
     if plan.cuda_graphs:
         # Megatron-Core GPT finalize requires it for graphs; Bridge's validate syncs
@@ -319,4 +438,4 @@ def nested(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["FORCE_ADD", "PRECISION_GROUPS", "bridge_fields", "bridge_overrides", "check_key",
-           "hydra_value", "nested", "override", "precision_fields"]
+           "hydra_value", "kernel_pins", "nested", "override", "precision_fields"]

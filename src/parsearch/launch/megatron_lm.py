@@ -8,6 +8,7 @@ written out too, so the argument file trains the model that was priced.
 
 from __future__ import annotations
 
+from parsearch.cost.communication import FLEX_DISPATCH_SMS
 from parsearch.launch.plan import LaunchPlan
 from parsearch.model.specs import ModelSpec
 
@@ -140,7 +141,13 @@ def _feature_args(plan: LaunchPlan) -> list[str]:
     if plan.moe_dispatcher is not None:
         args += ["--moe-token-dispatcher-type", plan.moe_dispatcher]
         if plan.flex_backend is not None:
-            args += ["--moe-flex-dispatcher-backend", plan.flex_backend]
+            # the SMs the time model gives the flex kernels (communication.FLEX_DISPATCH_SMS);
+            # Megatron-Core's default (None) leaves each back end its own
+            args += ["--moe-flex-dispatcher-backend", plan.flex_backend,
+                     "--moe-flex-dispatcher-num-sms", str(FLEX_DISPATCH_SMS[plan.flex_backend])]
+        # the fused permute the compute model prices (compute.py per_routed_copy); off in
+        # Megatron-LM unless asked (store_true); the router stays unfused, as priced
+        args.append("--moe-permute-fusion")
     if plan.moe_a2a_overlap:
         args.append("--overlap-moe-expert-parallel-comm")
     if plan.moe_shared_expert_overlap:

@@ -13,8 +13,8 @@ the estimate.
 (2, ('--nnodes', '2', '--nproc-per-node', '8'))
 >>> s.bridge_overrides[0]
 '++model.tensor_model_parallel_size=2'
->>> s.env
-(('CUDA_DEVICE_MAX_CONNECTIONS', '1'),)
+>>> s.env[0]
+('CUDA_DEVICE_MAX_CONNECTIONS', '1')
 """
 
 from __future__ import annotations
