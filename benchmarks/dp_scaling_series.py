@@ -49,6 +49,13 @@ the B=6,144 series (-9.4% per GPU, -4.4% predicted) is where the excess sits; Me
 about 0.5% of machines) and names no fabric tier that a job of 1,024 nodes crosses and one
 of 768 does not.
 
+Added 2026-12-06 late, never fitted: NVIDIA's DGX Cloud recipes (tag DGXC, Llama 3.1
+8B / 70B / 405B on H100, weak scaling at a fixed GA): 4 of 6 series pass as flat; the 70B
+and 405B FP8 series fall 3.3% (64 -> 2,048 GPUs) and 9.0% (576 -> 2,304) against 0.4%
+priced.  Their steps grow 0.05-0.1 s per doubling of DP in BF16 and FP8 alike (70B
+14.72 -> 14.98 s and 11.01 -> 11.39 s), plus 1.04 s for 405B FP8 at 2,304 GPUs: a
+per-step cost growing with the DP size, unpriced (14 of 16 series as published).
+
 Mechanisms checked and not priced (numbers per step of the GPT-175B TP8 PP8 VPP6 layout):
 NCCL ring latency grows with the ranks ((n-1) hops per reduce-scatter or all-gather, 14 us
 per network hop in NCCL's tuning model, ``src/graph/tuning.cc``), but the baseline issues 12

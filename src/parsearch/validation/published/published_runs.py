@@ -378,14 +378,17 @@ def release_line(release: tuple[int, ...] | None) -> tuple[int, ...]:
     return tuple(release[:2]) if release else ()
 
 
-def supersede_key(run: PublishedRun) -> tuple[str, str, str]:
-    """What a newer release re-measures: the same model on the same GPU in the same precision."""
-    return (base_model(run.model), run.gpu, run.precision)
+def supersede_key(run: PublishedRun) -> tuple[str, str, str, str]:
+    """What a newer release re-measures: the same source's model on the same GPU in the
+    same precision (a release line supersedes only its own table's rows: NeMo 24.09 in
+    NVIDIA's DGX Cloud recipes is not an older line of Megatron-Bridge's tables)."""
+    return (run.source_tag, base_model(run.model), run.gpu, run.precision)
 
 
-def superseding_lines(runs: Iterable[PublishedRun]) -> dict[tuple[str, str, str], tuple[int, ...]]:
+def superseding_lines(runs: Iterable[PublishedRun]
+                      ) -> dict[tuple[str, str, str, str], tuple[int, ...]]:
     """The newest release line that published each :func:`supersede_key`."""
-    newest: dict[tuple[str, str, str], tuple[int, ...]] = {}
+    newest: dict[tuple[str, str, str, str], tuple[int, ...]] = {}
     for run in runs:
         key = supersede_key(run)
         newest[key] = max(newest.get(key, ()), release_line(run.release))
@@ -393,7 +396,8 @@ def superseding_lines(runs: Iterable[PublishedRun]) -> dict[tuple[str, str, str]
 
 
 def superseded_by(run: PublishedRun,
-                  newest: dict[tuple[str, str, str], tuple[int, ...]]) -> tuple[int, ...] | None:
+                  newest: dict[tuple[str, str, str, str], tuple[int, ...]]
+                  ) -> tuple[int, ...] | None:
     """The newer release line that re-measured ``run``'s model, GPU and precision, or ``None``."""
     line = release_line(run.release)
     latest = newest.get(supersede_key(run), ())

@@ -38,6 +38,9 @@ MBRIDGE_USER = "MBRIDGE-USER"
 MBRIDGE_HELDOUT = "MBRIDGE-HELDOUT"
 # BigScience's BLOOM-176B layout trial on Jean Zay (Megatron-DeepSpeed, ZeRO-1, 4x100G OPA).
 BLOOM_TRIAL = "BLOOM-TRIAL"
+# NVIDIA's DGX Cloud benchmarking recipes (github NVIDIA/dgxc-benchmarking): NeMo 24.09
+# runs of Llama 3.1 8B / 70B / 405B on 8-2,304 H100, weak scaling; never fitted to.
+DGXC = "DGXC"
 OTHER = "OTHER"
 
 _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
@@ -56,6 +59,7 @@ _SOURCE_PREFIXES: tuple[tuple[str, str], ...] = (
     ("Megatron-Bridge model verification card", MBRIDGE_CARD),
     ("Megatron-Bridge user report", MBRIDGE_USER),
     ("BigScience BLOOM-176B layout trial", BLOOM_TRIAL),
+    ("NVIDIA DGX Cloud benchmarking recipes", DGXC),
 )
 
 # Peaks the sources divide by to report MFU (TFLOP/s, dense 16-bit).
@@ -138,9 +142,12 @@ def release_of(source: str) -> tuple[int, ...] | None:
 
 #: The software stack each source's runs used (:mod:`parsearch.cost.stacks`): the papers'
 #: Megatron-LM of their year, MoE Parallel Folding's Megatron-Core (recipes of 2025-04-03,
-#: before DeepEP reached a release), NeMo 25.04's Megatron-Core 0.12.
+#: before DeepEP reached a release), NeMo 25.04's Megatron-Core 0.12, and the DGX Cloud
+#: recipes' NeMo 24.09 container (Megatron-Core 0.9: no MoE all-to-all overlap, no DeepEP,
+#: no CUDA-graph scopes: the mcore-0.11 stack's feature set).
 _SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm-2022",
-                                  FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12"}
+                                  FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12",
+                                  DGXC: "mcore-0.11"}
 
 
 def stack_of_source(source: str) -> str:

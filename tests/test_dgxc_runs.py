@@ -1,0 +1,112 @@
+"""NVIDIA's DGX Cloud benchmarking rows (``independent_runs.csv`` i0242-i0269, tag DGXC).
+
+The golden numbers below are typed from the tables of NVIDIA/dgxc-benchmarking@35a9aecc8d5b
+``llama3.1/README_{8b,70b,405b}.md`` (step time in s, aggregate tokens/s as printed), not
+computed by the code; the layouts from ``llama3.1/llama3.1_*.yaml`` there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsearch.cost.analytic import CostOptions
+from parsearch.validation.published.published_runs import (
+    PublishedRun,
+    current_releases,
+    read_published_runs,
+)
+from parsearch.validation.published.run_conventions import (
+    CONV_REPORTED,
+    DGXC,
+    MBRIDGE,
+    MBRIDGE_HELDOUT,
+    stack_of_source,
+)
+from parsearch.validation.published.runs import memory_saving_candidates, recipe_accounting
+
+DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
+
+#: id -> (GPUs, global batch, step s, aggregate tokens/s), as the README tables print them.
+PRINTED = {
+    "i0242": (8, 128, 12.91, 81222), "i0246": (128, 2048, 13.10, 1280704),
+    "i0247": (8, 128, 9.67, 108436), "i0251": (128, 2048, 9.82, 1708474),
+    "i0252": (64, 128, 14.72, 71235), "i0257": (2048, 4096, 14.98, 2248957),
+    "i0258": (64, 128, 11.01, 95239), "i0263": (2048, 4096, 11.39, 2945955),
+    "i0264": (576, 252, 17.20, 120022), "i0266": (2304, 1008, 17.62, 468646),
+    "i0267": (576, 252, 11.24, 183664), "i0269": (2304, 1008, 12.35, 668626),
+}
+
+
+@pytest.fixture(scope="module")
+def dgxc() -> dict[str, PublishedRun]:
+    return {run.id: run for run in read_published_runs(DATA).runs if run.source_tag == DGXC}
+
+
+def test_rows_and_their_layouts(dgxc: dict[str, PublishedRun]) -> None:
+    assert sorted(dgxc) == [f"i{n:04d}" for n in range(242, 270)]
+    shapes = {(run.model, run.layout.tp, run.layout.pp, run.layout.cp, run.layout.vpp)
+              for run in dgxc.values()}
+    assert shapes == {("Llama-3.1-8B", 1, 1, 2, 1), ("Llama-3.1-70B", 4, 4, 2, 5),
+                      ("Llama-3.1-405B", 8, 9, 2, 7)}
+    for run in dgxc.values():
+        # weak scaling: the gradient accumulation is the recipe's (32, 64, 63) at every size
+        dp = run.num_gpus // (run.layout.tp * run.layout.pp * run.layout.cp)
+        assert run.global_batch // dp == {"Llama-3.1-8B": 32, "Llama-3.1-70B": 64,
+                                          "Llama-3.1-405B": 63}[run.model]
+        assert run.seq_len == 8192 and run.layout.recompute == "none"
+
+
+@pytest.mark.parametrize("run_id", sorted(PRINTED))
+def test_throughput_is_the_printed_one(dgxc: dict[str, PublishedRun], run_id: str) -> None:
+    gpus, gbs, step_s, tokens_per_s = PRINTED[run_id]
+    run = dgxc[run_id]
+    assert run.conversion == CONV_REPORTED and (run.num_gpus, run.global_batch) == (gpus, gbs)
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(tokens_per_s / gpus, abs=0.06)
+    # the printed step time agrees within its rounding (0.4% at 70B BF16 on 2,048 GPUs)
+    assert run.measured_tokens_per_s_per_gpu == pytest.approx(
+        gbs * 8192 / step_s / gpus, rel=5e-3)
+
+
+def test_recipe_settings_reach_the_cost_options(dgxc: dict[str, PublishedRun]) -> None:
+    def read(run_id: str):
+        run = dgxc[run_id]
+        readings = memory_saving_candidates(run)
+        assert len(readings) == 1  # recompute and sharding stated: nothing is guessed
+        return recipe_accounting(run, readings[0][0], CostOptions())
+
+    training, options = read("i0258")  # 70B FP8: userbuffers TP overlap, delayed scaling
+    assert options.tp_comm_overlap and options.fp8_recipe == "delayed"
+    assert options.overlap_grad_reduce and options.overlap_param_gather
+    assert options.grad_reduce_bytes == 2.0 and training.grad_bytes == 2.0
+    training, options = read("i0242")  # 8B BF16, TP1: nothing to overlap
+    assert not options.tp_comm_overlap
+
+
+def test_stack_is_the_nemo_24_09_one(dgxc: dict[str, PublishedRun]) -> None:
+    assert {stack_of_source(run.source) for run in dgxc.values()} == {"mcore-0.11"}
+    assert {run.release for run in dgxc.values()} == {(24, 9)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(cells=st.lists(st.tuples(st.sampled_from((DGXC, MBRIDGE, MBRIDGE_HELDOUT)),
+                                st.sampled_from(((24, 9), (25, 9), (26, 4), None))),
+                      min_size=1, max_size=8))
+def test_a_release_line_supersedes_only_its_own_source(
+        dgxc: dict[str, PublishedRun], cells: list[tuple[str, tuple[int, ...] | None]]) -> None:
+    """One model, GPU and precision measured by several sources: each source keeps its own
+    newest line, whatever release another source published."""
+    template = dgxc["i0267"]
+    sample = [replace(template, id=f"x{i}", source_tag=tag, release=release)
+              for i, (tag, release) in enumerate(cells)]
+    kept = {run.id for run in current_releases(sample)}
+    for run in sample:
+        own = [other.release for other in sample
+               if other.source_tag == run.source_tag and other.release is not None]
+        newest = max(own, default=None)
+        expected = run.release is None or run.release == newest
+        assert (run.id in kept) == expected
