@@ -50,11 +50,13 @@ about 0.5% of machines) and names no fabric tier that a job of 1,024 nodes cross
 of 768 does not.
 
 Added 2026-12-06 late, never fitted: NVIDIA's DGX Cloud recipes (tag DGXC, Llama 3.1
-8B / 70B / 405B on H100, weak scaling at a fixed GA): 4 of 6 series pass as flat; the 70B
-and 405B FP8 series fall 3.3% (64 -> 2,048 GPUs) and 9.0% (576 -> 2,304) against 0.4%
-priced.  Their steps grow 0.05-0.1 s per doubling of DP in BF16 and FP8 alike (70B
-14.72 -> 14.98 s and 11.01 -> 11.39 s), plus 1.04 s for 405B FP8 at 2,304 GPUs: a
-per-step cost growing with the DP size, unpriced (14 of 16 series as published).
+8B / 70B / 405B and Nemotron-4 15B / 340B on H100, weak scaling at a fixed GA): 5 of 10
+series pass; Llama 70B / 405B FP8 fall 3.3% / 9.0%, Nemotron-4 15B 4.4% / 4.6%, 340B FP8
+9.4%, priced -0.5 to +5%.  Their steps grow by 0.1-0.4 s from the smallest to the largest
+size (405B FP8 by 1.1 s): a per-step cost growing with the DP size, unpriced (15 of 20
+series as published).  Their recipes reduce gradients with Apex's distributed fused Adam
+in fixed buckets, whose ring latency grows with DP, but no one per-hop latency meets the
+five (docs/accuracy.md).
 
 Mechanisms checked and not priced (numbers per step of the GPT-175B TP8 PP8 VPP6 layout):
 NCCL ring latency grows with the ranks ((n-1) hops per reduce-scatter or all-gather, 14 us

@@ -1,8 +1,9 @@
-"""NVIDIA's DGX Cloud benchmarking rows (``independent_runs.csv`` i0242-i0269, tag DGXC).
+"""NVIDIA's DGX Cloud benchmarking rows (``independent_runs.csv`` i0242-i0295, tag DGXC).
 
 The golden numbers below are typed from the tables of NVIDIA/dgxc-benchmarking@35a9aecc8d5b
-``llama3.1/README_{8b,70b,405b}.md`` (step time in s, aggregate tokens/s as printed), not
-computed by the code; the layouts from ``llama3.1/llama3.1_*.yaml`` there.
+``llama3.1/README_{8b,70b,405b}.md`` and ``nemotron/README_{15b,340b}.md`` (step time in
+s, aggregate tokens/s as printed), not computed by the code; the layouts from the
+recipes' yaml and ``configure.sh`` there.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ PRINTED = {
     "i0258": (64, 128, 11.01, 95239), "i0263": (2048, 4096, 11.39, 2945955),
     "i0264": (576, 252, 17.20, 120022), "i0266": (2304, 1008, 17.62, 468646),
     "i0267": (576, 252, 11.24, 183664), "i0269": (2304, 1008, 12.35, 668626),
+    "i0270": (16, 64, 2.83, 92630), "i0285": (2048, 8192, 2.18, 15391941),
+    "i0286": (128, 32, 4.61, 28432), "i0295": (2048, 512, 3.49, 600903),
 }
 
 
@@ -48,17 +51,20 @@ def dgxc() -> dict[str, PublishedRun]:
 
 
 def test_rows_and_their_layouts(dgxc: dict[str, PublishedRun]) -> None:
-    assert sorted(dgxc) == [f"i{n:04d}" for n in range(242, 270)]
+    assert sorted(dgxc) == [f"i{n:04d}" for n in range(242, 296)]
     shapes = {(run.model, run.layout.tp, run.layout.pp, run.layout.cp, run.layout.vpp)
               for run in dgxc.values()}
     assert shapes == {("Llama-3.1-8B", 1, 1, 2, 1), ("Llama-3.1-70B", 4, 4, 2, 5),
-                      ("Llama-3.1-405B", 8, 9, 2, 7)}
+                      ("Llama-3.1-405B", 8, 9, 2, 7), ("Nemotron-4-15B", 4, 1, 1, 1),
+                      ("Nemotron-4-340B", 8, 8, 1, 12)}
+    # weak scaling: the gradient accumulation (micro-batches per replica) is the recipe's
+    # at every size, the micro-batch 4 for Nemotron-4 15B and 1 otherwise
+    per_replica = {"Llama-3.1-8B": (32, 8192), "Llama-3.1-70B": (64, 8192),
+                   "Llama-3.1-405B": (63, 8192), "Nemotron-4-15B": (16, 4096),
+                   "Nemotron-4-340B": (16, 4096)}
     for run in dgxc.values():
-        # weak scaling: the gradient accumulation is the recipe's (32, 64, 63) at every size
         dp = run.num_gpus // (run.layout.tp * run.layout.pp * run.layout.cp)
-        assert run.global_batch // dp == {"Llama-3.1-8B": 32, "Llama-3.1-70B": 64,
-                                          "Llama-3.1-405B": 63}[run.model]
-        assert run.seq_len == 8192 and run.layout.recompute == "none"
+        assert (run.global_batch // dp, run.seq_len) == per_replica[run.model]
 
 
 @pytest.mark.parametrize("run_id", sorted(PRINTED))
@@ -69,7 +75,7 @@ def test_throughput_is_the_printed_one(dgxc: dict[str, PublishedRun], run_id: st
     assert run.measured_tokens_per_s_per_gpu == pytest.approx(tokens_per_s / gpus, abs=0.06)
     # the printed step time agrees within its rounding (0.4% at 70B BF16 on 2,048 GPUs)
     assert run.measured_tokens_per_s_per_gpu == pytest.approx(
-        gbs * 8192 / step_s / gpus, rel=5e-3)
+        gbs * run.seq_len / step_s / gpus, rel=5e-3)
 
 
 def test_recipe_settings_reach_the_cost_options(dgxc: dict[str, PublishedRun]) -> None:
@@ -110,3 +116,49 @@ def test_a_release_line_supersedes_only_its_own_source(
         newest = max(own, default=None)
         expected = run.release is None or run.release == newest
         assert (run.id in kept) == expected
+
+
+def test_nemotron4_presets_match_the_published_sizes() -> None:
+    """Nemotron-4 15B report (arXiv 2402.16819 §2): 3.2 billion embedding and 12.5 billion
+    non-embedding parameters (input embedding and output layer untied); 340B report: 340B."""
+    from parsearch.model.params import parameter_counts
+    from parsearch.model.presets import get_preset
+
+    small = parameter_counts(get_preset("nemotron4-15b"))
+    embedding = small.embedding + small.output
+    assert embedding / 1e9 == pytest.approx(3.2, abs=0.06)
+    assert (small.total - embedding) / 1e9 == pytest.approx(12.5, abs=0.05)
+    large = parameter_counts(get_preset("nemotron4-340b"))
+    assert large.total / 1e9 == pytest.approx(340, rel=0.01)
+
+
+def test_squared_relu_is_an_ungated_mlp_and_launches_as_such() -> None:
+    from parsearch.launch.megatron_lm import model_args
+    from parsearch.model.params import parameter_counts
+    from parsearch.model.presets import get_preset
+
+    model = get_preset("nemotron4-15b")
+    # two matrices of h x f, not SwiGLU's three
+    assert parameter_counts(model).dense_mlp_per_layer == 2 * 6144 * 24576
+    args = model_args(model)
+    assert "--squared-relu" in args and "--swiglu" not in args
+    assert args[args.index("--normalization") + 1] == "LayerNorm"
+    assert "--untie-embeddings-and-output-weights" in args
+
+
+def test_nemotron4_340b_runs_at_its_published_settings_fit(dgxc: dict[str, PublishedRun]) -> None:
+    """Issue 33: the Nemotron-4 340B recipe (TP8 PP8 VP12, MBS 1, selective recompute,
+    Apex distributed fused Adam with ``dtype: bf16``) ran on 128 H100s; it must fit."""
+    from parsearch.validation.published.runs import validate_runs
+
+    runs = [run for run in dgxc.values() if run.model == "Nemotron-4-340B"]
+    assert len(runs) == 10 and {run.model_source for run in runs} == {"preset:nemotron4-340b"}
+    report = validate_runs(runs, deduplicate=False)
+    assert {row.id for row in report.rows} == {run.id for run in runs}
+    assert all(row.fits for row in report.rows)
+    smallest = dgxc["i0286"]
+    assert smallest.num_gpus == 128 and smallest.layout.recompute == "selective"
+    readings = memory_saving_candidates(smallest)
+    assert len(readings) == 1
+    training, options = recipe_accounting(smallest, readings[0][0], CostOptions())
+    assert options.bf16_moments and training.recompute_modules == ("core_attn",)

@@ -225,6 +225,9 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     """
     h = float(model.hidden_size)
     attn_width = (model.num_attention_heads + model.num_query_groups) * model.head_dim
+    # An ungated activation (GELU, or Nemotron-4's squared ReLU, one fused kernel each way:
+    # Megatron-Core's bias_gelu / jit-fused activations.squared_relu) reads and writes the
+    # f-wide FC1 output: 10 bytes per element forward + backward, as GELU.
     ffn_factor = 16.0 if model.mlp_activation == "swiglu" else 10.0
     glu = 2.0 if model.mlp_activation == "swiglu" else 1.0
     tp = np.asarray(tp, dtype=np.float64)

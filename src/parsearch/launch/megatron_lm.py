@@ -27,6 +27,8 @@ def model_args(model: ModelSpec) -> list[str]:
         args += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
     if model.mlp_activation == "swiglu":
         args.append("--swiglu")
+    elif model.mlp_activation == "squared_relu":
+        args.append("--squared-relu")
     if model.qkv_bias:
         args.append("--add-qkv-bias")
     if not model.tied_embeddings:

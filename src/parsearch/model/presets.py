@@ -106,6 +106,38 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         vocab_size=128256,
         source="meta-llama/Llama-3.1-405B config.json",
     ),
+    # Nemotron-4 (NVIDIA NeMo nemo/collections/llm/gpt/model/nemotron.py: NemotronConfig and
+    # Nemotron4Config15B / Nemotron4Config340B): squared-ReLU MLP, LayerNorm, no biases,
+    # untied embeddings, RoPE on half of each head, 256,000-token vocabulary (Nemotron-4
+    # 15B report, arXiv 2402.16819 §2).
+    ModelSpec(
+        name="nemotron4-15b",
+        num_layers=32,
+        hidden_size=6144,
+        ffn_hidden_size=24576,
+        num_attention_heads=48,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=256000,
+        mlp_activation="squared_relu",
+        norm="layernorm",
+        source="NeMo Nemotron4Config15B (nemo/collections/llm/gpt/model/nemotron.py); "
+               "arXiv 2402.16819",
+    ),
+    ModelSpec(
+        name="nemotron4-340b",
+        num_layers=96,
+        hidden_size=18432,
+        ffn_hidden_size=73728,
+        num_attention_heads=96,
+        num_query_groups=8,
+        head_dim=192,
+        vocab_size=256000,
+        mlp_activation="squared_relu",
+        norm="layernorm",
+        source="NeMo Nemotron4Config340B (nemo/collections/llm/gpt/model/nemotron.py); "
+               "Nemotron-4 340B report, arXiv 2406.11704",
+    ),
     ModelSpec(
         name="mixtral-8x7b",
         num_layers=32,

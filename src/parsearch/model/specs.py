@@ -15,7 +15,7 @@ from typing import Literal
 from parsearch.errors import SpecError
 from parsearch.model.pipeline_layout import parse_pipeline_layout
 
-MlpActivation = Literal["swiglu", "gelu"]
+MlpActivation = Literal["swiglu", "gelu", "squared_relu"]
 NormKind = Literal["rmsnorm", "layernorm"]
 Precision = Literal["bf16", "fp8", "fp4"]
 Recompute = Literal["none", "selective", "full"]
@@ -226,6 +226,9 @@ class ModelSpec:
     ``sliding_window`` (tokens) and ``sliding_window_layers``: how many layers attend
     only to the last ``sliding_window`` tokens (GPT-OSS: 18 of 36 at 128, Hugging Face
     ``layer_types``; Mistral 7B v0.1: all at 4,096); 0 and 0 for full attention.
+    ``mlp_activation``: ``swiglu`` (gated, three matrices), or one of the ungated two-matrix
+    MLPs, ``gelu`` (GPT) and ``squared_relu`` (Nemotron-4: relu(x)^2, So et al. 2021
+    "Primer", arXiv 2109.08668).
 
     Three GPT-OSS features that Megatron-Core runs outside its fused kernels (priced in
     :mod:`parsearch.cost.unfused_ops`): ``glu_limit``, the clamp of the gated MLP's
@@ -282,7 +285,8 @@ class ModelSpec:
                 f"{owner}: sliding_window_layers={self.sliding_window_layers} exceeds "
                 f"num_layers={self.num_layers}"
             )
-        require_choice(owner, "mlp_activation", self.mlp_activation, ("swiglu", "gelu"))
+        require_choice(owner, "mlp_activation", self.mlp_activation,
+                       ("swiglu", "gelu", "squared_relu"))
         self._check_unfused_features(owner)
         require_choice(owner, "norm", self.norm, ("rmsnorm", "layernorm"))
         if self.num_query_groups > self.num_attention_heads:

@@ -61,6 +61,9 @@ class RunSetup:
     #: ``--cuda-graph-impl`` (``full_iteration``: one graph of the whole forward-backward,
     #: without the per-layer graphs' static buffers)
     cuda_graph_impl: str = "transformer_engine"
+    #: Adam state in BF16 (Megatron's precision-aware optimizer with BF16 moments, or Apex's
+    #: distributed fused Adam with ``dtype: bf16``): priced as 8 bytes of state per parameter
+    bf16_moments: bool | None = None
 
 
 def _capacity(text: str) -> tuple[float | None, bool]:
@@ -168,6 +171,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         capacity_factor=_capacity(cell.get("moe_capacity_factor", ""))[0],
         pad_to_capacity=_capacity(cell.get("moe_capacity_factor", ""))[1],
         cuda_graph_impl=_graph_impl(graphs, cell.get("cuda_graph_scope", "")),
+        bf16_moments=_flag(cell.get("bf16_moments", "")),
     )
 
 
@@ -239,6 +243,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
     if setup.fp8_param_gather is not None and precision != "bf16":
         changes["param_gather_bytes"] = 1.0 if setup.fp8_param_gather else 2.0
         changes["memory"] = replace(options.memory, fp8_param_gather=setup.fp8_param_gather)
+    if setup.bf16_moments is not None:
+        changes["bf16_moments"] = setup.bf16_moments
     options = replace(options, **changes)  # type: ignore[arg-type]
     train: dict[str, object] = {}
     if setup.fsdp is not None:

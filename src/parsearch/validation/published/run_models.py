@@ -44,6 +44,9 @@ _PRESET_CANDIDATES: dict[str, tuple[str, ...]] = {
     # layers) are beyond the CSV columns, so these rows need their presets.
     "Qwen3-235B-A22B": ("qwen3-235b-a22b",),
     "gpt-oss-120b": ("gpt-oss-120b",),
+    # NVIDIA's DGX Cloud recipes: the squared-ReLU MLP is beyond the CSV columns.
+    "Nemotron-4-15B": ("nemotron4-15b",),
+    "Nemotron-4-340B": ("nemotron4-340b",),
 }
 
 # Fields the CSV leaves blank, filled from the model's public config when no
