@@ -9,12 +9,12 @@ keep it fast without giving up exactness:
   :func:`~parsearch.cost.memory.memory_arrays` call the scorer makes);
 * chunks: rows are scored in blocks, so memory stays bounded and a
   progress bar can advance; only the two columns the ranking needs are kept;
-* bounds (:func:`scan_bounded`): every (tp, pp, cp, ep, etp) shape gets an
-  upper bound on its throughput from cheap terms (:mod:`parsearch.search.bounds`);
-  shapes are scored best bound first, and once the next bound is below the
-  ``top``-th best throughput found, no remaining layout can enter the answer,
-  so the rest is skipped (counted as ``pruned``) -- the answer is the full
-  scan's.
+* bounds (:func:`scan_bounded`): every (tp, pp, cp, ep, etp) shape's ``(mbs, sp)``
+  combinations get an upper bound on their throughput from cheap terms
+  (:func:`parsearch.search.bounds.combo_bounds`); combinations are scored best bound
+  first, and once the next bound is below the ``top``-th best throughput found, no
+  remaining layout can enter the answer, so the rest is skipped (counted as
+  ``pruned``) -- the answer is the full scan's.
 
 Ranking is by predicted tokens/s, best first, with stable tie-breaks: less
 memory first, then the layout degrees in ``RANK_TIE_BREAK`` order, so two
@@ -43,7 +43,7 @@ from parsearch.errors import SpecError
 from parsearch.layout.rules import rule_context
 from parsearch.layout.space import AXIS_ORDER, LayoutTable, axis_candidates
 from parsearch.model.specs import ModelSpec, TrainingSpec
-from parsearch.search.bounds import shape_bounds, under_memory_floor
+from parsearch.search.bounds import combo_bounds, under_memory_floor
 from parsearch.search.feature_memory import (
     full_memory_choice,
     memory_and_tokens,
@@ -98,7 +98,7 @@ class ScanResult:
 
     @property
     def pruned(self) -> int:
-        """Valid layouts skipped because their shape's bound is below the answer."""
+        """Valid layouts skipped because their bound is below the answer."""
         return self.valid - self.checked
 
 
@@ -210,10 +210,11 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                  considered: int | None = None, first_rows: int = 1 << 12,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS,
                  on_rows: Callable[[int], None] | None = None) -> ScanResult:
-    """Like :func:`scan_table` for the best ``top`` layouts, skipping shapes that cannot enter.
+    """Like :func:`scan_table` for the best ``top`` layouts, skipping layouts that cannot enter.
 
-    Shapes are scored in order of their throughput bound, in growing blocks
-    (``first_rows`` rows, doubling up to ``chunk_rows``); a shape whose
+    The ``(shape, mbs, sp)`` combinations are scored in order of their throughput bound
+    (:func:`~parsearch.search.bounds.combo_bounds`), in growing blocks
+    (``first_rows`` rows, doubling up to ``chunk_rows``); a combination whose
     bound is below the ``top``-th best throughput found so far (per shape
     with ``diverse``) is never scored, nor any after it.  Within a block,
     time is scored first and memory checked only for the layouts fast enough
@@ -242,16 +243,18 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                   if n >= FLOOR_MIN_ROWS else np.arange(n, dtype=index_type))
     if len(candidates) == 0:
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, n)
-    shape, bound = shape_bounds(cm, table.columns, candidates)
-    order = np.argsort(-bound, kind="stable")  # shapes, best bound first
+    # (shape, mbs, sp) combinations, scored best bound first
+    shape, combo, bound = combo_bounds(cm, table.columns, candidates)
+    order = np.argsort(-bound, kind="stable")
     rank = np.empty(len(order), dtype=index_type)
     rank[order] = np.arange(len(order), dtype=index_type)
-    row_rank = rank[shape]
+    row_rank = rank[combo]
+    del combo
     row_order = candidates[np.argsort(row_rank, kind="stable")]
     ends = np.cumsum(np.bincount(row_rank, minlength=len(order)))
     del row_rank
     skipped = n - len(candidates)
-    shape_of_row = np.full(n, -1, dtype=np.int32 if len(bound) < 2**31 else np.int64)
+    shape_of_row = np.full(n, -1, dtype=np.int32 if len(shape) < 2**31 else np.int64)
     shape_of_row[candidates] = shape
     del candidates, shape
     if on_rows is not None and skipped:
@@ -264,7 +267,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     memory_features = searches_memory_features(cm)
     deferred: list[np.ndarray] = []
     while k < len(order) and bound[order[k]] >= threshold:
-        # shapes k..j-1: about `block` rows, none whose bound is already below the answer
+        # combinations k..j-1: about `block` rows, none whose bound is already below the answer
         j = max(k + 1, int(np.searchsorted(ends, start + block, side="left")))
         j = min(j, len(order))
         j = k + max(1, int(np.sum(bound[order[k:j]] >= threshold)))
