@@ -50,13 +50,13 @@ about 0.5% of machines) and names no fabric tier that a job of 1,024 nodes cross
 of 768 does not.
 
 Added 2026-12-06 late, never fitted: NVIDIA's DGX Cloud recipes (tag DGXC, Llama 3.1
-8B / 70B / 405B and Nemotron-4 15B / 340B on H100, weak scaling at a fixed GA): 5 of 10
-series pass; Llama 70B / 405B FP8 fall 3.3% / 9.0%, Nemotron-4 15B 4.4% / 4.6%, 340B FP8
-9.4%, priced -0.5 to +5%.  Their steps grow by 0.1-0.4 s from the smallest to the largest
-size (405B FP8 by 1.1 s): a per-step cost growing with the DP size, unpriced (15 of 20
-series as published).  Their recipes reduce gradients with Apex's distributed fused Adam
-in fixed buckets, whose ring latency grows with DP, but no one per-hop latency meets the
-five (docs/accuracy.md).
+8B / 70B / 405B, Nemotron-4 15B / 340B and Grok-1 on H100, weak scaling at a fixed GA):
+7 of 12 series pass (Grok-1's two are flat as measured); Llama 70B / 405B FP8 fall
+3.3% / 9.0%, Nemotron-4 15B 4.4% / 4.6%, 340B FP8 9.4%, priced -0.5 to +5%.  Their
+steps grow by 0.1-0.4 s from the smallest to the largest size (405B FP8 by 1.1 s): a
+per-step cost growing with the DP size, unpriced (17 of 22 series as published).  Their
+recipes reduce gradients with Apex's distributed fused Adam in fixed buckets, whose ring
+latency grows with DP, but no one per-hop latency meets the five (docs/accuracy.md).
 
 Mechanisms checked and not priced (numbers per step of the GPT-175B TP8 PP8 VPP6 layout):
 NCCL ring latency grows with the ranks ((n-1) hops per reduce-scatter or all-gather, 14 us

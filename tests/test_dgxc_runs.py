@@ -1,7 +1,8 @@
-"""NVIDIA's DGX Cloud benchmarking rows (``independent_runs.csv`` i0242-i0295, tag DGXC).
+"""NVIDIA's DGX Cloud benchmarking rows (``independent_runs.csv`` i0242-i0301, tag DGXC).
 
 The golden numbers below are typed from the tables of NVIDIA/dgxc-benchmarking@35a9aecc8d5b
-``llama3.1/README_{8b,70b,405b}.md`` and ``nemotron/README_{15b,340b}.md`` (step time in
+``llama3.1/README_{8b,70b,405b}.md``, ``nemotron/README_{15b,340b}.md`` and
+``grok1/README_314b.md`` (step time in
 s, aggregate tokens/s as printed), not computed by the code; the layouts from the
 recipes' yaml and ``configure.sh`` there.
 """
@@ -42,6 +43,7 @@ PRINTED = {
     "i0267": (576, 252, 11.24, 183664), "i0269": (2304, 1008, 12.35, 668626),
     "i0270": (16, 64, 2.83, 92630), "i0285": (2048, 8192, 2.18, 15391941),
     "i0286": (128, 32, 4.61, 28432), "i0295": (2048, 512, 3.49, 600903),
+    "i0296": (512, 1024, 20.83, 402718), "i0301": (2048, 4096, 17.04, 1969157),
 }
 
 
@@ -51,17 +53,17 @@ def dgxc() -> dict[str, PublishedRun]:
 
 
 def test_rows_and_their_layouts(dgxc: dict[str, PublishedRun]) -> None:
-    assert sorted(dgxc) == [f"i{n:04d}" for n in range(242, 296)]
+    assert sorted(dgxc) == [f"i{n:04d}" for n in range(242, 302)]
     shapes = {(run.model, run.layout.tp, run.layout.pp, run.layout.cp, run.layout.vpp)
               for run in dgxc.values()}
     assert shapes == {("Llama-3.1-8B", 1, 1, 2, 1), ("Llama-3.1-70B", 4, 4, 2, 5),
                       ("Llama-3.1-405B", 8, 9, 2, 7), ("Nemotron-4-15B", 4, 1, 1, 1),
-                      ("Nemotron-4-340B", 8, 8, 1, 12)}
+                      ("Nemotron-4-340B", 8, 8, 1, 12), ("Grok-1", 4, 8, 2, 8)}
     # weak scaling: the gradient accumulation (micro-batches per replica) is the recipe's
     # at every size, the micro-batch 4 for Nemotron-4 15B and 1 otherwise
     per_replica = {"Llama-3.1-8B": (32, 8192), "Llama-3.1-70B": (64, 8192),
                    "Llama-3.1-405B": (63, 8192), "Nemotron-4-15B": (16, 4096),
-                   "Nemotron-4-340B": (16, 4096)}
+                   "Nemotron-4-340B": (16, 4096), "Grok-1": (128, 8192)}
     for run in dgxc.values():
         dp = run.num_gpus // (run.layout.tp * run.layout.pp * run.layout.cp)
         assert (run.global_batch // dp, run.seq_len) == per_replica[run.model]
@@ -162,3 +164,17 @@ def test_nemotron4_340b_runs_at_its_published_settings_fit(dgxc: dict[str, Publi
     assert len(readings) == 1
     training, options = recipe_accounting(smallest, readings[0][0], CostOptions())
     assert options.bf16_moments and training.recompute_modules == ("core_attn",)
+
+
+def test_grok1_experts_are_tensor_parallel_like_the_dense_layers(
+        dgxc: dict[str, PublishedRun]) -> None:
+    """NeMo 24.09's Megatron-Core predates expert_tensor_parallel_size (NVIDIA/Megatron-LM
+    7f22e210cd, 2024-11-23, "MoE parallel folding"): its experts take the model's TP, so
+    the Grok-1 rows read ETP 4 beside TP 4, EP 8; pad-to-capacity at factor 1.0."""
+    grok = [run for run in dgxc.values() if run.model == "Grok-1"]
+    assert len(grok) == 6 and {run.model_source for run in grok} == {"preset:grok-1"}
+    assert {(run.layout.tp, run.layout.ep, run.layout.etp) for run in grok} == {(4, 8, 4)}
+    readings = memory_saving_candidates(grok[0])
+    _, options = recipe_accounting(grok[0], readings[0][0], CostOptions())
+    assert options.moe_dispatcher == "alltoall" and not options.moe_a2a_overlap
+    assert options.moe_capacity_factor == 1.0 and options.moe_pad_to_capacity

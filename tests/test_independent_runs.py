@@ -66,7 +66,7 @@ def test_every_row_has_its_source_tag(independent: dict[str, PublishedRun]) -> N
     # BigScience's BLOOM-176B layout trial on Jean Zay (2022-02-25).
     assert {tags[f"i{n:04d}"] for n in range(224, 242)} == {BLOOM_TRIAL}
     # NVIDIA's DGX Cloud benchmarking recipes (NeMo 24.09, Llama 3.1 on H100).
-    assert {tags[f"i{n:04d}"] for n in range(242, 296)} == {DGXC}
+    assert {tags[f"i{n:04d}"] for n in range(242, 302)} == {DGXC}
 
 
 def test_the_packaged_heldout_rows_are_the_tagged_ones(
@@ -216,8 +216,8 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     # + the Qwen3-235B (i0100-i0132), gpt-oss-120b (i0150-i0180) and Llama 3.1 405B
     # (i0181-i0223) perf-table rows
     # + the all-to-all A/B rows i0068-i0070 and the user report rows i0071-i0072
-    # + the BLOOM layout-trial rows i0224-i0241 and the DGX Cloud rows i0242-i0295
-    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43 + 18 + 54
+    # + the BLOOM layout-trial rows i0224-i0241 and the DGX Cloud rows i0242-i0301
+    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43 + 18 + 60
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0

@@ -53,6 +53,7 @@ PUBLISHED: dict[str, tuple[str, str | None, str]] = {
     # 3.2B embedding + 12.5B non-embedding parameters (arXiv 2402.16819 §2)
     "nemotron4-15b": ("15.7B", None, "Nemotron-4 15B report, arXiv 2402.16819, §2"),
     "nemotron4-340b": ("340B", None, "Nemotron-4 340B report, arXiv 2406.11704"),
+    "grok-1": ("314B", None, "xAI 'Open Release of Grok-1' (x.ai/news/grok-os, 2024-03-17)"),
     # zai-org/GLM-4.5 README: "355 billion total parameters with 32 billion active"; its active
     # count leaves out the input embedding and the output head, see test_glm45_active_convention.
     "glm-4.5": ("355B", None, "zai-org/GLM-4.5 README (model introduction)"),

@@ -162,6 +162,22 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384),
         source="mistralai/Mixtral-8x22B-v0.1 config.json",
     ),
+    # Grok-1 (xai-org/grok-1 run.py: 64 layers, emb_size 48 x 128 = 6144, 48 query and 8 KV
+    # heads of 128, 8 experts top-2, widening_factor 8 -> FFN int(8 x 6144) x 2/3 = 32,768
+    # (model.py ffn_size), vocabulary 128 x 1024 = 131,072); NeMo's grok1_314b.yaml
+    # (NVIDIA/dgxc-benchmarking) trains it with these sizes, a gated GELU MLP and RoPE.
+    ModelSpec(
+        name="grok-1",
+        num_layers=64,
+        hidden_size=6144,
+        ffn_hidden_size=32768,
+        num_attention_heads=48,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=131072,
+        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=32768),
+        source="xai-org/grok-1 run.py / model.py; NeMo grok1_314b.yaml (dgxc-benchmarking)",
+    ),
     ModelSpec(
         name="qwen2-57b-a14b",
         num_layers=28,

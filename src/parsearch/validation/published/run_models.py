@@ -47,6 +47,7 @@ _PRESET_CANDIDATES: dict[str, tuple[str, ...]] = {
     # NVIDIA's DGX Cloud recipes: the squared-ReLU MLP is beyond the CSV columns.
     "Nemotron-4-15B": ("nemotron4-15b",),
     "Nemotron-4-340B": ("nemotron4-340b",),
+    "Grok-1": ("grok-1",),
 }
 
 # Fields the CSV leaves blank, filled from the model's public config when no
