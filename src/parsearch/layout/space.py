@@ -215,21 +215,30 @@ def _expand_axis(
         probe[name] = candidates[name][np.repeat(remainder % size, n_cand)]
         remainder = remainder // size
     probe[axis] = np.tile(candidates[axis], len(present))
-    probe.update(derive_columns(ctx, probe))
+    if any(rule.axes & _DERIVED_FROM.keys() for rule in rules):  # dp, edp, m: when read
+        probe.update(derive_columns(ctx, probe))
     verdict = np.ones(len(present) * n_cand, dtype=bool)
     failures: dict[str, np.ndarray] = {}
     for rule in rules:
         ok = np.broadcast_to(rule.holds(ctx, probe), verdict.shape)
         failures[rule.rule_id] = ~ok
         verdict &= ok
-    row_index, cand_index = np.nonzero(verdict.reshape(-1, n_cand)[row_key])
     rows_per_key = np.bincount(row_key, minlength=len(present))
     removed = {
         rule_id: int((fail.reshape(-1, n_cand).sum(axis=1) * rows_per_key).sum())
         for rule_id, fail in failures.items()
     }
-    out = {name: values[row_index] for name, values in index_cols.items()}
-    out[axis] = cand_index.astype(np.int16)
+    # each row repeated once per candidate it keeps, in row order then candidate order
+    # (what gathering at np.nonzero of the row-by-candidate verdict gives, without the gather)
+    each = np.tile(np.arange(n_cand, dtype=np.int16), n_rows)
+    if verdict.all():
+        out = {name: np.repeat(values, n_cand) for name, values in index_cols.items()}
+        out[axis] = each
+        return out, removed
+    keep = verdict.reshape(-1, n_cand)[row_key]
+    counts = keep.sum(axis=1)
+    out = {name: np.repeat(values, counts) for name, values in index_cols.items()}
+    out[axis] = each[keep.reshape(-1)]
     return out, removed
 
 
