@@ -282,6 +282,34 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     """
     b_m = max(1.0, layout.batch / layout.pp)
     t_rank = max(1.0, b_m / layout.attention_dp)
+    dense, routed = decode_weight_bytes(model, workload, layout, counts)
+    weights = dense + routed
+    kv = t_rank * kv_bytes_per_sequence(model, workload.kv_precision,
+                                        workload.mean_decode_context, tp=layout.tp,
+                                        pp=layout.pp, window=window)
+    return weights, kv
+
+
+def gemm_rooflines_s(dense_bytes: float, dense_s: float, routed_bytes: float,
+                     routed_s: float, hbm_Bps: float) -> float:
+    """Time of a pass's dense GEMMs and routed-expert grouped GEMMs, each kernel group on its
+    own roofline, the slower of its weight reads and its compute (Williams et al. 2009 apply
+    the roofline per kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv
+    2402.16363 §3).  The two groups are separate kernels that run one after the other (the
+    dense projections, then the grouped expert GEMMs), so the compute of one cannot hide the
+    reads of the other: at small decode batches the dense GEMMs sit on their fixed per-call
+    time while the expert kernels wait on HBM.  Never below the one roofline of both
+    together, ``max(bytes / B, time)``, which it equals when one group is empty (a dense
+    model)."""
+    return (max(dense_bytes / hbm_Bps, dense_s) + max(routed_bytes / hbm_Bps, routed_s))
+
+
+def decode_weight_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                        counts: ParameterCounts) -> tuple[float, float]:
+    """(dense, routed-expert) weight bytes one GPU of the heaviest stage reads in one decode
+    pass (:func:`decode_bytes`): the linears and the BF16 output layer; of the routed experts
+    only those some token picked."""
+    b_m = max(1.0, layout.batch / layout.pp)
     w = stage_weights(model, layout, counts)
     prec = ELEMENT_BYTES[workload.precision]
     moe = model.moe
@@ -289,11 +317,7 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     # all-reduce waits for it): moe.busiest_rank_touched_share, the mean share without EP
     touched = (busiest_rank_touched_share(moe.top_k, moe.num_experts, layout.ep, b_m)
                if moe is not None else 0.0)
-    weights = w.linear * prec + w.routed * touched * prec + w.output * _ACT
-    kv = t_rank * kv_bytes_per_sequence(model, workload.kv_precision,
-                                        workload.mean_decode_context, tp=layout.tp,
-                                        pp=layout.pp, window=window)
-    return weights, kv
+    return w.linear * prec + w.output * _ACT, w.routed * touched * prec
 
 
 def _rank_params(model: ModelSpec, layout: ServingLayout,
@@ -331,16 +355,19 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     dense_eff = gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
     # one token of each of the ``seqs`` sequences goes to the experts per query position
     imbalance = ep_imbalance(model, layout, b_m, seqs, workload.eplb)
-    gemm_s = (gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
-              + expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance,
-                                 expert_rate(workload, rates)))
+    dense_s = gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
+    experts_s = expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance,
+                                 expert_rate(workload, rates))
+    gemm_s = dense_s + experts_s
     attention_s = core / (rates.bf16_flops * rates.attention)
     compute = gemm_s + attention_s
-    # The GEMMs (bound by weight reads or FLOPs) and the attention kernels (bound by KV
-    # reads or FLOPs) run one after the other, each on its own roofline (Williams et al.
-    # 2009 apply it per kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv
-    # 2402.16363 §3): a compute-bound GEMM does not hide a memory-bound attention.
-    kernels = (max(weights / rates.hbm_Bps, gemm_s) + max(kv / rates.hbm_Bps, attention_s))
+    # The dense GEMMs, the routed experts' grouped GEMMs (both bound by their weight reads
+    # or FLOPs) and the attention kernels (bound by KV reads or FLOPs) run one after the
+    # other, each on its own roofline (gemm_rooflines_s): a compute-bound GEMM does not
+    # hide a memory-bound attention or a memory-bound expert kernel.
+    dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
+    kernels = (gemm_rooflines_s(dense_b, dense_s, routed_b, experts_s, rates.hbm_Bps)
+               + max(kv / rates.hbm_Bps, attention_s))
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m,
                                             imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)
