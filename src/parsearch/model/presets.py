@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from parsearch.errors import SpecError
@@ -34,6 +35,33 @@ def _megatron_gpt(name: str, layers: int, hidden: int, heads: int, source: str) 
         qkv_bias=True,
         source=source,
     )
+
+
+def _top2_of_8(name: str, layers: int, hidden: int, heads: int, ffn: int, vocab: int,
+               source: str) -> ModelSpec:
+    """Every layer an MoE of 8 SwiGLU experts of width ``ffn``, top-2 routing, 8 KV heads of
+    128 (Mixtral's and Grok-1's block)."""
+    return ModelSpec(
+        name=name,
+        num_layers=layers,
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_attention_heads=heads,
+        num_query_groups=8,
+        head_dim=128,
+        vocab_size=vocab,
+        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=ffn),
+        source=source,
+    )
+
+
+def _nemotron4(name: str, layers: int, hidden: int, heads: int, source: str) -> ModelSpec:
+    """A Nemotron-4: a Megatron GPT block (FFN 4h, LayerNorm, heads of h/heads) with a
+    squared-ReLU FFN, no biases, 8 KV heads, untied embeddings and a 256,000-token
+    vocabulary (NeMo NemotronConfig; Nemotron-4 15B report, arXiv 2402.16819 §2)."""
+    return replace(_megatron_gpt(name, layers, hidden, heads, source), num_query_groups=8,
+                   vocab_size=256000, tied_embeddings=False, mlp_activation="squared_relu",
+                   qkv_bias=False)
 
 
 _MEGATRON_GPT: tuple[ModelSpec, ...] = (
@@ -107,77 +135,22 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         source="meta-llama/Llama-3.1-405B config.json",
     ),
     # Nemotron-4 (NVIDIA NeMo nemo/collections/llm/gpt/model/nemotron.py: NemotronConfig and
-    # Nemotron4Config15B / Nemotron4Config340B): squared-ReLU MLP, LayerNorm, no biases,
-    # untied embeddings, RoPE on half of each head, 256,000-token vocabulary (Nemotron-4
-    # 15B report, arXiv 2402.16819 §2).
-    ModelSpec(
-        name="nemotron4-15b",
-        num_layers=32,
-        hidden_size=6144,
-        ffn_hidden_size=24576,
-        num_attention_heads=48,
-        num_query_groups=8,
-        head_dim=128,
-        vocab_size=256000,
-        mlp_activation="squared_relu",
-        norm="layernorm",
-        source="NeMo Nemotron4Config15B (nemo/collections/llm/gpt/model/nemotron.py); "
-               "arXiv 2402.16819",
-    ),
-    ModelSpec(
-        name="nemotron4-340b",
-        num_layers=96,
-        hidden_size=18432,
-        ffn_hidden_size=73728,
-        num_attention_heads=96,
-        num_query_groups=8,
-        head_dim=192,
-        vocab_size=256000,
-        mlp_activation="squared_relu",
-        norm="layernorm",
-        source="NeMo Nemotron4Config340B (nemo/collections/llm/gpt/model/nemotron.py); "
-               "Nemotron-4 340B report, arXiv 2406.11704",
-    ),
-    ModelSpec(
-        name="mixtral-8x7b",
-        num_layers=32,
-        hidden_size=4096,
-        ffn_hidden_size=14336,
-        num_attention_heads=32,
-        num_query_groups=8,
-        head_dim=128,
-        vocab_size=32000,
-        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336),
-        source="mistralai/Mixtral-8x7B-v0.1 config.json",
-    ),
-    ModelSpec(
-        name="mixtral-8x22b",
-        num_layers=56,
-        hidden_size=6144,
-        ffn_hidden_size=16384,
-        num_attention_heads=48,
-        num_query_groups=8,
-        head_dim=128,
-        vocab_size=32000,
-        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=16384),
-        source="mistralai/Mixtral-8x22B-v0.1 config.json",
-    ),
+    # Nemotron4Config15B / Nemotron4Config340B).
+    _nemotron4("nemotron4-15b", 32, 6144, 48, "NeMo Nemotron4Config15B "
+               "(nemo/collections/llm/gpt/model/nemotron.py); arXiv 2402.16819"),
+    _nemotron4("nemotron4-340b", 96, 18432, 96, "NeMo Nemotron4Config340B "
+               "(nemo/collections/llm/gpt/model/nemotron.py); Nemotron-4 340B report, "
+               "arXiv 2406.11704"),
+    _top2_of_8("mixtral-8x7b", 32, 4096, 32, 14336, 32000,
+               "mistralai/Mixtral-8x7B-v0.1 config.json"),
+    _top2_of_8("mixtral-8x22b", 56, 6144, 48, 16384, 32000,
+               "mistralai/Mixtral-8x22B-v0.1 config.json"),
     # Grok-1 (xai-org/grok-1 run.py: 64 layers, emb_size 48 x 128 = 6144, 48 query and 8 KV
     # heads of 128, 8 experts top-2, widening_factor 8 -> FFN int(8 x 6144) x 2/3 = 32,768
     # (model.py ffn_size), vocabulary 128 x 1024 = 131,072); NeMo's grok1_314b.yaml
     # (NVIDIA/dgxc-benchmarking) trains it with these sizes, a gated GELU MLP and RoPE.
-    ModelSpec(
-        name="grok-1",
-        num_layers=64,
-        hidden_size=6144,
-        ffn_hidden_size=32768,
-        num_attention_heads=48,
-        num_query_groups=8,
-        head_dim=128,
-        vocab_size=131072,
-        moe=MoeSpec(num_experts=8, top_k=2, expert_ffn_hidden_size=32768),
-        source="xai-org/grok-1 run.py / model.py; NeMo grok1_314b.yaml (dgxc-benchmarking)",
-    ),
+    _top2_of_8("grok-1", 64, 6144, 48, 32768, 131072,
+               "xai-org/grok-1 run.py / model.py; NeMo grok1_314b.yaml (dgxc-benchmarking)"),
     ModelSpec(
         name="qwen2-57b-a14b",
         num_layers=28,
