@@ -73,9 +73,12 @@ def cached_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
     """:func:`priced_unit_compute`, reused from ``cache`` (for the same rows) when priced
     before under options that agree on every field it reads."""
     opt = cm.options
+    # the dispatcher prices only MoE units' kernels (unit_compute: the FP32 probabilities
+    # and the second sort by local expert act on routed copies, which other units have none of)
+    dispatcher = opt.moe_dispatcher if is_moe_unit(cm.model, unit) else None
     key = (unit, opt.causal, opt.routing, opt.moe_imbalance, opt.moe_capacity_factor,
            opt.moe_pad_to_capacity, opt.cuda_graphs, opt.cuda_graph_scope, opt.fp8_recipe,
-           opt.moe_dispatcher, opt.flash_attention, opt.fp8_attention, opt.fp8_output_proj,
+           dispatcher, opt.flash_attention, opt.fp8_attention, opt.fp8_output_proj,
            opt.fused_expert_mlp)
     if cache is not None and key in cache:
         return cache[key]
