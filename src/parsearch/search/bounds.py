@@ -343,12 +343,19 @@ def _group_memory_floor(cm: CostModel,
     # activations only, never model state, so the floor leaves it out and stays tight)
     cm = least_memory(cm, offload=False)
     r = wide_columns({k: np.asarray(v)[rep] for k, v in cols.items()})
+    # a block of groups at a time: the memory model's temporaries stay the size of a block
+    # (they set the search's peak memory beside the table)
+    state = _in_blocks(lambda part: {"state": _model_state(cm, part)}, r)["state"]
+    return state * (1.0 - BOUND_SLACK), inverse.reshape(-1)
+
+
+def _model_state(cm: CostModel, r: dict[str, np.ndarray]) -> np.ndarray:
+    """Bytes per GPU of each layout's weights, gradients, optimizer state and fixed share."""
     mem = memory_arrays(cm.model, cm.training, r["tp"], r["cp"], r["pp"], r["ep"], r["etp"],
                         r["vpp"], r["mbs"], r["dp"], r["edp"], r["recompute"], r["sp"],
                         cm.options.memory)
-    state = (np.asarray(mem.weights) + np.asarray(mem.gradients) + np.asarray(mem.optimizer)
-             + np.asarray(mem.other))
-    return state * (1.0 - BOUND_SLACK), inverse.reshape(-1)
+    return (np.asarray(mem.weights) + np.asarray(mem.gradients) + np.asarray(mem.optimizer)
+            + np.asarray(mem.other))
 
 
 __all__ = ["BOUND_SLACK", "combo_bounds", "memory_floor", "nonzero_narrow", "shape_bounds",
