@@ -28,7 +28,9 @@ The bound follows the cost model's own structure (:mod:`parsearch.cost.analytic`
   smallest over the ``(mbs, sp)`` pairs the shape has.
 
 Everything is computed on one row per ``(shape, mbs, sp)``, a small fraction
-of the table.
+of the table.  :func:`combo_bounds` keeps that bound per ``(shape, mbs, sp)``
+combination (``v`` its own largest ``vpp``); the exact search is ordered by it,
+so a strong shape's weak ``(mbs, sp)`` pairs are skipped too.
 
 :func:`memory_floor` is the memory counterpart: the model state of a stage
 (weights, gradients, optimizer state) and the fixed framework share do not
