@@ -10,6 +10,9 @@ calibration row holds (``independent_runs.csv``, tag ``MBRIDGE-HELDOUT``: Qwen3-
 gpt-oss-120b, Llama 3.1 405B), never fitted: a check of the search's decisions out of
 sample.  Same target.
 
+``--independent TAG`` ranks the never-fitted rows of one independent source instead
+(``DGXC``: NVIDIA's DGX Cloud recipes, Llama 3.1, Nemotron-4 and Grok-1 on H100).
+
 ``--search-features`` lets the search choose the MoE dispatcher and overlaps per layout (as
 ``parsearch search`` does by default) instead of pricing every layout with the recipe's;
 MoE and dense groups are reported apart.
@@ -25,9 +28,17 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from importlib import resources
 
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
-from parsearch.validation.published.published_runs import load_heldout_runs, load_published_runs
+from parsearch.validation.published.published_runs import (
+    DATA_PACKAGE,
+    INDEPENDENT_FILE,
+    PublishedRun,
+    load_heldout_runs,
+    load_published_runs,
+    read_published_runs,
+)
 from parsearch.validation.published.ranking import rank_published_layouts
 
 TARGET = 0.60
@@ -39,14 +50,22 @@ def main() -> int:
                         help="rank the held-out Megatron-Bridge rows instead of the calibration's")
     parser.add_argument("--search-features", action="store_true",
                         help="choose the MoE features per layout (parsearch search's default)")
+    parser.add_argument("--independent", metavar="TAG",
+                        help="rank the never-fitted rows of one independent source instead "
+                             "(its tag, e.g. DGXC for NVIDIA's DGX Cloud recipes)")
     parser.add_argument("--any-stack", action="store_true",
                         help="search every layout and feature the current Megatron-Core has, "
                              "not only what each run's software stack could run")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     options = CostOptions(search_features=SEARCHABLE_FEATURES) if args.search_features else None
-    report = rank_published_layouts(load_heldout_runs() if args.heldout else load_published_runs(),
-                                    options=options, by_stack=not args.any_stack)
+    if args.independent:
+        runs = [run for run in load_independent_runs() if run.source_tag == args.independent]
+        if not runs:
+            parser.error(f"--independent: no independent row has the tag {args.independent!r}")
+    else:
+        runs = load_heldout_runs() if args.heldout else load_published_runs()
+    report = rank_published_layouts(runs, options=options, by_stack=not args.any_stack)
     for g in report.groups:
         print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
               f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "
@@ -65,6 +84,12 @@ def main() -> int:
           f"median predicted gap of the published shape to the best: "
           f"{_pct(summary['median_gap'])}")
     return 0 if share >= TARGET else 1
+
+
+def load_independent_runs() -> list[PublishedRun]:
+    """Every row of ``independent_runs.csv`` (never fitted)."""
+    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
+        return read_published_runs(path).runs
 
 
 def _pct(value: float | None) -> str:
