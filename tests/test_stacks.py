@@ -78,6 +78,40 @@ def test_layouts_of_a_stack_use_only_what_it_has(name: str) -> None:
         assert not np.any(cols["recompute"] == RECOMPUTE_CODES["selective"])
 
 
+@pytest.mark.parametrize("name", STACK_NAMES)
+def test_experts_take_the_model_tp_before_folding(name: str) -> None:
+    """Megatron-Core before MoE parallel folding (7f22e210cd, 2024-11-23) shards the
+    experts over the model's TP: a stack without a separate expert TP enumerates only
+    etp == tp, one with it also etp != tp."""
+    stack = get_stack(name)
+    model = get_preset("mixtral-8x7b")
+    if not stack.moe_dispatchers:
+        return
+    training = stack_training(stack, _training(global_batch=64))
+    assert training.experts_follow_tp == (not stack.expert_tensor_parallel)
+    cols = enumerate_layouts(model, training, 64).columns
+    same = cols["etp"] == cols["tp"]
+    if stack.expert_tensor_parallel:
+        assert not np.all(same)
+    else:
+        assert np.all(same)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), etp=st.sampled_from([1, 2, 4, 8]))
+def test_a_folded_layout_is_refused_by_name_before_folding(tp: int, etp: int) -> None:
+    from parsearch.layout.rules import check_layout
+    from parsearch.layout.spec import Layout
+
+    model = get_preset("mixtral-8x7b")
+    training = stack_training(get_stack("mcore-0.9"), _training(global_batch=64))
+    layout = Layout(tp=tp, pp=1, cp=1, ep=8, etp=etp, vpp=1, mbs=1, sp=tp > 1,
+                    recompute="none", num_gpus=64)
+    messages = [v.message for v in check_layout(model, training, layout)]
+    folded = [m for m in messages if "MoE parallel folding" in m]
+    assert bool(folded) == (etp != tp)
+
+
 def test_older_stacks_search_a_subset_of_newer_layouts() -> None:
     model = get_preset("gpt3-175b")
     sizes = [len(enumerate_layouts(model, stack_training(s, _training(global_batch=64)), 64))

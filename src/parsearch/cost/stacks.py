@@ -60,6 +60,9 @@ class SoftwareStack:
     #: CPU activation offloading (``--cpu-offloading``, ``--cpu-offloading-num-layers``:
     #: Megatron-LM commit c59ac8b4d3, 2023-12-14, "CPU Offload initial commit")
     cpu_offloading: bool = True
+    #: a separate expert TP (``--expert-tensor-parallel-size``, MoE parallel folding:
+    #: Megatron-LM commit 7f22e210cd, 2024-11-23); without it the experts take the model's TP
+    expert_tensor_parallel: bool = True
 
     def missing(self) -> tuple[str, ...]:
         """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
@@ -76,8 +79,10 @@ class SoftwareStack:
                  ("recompute_modules", "recompute modules beyond core attention"),
                  ("precision_aware_optimizer", "BF16 Adam moments"),
                  ("fp8_param_gather", "FP8 parameter gather"),
-                 ("cpu_offloading", "CPU activation offloading"))
-        moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep"}
+                 ("cpu_offloading", "CPU activation offloading"),
+                 ("expert_tensor_parallel", "a separate expert TP (MoE parallel folding)"))
+        moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep",
+                    "expert_tensor_parallel"}
         out = [words for field_name, words in names if not getattr(self, field_name)
                and (self.moe_dispatchers or field_name not in moe_only)]
         if not self.moe_dispatchers:
@@ -114,13 +119,21 @@ _MEGATRON_2022 = replace(
 # recipes of 2025-04-03): context parallelism (0.4.0), the distributed optimizer, fused
 # attention, TE's TP overlap, all-to-all and all-gather dispatchers, the shared-expert
 # overlap (0.9.0); DeepEP only from 0.12.0, the EP all-to-all overlap later.
-_MCORE_011 = replace(
-    _MEGATRON_2022, name="mcore-0.11", released="2025-02",
-    source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
+# Megatron-Core 0.9 (NeMo 24.09, 2024-09): the same, before MoE parallel folding
+# (experts take the model's TP) and the precision-aware optimizer (Megatron-LM 47a175b4c4,
+# 2024-12-19).
+_MCORE_09 = replace(
+    _MEGATRON_2022, name="mcore-0.9", released="2024-09",
+    source="NeMo 24.09 container (Megatron Core 0.9.0); Megatron-LM 7f22e210cd (2024-11-23, "
+           "MoE parallel folding) and 47a175b4c4 (2024-12-19) came after",
     context_parallel=True, distributed_optimizer=True, flash_attention=True,
     tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
-    moe_shared_expert_overlap=True, precision_aware_optimizer=True, fp8_param_gather=True,
-    cpu_offloading=True)
+    moe_shared_expert_overlap=True, precision_aware_optimizer=False, fp8_param_gather=True,
+    cpu_offloading=True, expert_tensor_parallel=False)
+_MCORE_011 = replace(
+    _MCORE_09, name="mcore-0.11", released="2025-02",
+    source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
+    precision_aware_optimizer=True, expert_tensor_parallel=True)
 # Megatron-Core 0.12.0: "DeepEP support, compatible with all the parallelisms".
 _MCORE_012 = replace(
     _MCORE_011, name="mcore-0.12", released="2025-04",
@@ -141,8 +154,8 @@ _MCORE_CURRENT = replace(
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0)", hybridep=True)
 
 #: The stacks parsearch knows, oldest first; the last is the default.
-STACKS: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MCORE_011, _MCORE_012,
-                                     _MCORE_014, _MCORE_CURRENT)
+STACKS: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MCORE_09, _MCORE_011,
+                                     _MCORE_012, _MCORE_014, _MCORE_CURRENT)
 
 STACKS_BY_NAME: dict[str, SoftwareStack] = {s.name: s for s in STACKS}
 DEFAULT_STACK = STACKS[-1].name
@@ -197,6 +210,8 @@ def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
         if "max_cp" in explicit and training.max_cp is not None and training.max_cp > 1:
             raise _refuse(stack, "context parallelism", "use --max-cp 1")
         out = replace(out, max_cp=1)
+    if not stack.expert_tensor_parallel and not training.experts_follow_tp:
+        out = replace(out, experts_follow_tp=True)
     return out
 
 

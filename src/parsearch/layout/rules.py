@@ -49,6 +49,7 @@ class RuleContext:
     model_name: str
     max_cp: int | None = None
     activation_offload_layers: int = 0
+    experts_follow_tp: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -76,6 +77,7 @@ def rule_context(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> Rul
         model_name=model.name,
         max_cp=training.max_cp,
         activation_offload_layers=training.activation_offload_layers,
+        experts_follow_tp=training.experts_follow_tp,
     )
 
 
@@ -318,6 +320,9 @@ def _r11_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
         ok = ok & (np.asarray(c["vpp"]) <= ctx.max_vpp)
     if ctx.max_cp is not None:
         ok = ok & (np.asarray(c["cp"]) <= ctx.max_cp)
+    if ctx.experts_follow_tp and ctx.is_moe:
+        # a stack before MoE parallel folding: the experts are sharded over the model's TP
+        ok = ok & (np.asarray(c["etp"]) == np.asarray(c["tp"]))
     if ctx.activation_offload_layers:
         # Megatron-Core TransformerConfig.__post_init__ (d98e8a64): CPU offloading "is not
         # supported with pipeline parallelism" nor with "activation recomputation".
@@ -347,6 +352,9 @@ def _r11_message(ctx: RuleContext, c: Columns) -> str:
     if ctx.max_cp is not None and int(c["cp"]) > ctx.max_cp:
         reasons.append(f"cp={int(c['cp'])} exceeds the context-parallel cap {ctx.max_cp} "
                        f"(--max-cp, or a --stack without context parallelism)")
+    if ctx.experts_follow_tp and ctx.is_moe and int(c["etp"]) != int(c["tp"]):
+        reasons.append(f"etp={int(c['etp'])} differs from tp={int(c['tp'])}: the --stack "
+                       "predates MoE parallel folding, so the experts take the model's TP")
     offload = ctx.activation_offload_layers
     if offload and int(c["pp"]) > 1:
         reasons.append(f"pp={int(c['pp'])} with --activation-offload-layers {offload}: "
@@ -388,7 +396,7 @@ RULES: tuple[Rule, ...] = (
     _rule("R8", "pipeline-split", "pp vpp", _r8_holds, _r8_message),
     _rule("R9", "interleaving", "vpp pp m", _r9_holds, _r9_message),
     _rule("R10", "batch-divisibility", "m mbs dp", _r10_holds, _r10_message),
-    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp pp", _r11_holds,
+    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp pp etp", _r11_holds,
           _r11_message),
 )
 

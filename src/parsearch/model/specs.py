@@ -428,9 +428,15 @@ class TrainingSpec:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     activation_offload_layers: int = 0
     pipeline_layout: str | None = None
+    #: the experts take the model's TP (etp == tp): Megatron-Core before MoE parallel
+    #: folding (NVIDIA/Megatron-LM 7f22e210cd, 2024-11-23) had no separate expert TP
+    experts_follow_tp: bool = False
 
     def __post_init__(self) -> None:
         owner = "training"
+        if not isinstance(self.experts_follow_tp, bool):
+            raise SpecError(f"{owner}: experts_follow_tp={self.experts_follow_tp!r} must be "
+                            "true or false")
         require_positive_int(owner, "seq_len", self.seq_len)
         require_positive_int(owner, "global_batch", self.global_batch)
         if self.max_vpp is not None:
