@@ -53,12 +53,15 @@ def process_groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
 
 
 def priced_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
-                        recompute: LayerShares) -> UnitCompute:
-    """:func:`unit_compute` of ``unit`` under the cost model's options."""
+                        recompute: LayerShares,
+                        imbalance: np.ndarray | None = None) -> UnitCompute:
+    """:func:`unit_compute` of ``unit`` under the cost model's options (``imbalance``: the
+    rows' :func:`~parsearch.cost.routing.priced_imbalance`, when already known)."""
     opt = cm.options
+    if imbalance is None:
+        imbalance = priced_imbalance(cm.model, cm.training, opt, cols)
     return unit_compute(cm.model, cm.training, cm.fabric.gpu, cm.profile, cols, unit,
-                        recompute=recompute, causal=opt.causal,
-                        imbalance=priced_imbalance(cm.model, cm.training, opt, cols),
+                        recompute=recompute, causal=opt.causal, imbalance=imbalance,
                         cuda_graphs=opt.cuda_graphs, cuda_graph_scope=opt.cuda_graph_scope,
                         fp8_recipe=opt.fp8_recipe, moe_dispatcher=opt.moe_dispatcher,
                         flash_attention=opt.flash_attention,
@@ -82,9 +85,14 @@ def cached_unit_compute(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
            opt.fused_expert_mlp)
     if cache is not None and key in cache:
         return cache[key]
-    compute = priced_unit_compute(cm, cols, unit, recompute)
-    if cache is not None:
-        cache[key] = compute
+    if cache is None:
+        return priced_unit_compute(cm, cols, unit, recompute)
+    # the routing imbalance reads the routing options only: one per those, for every unit
+    routing = ("imbalance", opt.routing, opt.moe_imbalance, opt.moe_capacity_factor,
+               opt.moe_pad_to_capacity)
+    if routing not in cache:
+        cache[routing] = priced_imbalance(cm.model, cm.training, opt, cols)
+    cache[key] = compute = priced_unit_compute(cm, cols, unit, recompute, cache[routing])
     return compute
 
 
