@@ -263,11 +263,15 @@ def combo_bounds(cm: CostModel, columns: dict[str, np.ndarray],
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, np.zeros(0)
     _, shape = shape_index(c)
-    vpp = c["vpp"]
-    # one representative row per (shape, mbs, sp)
-    rep, combo = _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]},
-                         ("shape", "mbs", "sp"))
+    # one representative row per (shape, mbs, sp): mbs and sp as one key, 2 mbs + sp (the
+    # same order, so the same groups and numbers), one array fewer beside the table
+    mbs_sp = c["mbs"] * 2
+    mbs_sp += c["sp"]
+    rep, combo = group_rows({"shape": shape, "mbs_sp": mbs_sp}, ("shape", "mbs_sp")) or \
+        _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]}, ("shape", "mbs", "sp"))
+    del mbs_sp
     group = combo if per_combo_vpp else shape
+    vpp = c["vpp"]
     vmax_int = np.ones(int(group.max()) + 1, dtype=vpp.dtype)
     np.maximum.at(vmax_int, group, vpp)
     del vpp
