@@ -245,6 +245,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, n)
     # (shape, mbs, sp) combinations, scored best bound first
     shape, combo, bound = combo_bounds(cm, table.columns, candidates)
+    del shape  # the diverse bar groups the rows kept by their shape codes instead
     order = np.argsort(-bound, kind="stable")
     rank = np.empty(len(order), dtype=index_type)
     rank[order] = np.arange(len(order), dtype=index_type)
@@ -254,9 +255,8 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     ends = np.cumsum(np.bincount(row_rank, minlength=len(order)))
     del row_rank
     skipped = n - len(candidates)
-    shape_of_row = np.full(n, -1, dtype=np.int32 if len(shape) < 2**31 else np.int64)
-    shape_of_row[candidates] = shape
-    del candidates, shape
+    del candidates
+    radices = shape_radices(table.columns)
     if on_rows is not None and skipped:
         on_rows(skipped)
     rows_out: list[np.ndarray] = []
@@ -307,7 +307,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                 rows_out.append(rows[fits])
                 tokens_out.append(priced[ok])
                 memory_out.append(total[ok])
-                shapes_out.append(shape_of_row[rows[fits]])
+                shapes_out.append(shape_codes(table.columns, rows[fits], radices))
                 threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
         late = np.concatenate(deferred) if deferred else np.zeros(0, dtype=np.int64)
         late = late[tokens[late] >= threshold]
@@ -319,7 +319,7 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
                 rows_out.append(rows[late[ok]])
                 tokens_out.append(priced[ok])
                 memory_out.append(total[ok])
-                shapes_out.append(shape_of_row[rows[late[ok]]])
+                shapes_out.append(shape_codes(table.columns, rows[late[ok]], radices))
                 threshold = _threshold(tokens_out, shapes_out, top, diverse, tie_band)
         # the block's scores go before the next block is priced (the scan's peak memory)
         del rows, chunk, timed, tokens, variant, keep, late
@@ -346,13 +346,20 @@ def _order(scan: ScanResult, subset: np.ndarray) -> np.ndarray:
     return subset[np.lexsort(tuple(keys))]
 
 
-def shape_codes(columns: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """One integer per row for its (tp, pp, cp, ep, etp) shape."""
+def shape_codes(columns: dict[str, np.ndarray], rows: np.ndarray,
+                radices: tuple[int, ...] | None = None) -> np.ndarray:
+    """One integer per row for its (tp, pp, cp, ep, etp) shape (``radices``: the table's
+    :func:`shape_radices`, when known)."""
+    radices = radices or shape_radices(columns)
     code = np.zeros(len(rows), dtype=np.int64)
-    for name in SHAPE_AXES:
-        values = columns[name][rows].astype(np.int64)
-        code = code * (int(columns[name].max(initial=1)) + 1) + values
+    for name, radix in zip(SHAPE_AXES, radices, strict=True):
+        code = code * radix + columns[name][rows].astype(np.int64)
     return code
+
+
+def shape_radices(columns: dict[str, np.ndarray]) -> tuple[int, ...]:
+    """Each shape axis's largest value plus one: the mixed radix of :func:`shape_codes`."""
+    return tuple(int(columns[name].max(initial=1)) + 1 for name in SHAPE_AXES)
 
 
 def rank_feasible(scan: ScanResult, *, top: int, diverse: bool = False) -> np.ndarray:
@@ -416,4 +423,5 @@ __all__ = [
     "scan_bounded",
     "scan_table",
     "shape_codes",
+    "shape_radices",
 ]
