@@ -89,6 +89,8 @@ NOT_LAUNCH_SETTINGS = {
     "sequence_parallel": "candidate mode; the layout's sp is launched",
     "max_vpp": "candidate cap; the layout's vpp is launched",
     "max_cp": "candidate cap (or a stack without CP); the layout's cp is launched",
+    "experts_follow_tp": "candidate constraint of a stack before MoE parallel folding "
+                         "(etp = tp); the layout's etp is launched",
     "moe_dispatchers_available": "what the software stack offers the search; the chosen "
                                  "dispatcher is launched",
     "seq_len": "always launched (--seq-length, dataset.seq_length)",
