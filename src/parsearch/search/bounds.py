@@ -239,6 +239,7 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     layout of shape ``k`` among the rows, whatever its memory.
     """
     shape, combo, combo_bound = combo_bounds(cm, columns, rows, per_combo_vpp=False)
+    assert shape is not None
     bound = np.zeros(int(shape.max()) + 1 if len(shape) else 0)
     if len(shape):
         first = np.zeros(len(combo_bound), dtype=np.int64)
@@ -248,8 +249,8 @@ def shape_bounds(cm: CostModel, columns: dict[str, np.ndarray],
 
 
 def combo_bounds(cm: CostModel, columns: dict[str, np.ndarray],
-                 rows: np.ndarray | None = None, *, per_combo_vpp: bool = True
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 rows: np.ndarray | None = None, *, per_combo_vpp: bool = True,
+                 keep_shape: bool = True) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """``(shape, combo, bound)``: each row's shape, its ``(shape, mbs, sp)`` combination, and
     per combination a tokens/s none of its layouts can beat (module docstring).
 
@@ -257,19 +258,30 @@ def combo_bounds(cm: CostModel, columns: dict[str, np.ndarray],
     of the whole shape, the bound :func:`shape_bounds` takes the maximum of).  Finer than
     the shape's bound: a scan ordered by it skips the weak ``(mbs, sp)`` pairs of a strong
     shape (DeepSeek-V3 on 1,024 H100: 83k rows above the answer instead of 127k).
+    ``keep_shape=False`` (with ``per_combo_vpp``): ``shape`` is ``None``, its array reused.
     """
     c: Mapping[str, np.ndarray] = columns if rows is None else _Rows(columns, rows)
     if (len(columns["tp"]) if rows is None else len(rows)) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, np.zeros(0)
     _, shape = shape_index(c)
-    # one representative row per (shape, mbs, sp): mbs and sp as one key, 2 mbs + sp (the
-    # same order, so the same groups and numbers), one array fewer beside the table
-    mbs_sp = c["mbs"] * 2
-    mbs_sp += c["sp"]
-    rep, combo = group_rows({"shape": shape, "mbs_sp": mbs_sp}, ("shape", "mbs_sp")) or \
-        _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]}, ("shape", "mbs", "sp"))
-    del mbs_sp
+    # one representative row per (shape, mbs, sp), grouped on one key, shape x width +
+    # 2 mbs + sp (the same order, so the same groups and numbers), built in place: the
+    # fewest arrays beside the table (this is the search's memory peak)
+    width = 2 * (int(np.max(columns["mbs"], initial=0)) + 1)
+    keep_shape = keep_shape or not per_combo_vpp  # the shape's own vpp reads it below
+    if (int(shape.max()) + 1) * width <= 1 << 22:
+        key = shape.astype(np.int32, copy=keep_shape)
+        if not keep_shape:
+            shape = None
+        key *= width
+        key += np.multiply(c["mbs"], 2, dtype=np.int32)
+        key += c["sp"]
+        rep, combo = group_rows({"key": key}, ("key",))  # type: ignore[misc]
+        del key
+    else:
+        rep, combo = _groups({"shape": shape, "mbs": c["mbs"], "sp": c["sp"]},
+                             ("shape", "mbs", "sp"))
     group = combo if per_combo_vpp else shape
     vpp = c["vpp"]
     vmax_int = np.ones(int(group.max()) + 1, dtype=vpp.dtype)

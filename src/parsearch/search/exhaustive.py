@@ -244,8 +244,8 @@ def scan_bounded(cm: CostModel, table: LayoutTable, *, top: int = 1, diverse: bo
     if len(candidates) == 0:
         return ScanResult(table, np.zeros(0, dtype=np.int64), empty_f, empty_f, considered, n)
     # (shape, mbs, sp) combinations, scored best bound first
-    shape, combo, bound = combo_bounds(cm, table.columns, candidates)
-    del shape  # the diverse bar groups the rows kept by their shape codes instead
+    # (the diverse bar groups the rows kept by their shape codes, not by these shapes)
+    _, combo, bound = combo_bounds(cm, table.columns, candidates, keep_shape=False)
     order = np.argsort(-bound, kind="stable")
     rank = np.empty(len(order), dtype=index_type)
     rank[order] = np.arange(len(order), dtype=index_type)
