@@ -320,9 +320,6 @@ def _r11_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
         ok = ok & (np.asarray(c["vpp"]) <= ctx.max_vpp)
     if ctx.max_cp is not None:
         ok = ok & (np.asarray(c["cp"]) <= ctx.max_cp)
-    if ctx.experts_follow_tp and ctx.is_moe:
-        # a stack before MoE parallel folding: the experts are sharded over the model's TP
-        ok = ok & (np.asarray(c["etp"]) == np.asarray(c["tp"]))
     if ctx.activation_offload_layers:
         # Megatron-Core TransformerConfig.__post_init__ (d98e8a64): CPU offloading "is not
         # supported with pipeline parallelism" nor with "activation recomputation".
@@ -352,9 +349,6 @@ def _r11_message(ctx: RuleContext, c: Columns) -> str:
     if ctx.max_cp is not None and int(c["cp"]) > ctx.max_cp:
         reasons.append(f"cp={int(c['cp'])} exceeds the context-parallel cap {ctx.max_cp} "
                        f"(--max-cp, or a --stack without context parallelism)")
-    if ctx.experts_follow_tp and ctx.is_moe and int(c["etp"]) != int(c["tp"]):
-        reasons.append(f"etp={int(c['etp'])} differs from tp={int(c['tp'])}: the --stack "
-                       "predates MoE parallel folding, so the experts take the model's TP")
     offload = ctx.activation_offload_layers
     if offload and int(c["pp"]) > 1:
         reasons.append(f"pp={int(c['pp'])} with --activation-offload-layers {offload}: "
@@ -365,6 +359,21 @@ def _r11_message(ctx: RuleContext, c: Columns) -> str:
                        f"{offload}: Megatron's CPU offloading does not run with activation "
                        "recomputation (use recompute none, or drop the offload)")
     return "; ".join(reasons)
+
+
+def _r12_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
+    # A software stack before MoE parallel folding (Megatron-LM 7f22e210cd, 2024-11-23;
+    # --stack mcore-0.9) shards the experts over the model's TP: etp = tp.  A rule of its
+    # own so that it prunes on the small (tp, etp) grid, before the later axes.
+    tp, etp = np.asarray(c["tp"]), np.asarray(c["etp"])
+    if ctx.experts_follow_tp and ctx.is_moe:
+        return etp == tp
+    return np.ones(np.broadcast(tp, etp).shape, dtype=bool)
+
+
+def _r12_message(ctx: RuleContext, c: Columns) -> str:
+    return (f"etp={int(c['etp'])} differs from tp={int(c['tp'])}: the --stack predates MoE "
+            "parallel folding, so the experts take the model's TP")
 
 
 @dataclass(frozen=True)
@@ -396,8 +405,9 @@ RULES: tuple[Rule, ...] = (
     _rule("R8", "pipeline-split", "pp vpp", _r8_holds, _r8_message),
     _rule("R9", "interleaving", "vpp pp m", _r9_holds, _r9_message),
     _rule("R10", "batch-divisibility", "m mbs dp", _r10_holds, _r10_message),
-    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp pp etp", _r11_holds,
+    _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp pp", _r11_holds,
           _r11_message),
+    _rule("R12", "stack-expert-tp", "tp etp", _r12_holds, _r12_message),
 )
 
 RULES_BY_ID: dict[str, Rule] = {rule.rule_id: rule for rule in RULES}

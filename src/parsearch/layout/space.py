@@ -244,7 +244,8 @@ def _expand_axis(
 
 def enumerate_layouts(model: ModelSpec, training: TrainingSpec, num_gpus: int, *,
                       explain: bool = True) -> LayoutTable:
-    """Every layout of ``num_gpus`` GPUs that satisfies rules R1--R11.
+    """Every layout of ``num_gpus`` GPUs that satisfies rules R1--R11 (and R12 under a stack
+    before MoE parallel folding).
 
     ``explain=False``: a space that a rule empties on its own is returned at
     once, without the per-axis record (``steps``) that names the rule.
