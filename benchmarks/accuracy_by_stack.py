@@ -31,11 +31,9 @@ import numpy as np
 from parsearch.validation.fit.calibration import prepare_rows
 from parsearch.validation.fit.crossval import cross_validate
 from parsearch.validation.published.published_runs import (
-    DATA_PACKAGE,
-    INDEPENDENT_FILE,
     PublishedRun,
+    load_independent_runs,
     load_published_runs,
-    read_published_runs,
 )
 from parsearch.validation.published.run_conventions import DGXC, stack_of_source
 from parsearch.validation.published.runs import validate_runs
@@ -84,10 +82,7 @@ def _never_fitted_by_stack() -> None:
     """The independent rows (``independent_runs.csv``, never fitted) by the stack that
     measured them, with the shipped profiles: a second out-of-sample view per stack,
     from other sources than the calibration's (reported beside the target, not in it)."""
-    from importlib import resources
-
-    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
-        runs = read_published_runs(path).runs
+    runs = load_independent_runs()
     # Megatron-Core stacks by release (Megatron-Bridge tables, NVIDIA's DGX Cloud recipes);
     # the other sources ran their own software (MegaScale's 2023 Megatron-LM, BLOOM's
     # Megatron-DeepSpeed, torchtitan, Meta's and DeepSeek's in-house stacks): named by source.

@@ -75,26 +75,18 @@ from __future__ import annotations
 import sys
 import warnings
 from collections import defaultdict
-from importlib import resources
 
 import numpy as np
 
 from parsearch.validation.published.published_runs import (
-    DATA_PACKAGE,
-    INDEPENDENT_FILE,
     PublishedRun,
+    load_independent_runs,
     load_published_runs,
-    read_published_runs,
 )
 from parsearch.validation.published.runs import validate_runs
 
 RATIO_BOUND = 1.5
 FLAT = 0.03
-
-
-def _independent() -> list[PublishedRun]:
-    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
-        return read_published_runs(path).runs
 
 
 def _series_key(run: PublishedRun) -> tuple[object, ...]:
@@ -128,7 +120,7 @@ def _per_step_fit(runs: list[PublishedRun], tokens_per_s_per_gpu: list[float]
 
 def main() -> int:
     warnings.filterwarnings("ignore")
-    runs = [*load_published_runs(), *_independent()]
+    runs = [*load_published_runs(), *load_independent_runs()]
     rows = {r.id: r for r in validate_runs(runs).rows}
     by_id = {r.id: r for r in runs}
     # fixed global batch (strong scaling: fewer micro-batches per replica as DP grows) or

@@ -28,16 +28,12 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from importlib import resources
 
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.validation.published.published_runs import (
-    DATA_PACKAGE,
-    INDEPENDENT_FILE,
-    PublishedRun,
     load_heldout_runs,
+    load_independent_runs,
     load_published_runs,
-    read_published_runs,
 )
 from parsearch.validation.published.ranking import rank_published_layouts
 
@@ -84,12 +80,6 @@ def main() -> int:
           f"median predicted gap of the published shape to the best: "
           f"{_pct(summary['median_gap'])}")
     return 0 if share >= TARGET else 1
-
-
-def load_independent_runs() -> list[PublishedRun]:
-    """Every row of ``independent_runs.csv`` (never fitted)."""
-    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
-        return read_published_runs(path).runs
 
 
 def _pct(value: float | None) -> str:

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import sys
 import warnings
-from importlib import resources
 
 import numpy as np
 
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.validation.published.published_runs import (
-    DATA_PACKAGE,
-    INDEPENDENT_FILE,
     PublishedRun,
     load_heldout_runs,
-    read_published_runs,
+    load_independent_runs,
 )
 from parsearch.validation.published.run_conventions import DGXC
 from parsearch.validation.published.runs import ValidationRow, validate_runs
@@ -49,9 +46,8 @@ UNTOUCHED_DGXC_MODELS = frozenset({"Nemotron-4-15B", "Nemotron-4-340B", "Grok-1"
 
 
 def _dgxc_untouched() -> list[PublishedRun]:
-    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
-        runs = read_published_runs(path).runs
-    return [r for r in runs if r.source_tag == DGXC and r.model in UNTOUCHED_DGXC_MODELS]
+    return [r for r in load_independent_runs()
+            if r.source_tag == DGXC and r.model in UNTOUCHED_DGXC_MODELS]
 
 
 def _both(title: str, runs: list[PublishedRun]) -> list[ValidationRow]:

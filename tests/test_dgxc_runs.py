@@ -10,7 +10,6 @@ recipes' yaml and ``configure.sh`` there.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,7 @@ from parsearch.cost.analytic import CostOptions
 from parsearch.validation.published.published_runs import (
     PublishedRun,
     current_releases,
-    read_published_runs,
+    load_independent_runs,
 )
 from parsearch.validation.published.run_conventions import (
     CONV_REPORTED,
@@ -30,8 +29,6 @@ from parsearch.validation.published.run_conventions import (
     stack_of_source,
 )
 from parsearch.validation.published.runs import memory_saving_candidates, recipe_accounting
-
-DATA = Path(__file__).resolve().parents[1] / "src" / "parsearch" / "data" / "independent_runs.csv"
 
 #: id -> (GPUs, global batch, step s, aggregate tokens/s), as the README tables print them.
 PRINTED = {
@@ -49,7 +46,7 @@ PRINTED = {
 
 @pytest.fixture(scope="module")
 def dgxc() -> dict[str, PublishedRun]:
-    return {run.id: run for run in read_published_runs(DATA).runs if run.source_tag == DGXC}
+    return {run.id: run for run in load_independent_runs() if run.source_tag == DGXC}
 
 
 def test_rows_and_their_layouts(dgxc: dict[str, PublishedRun]) -> None:

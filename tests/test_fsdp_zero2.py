@@ -20,11 +20,6 @@ from parsearch.layout import Layout
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from parsearch.validation.published.published_runs import (
-    DATA_PACKAGE,
-    INDEPENDENT_FILE,
-    read_published_runs,
-)
 from parsearch.validation.published.runs import validate_runs
 
 DENSE = ModelSpec("dense-toy", 8, 1024, 4096, 16, 4, 64, 32000)
@@ -72,9 +67,8 @@ def test_zero2_exposes_no_more_traffic_than_zero3(tp: int, pp: int, mbs: int,
 
 
 def _llama3_rows() -> dict[str, object]:
-    from importlib import resources
-    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
-        return {r.id: r for r in read_published_runs(path).runs if r.source_tag == "LLAMA3"}
+    from parsearch.validation.published.published_runs import load_independent_runs
+    return {r.id: r for r in load_independent_runs() if r.source_tag == "LLAMA3"}
 
 
 def test_llama3_pretraining_runs_are_read_as_zero2_and_match() -> None:

@@ -308,12 +308,16 @@ def load_published_runs(path: str | Path | None = None) -> list[PublishedRun]:
     return read_published_runs(path).runs
 
 
+def load_independent_runs() -> list[PublishedRun]:
+    """Every packaged independent row (``independent_runs.csv``): never fitted to."""
+    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
+        return read_published_runs(path).runs
+
+
 def load_heldout_runs() -> list[PublishedRun]:
     """The packaged independent rows from Megatron-Bridge's performance tables of models no
     calibration run holds (tag ``MBRIDGE-HELDOUT``): never fitted to."""
-    with resources.as_file(resources.files(DATA_PACKAGE).joinpath(INDEPENDENT_FILE)) as path:
-        runs = read_published_runs(path).runs
-    return [run for run in runs if run.source_tag == MBRIDGE_HELDOUT]
+    return [run for run in load_independent_runs() if run.source_tag == MBRIDGE_HELDOUT]
 
 
 # --------------------------------------------------------------------------- selections
