@@ -20,10 +20,12 @@ import warnings
 import numpy as np
 
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+from parsearch.model.specs import ModelSpec
 from parsearch.validation.published.published_runs import (
     PublishedRun,
     load_heldout_runs,
     load_independent_runs,
+    load_published_runs,
 )
 from parsearch.validation.published.run_conventions import DGXC
 from parsearch.validation.published.runs import ValidationRow, validate_runs
@@ -39,15 +41,18 @@ def _summary(rows: list[ValidationRow]) -> str:
             f"within 10% {np.mean(ape <= 0.10):5.0%}")
 
 
-#: Independent rows of models no calibration run holds, from NVIDIA's DGX Cloud recipes
-#: (tag DGXC; their Llama 3.1 8B / 70B share the calibrated Llama 3 8B / 70B blocks).
-UNTOUCHED_DGXC_MODELS = frozenset({"Nemotron-4-15B", "Nemotron-4-340B", "Grok-1",
-                                   "Llama-3.1-405B"})
+def _block(model: ModelSpec) -> tuple[object, ...]:
+    """What a calibration run teaches about a model: its layer sizes and experts."""
+    return (model.num_layers, model.hidden_size, model.ffn_hidden_size,
+            model.num_attention_heads, model.num_query_groups, model.moe)
 
 
 def _dgxc_untouched() -> list[PublishedRun]:
-    return [r for r in load_independent_runs()
-            if r.source_tag == DGXC and r.model in UNTOUCHED_DGXC_MODELS]
+    """NVIDIA's DGX Cloud rows (never fitted) of models whose block no calibration run holds
+    (their Llama 3.1 8B / 70B are the calibrated Llama 3 8B / 70B blocks)."""
+    fitted = {_block(r.model_spec) for r in load_published_runs() if r.model_spec is not None}
+    return [r for r in load_independent_runs() if r.source_tag == DGXC
+            and r.model_spec is not None and _block(r.model_spec) not in fitted]
 
 
 def _both(title: str, runs: list[PublishedRun]) -> list[ValidationRow]:
