@@ -71,6 +71,7 @@ def _normal_grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=4096)
+@lru_cache(maxsize=4096)  # a pure function of n, asked for the same EP degrees per layout
 def _expected_max(n: float) -> float:
     """E[max of n iid N(0, 1)] = integral of x * n * pdf(x) * cdf(x)^(n-1) (order statistics,
     e.g. David & Nagaraja, *Order Statistics*, eq. 2.1.5); 0 for n <= 1."""
