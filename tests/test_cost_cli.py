@@ -153,7 +153,9 @@ def test_the_likely_range_says_when_no_run_like_it_was_calibrated() -> None:
         low, high = doc["tokens_per_s_per_gpu_range"]
         return high / low
 
-    assert width(bf16) > width(fp8)
+    # the union of the generation's bands is at least as wide as the dense one (wider when
+    # the MoE band reaches beyond it)
+    assert width(bf16) >= width(fp8) * (1.0 - 1e-12)
     table = run_cli(*EXPLAIN, "--layout", "tp=4,pp=8,vpp=5,sp=true", "--precision", "bf16")
     assert "no dense bf16 run in the calibration set" in table.out
 

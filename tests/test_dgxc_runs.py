@@ -88,8 +88,12 @@ def test_recipe_settings_reach_the_cost_options(dgxc: dict[str, PublishedRun]) -
     assert options.tp_comm_overlap and options.fp8_recipe == "delayed"
     assert options.overlap_grad_reduce and options.overlap_param_gather
     assert options.grad_reduce_bytes == 2.0 and training.grad_bytes == 2.0
+    # Apex distributed_fused_adam, bucket_cap_mb 75 of BF16 gradient-sync elements
+    assert options.ddp_bucket_params == 75 * 1024 * 1024 // 2
     training, options = read("i0242")  # 8B BF16, TP1: nothing to overlap
     assert not options.tp_comm_overlap
+    # Grok-1 runs Megatron-Core's distributed optimizer: its buckets grow with DP
+    assert read("i0296")[1].ddp_bucket_params is None
 
 
 def test_stack_is_the_nemo_24_09_one(dgxc: dict[str, PublishedRun]) -> None:

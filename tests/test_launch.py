@@ -67,6 +67,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("capacity factor", {}, {"moe_capacity_factor": 1.0}),
     ("pad to capacity", {}, {"moe_capacity_factor": 1.25, "moe_pad_to_capacity": True}),
     ("grad reduce bf16", {}, {"grad_reduce_bytes": 2.0}),
+    ("ddp bucket size", {}, {"ddp_bucket_params": 10_000_000}),
     ("fp8 dispatch", {}, {"fp8_dispatch": True}),
     ("fp8 recipe", {"precision": "fp8"}, {"fp8_recipe": "delayed"}),
     ("fp8 attention", {"precision": "fp8"}, {"fp8_attention": True}),

@@ -237,6 +237,11 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction,
                        default=True, help="overlap the DP parameter all-gather with forward "
                        "(default on)")
+    group.add_argument("--ddp-bucket-size", type=positive_int, default=None, metavar="PARAMS",
+                       help="parameters per DP gradient bucket, one collective call each "
+                       "(Megatron --ddp-bucket-size; Apex DistributedFusedAdam bucket_cap_mb "
+                       "x 2^20 / 2 with BF16 gradient sync); default: Megatron-Core's "
+                       "max(40M, 1M x DP)")
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                        help="per-layer Transformer Engine CUDA graphs: no host launch cost for "
                        "what they capture, static buffers per layer and micro-batch in flight "
@@ -372,6 +377,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         moe_shared_expert_overlap=bool(args.moe_shared_expert_overlap),
         overlap_grad_reduce=args.overlap_grad_reduce,
         overlap_param_gather=args.overlap_param_gather,
+        ddp_bucket_params=getattr(args, "ddp_bucket_size", None),
         # a scope pins graphs on (feature_search.py chooses them when both are unset)
         cuda_graphs=bool(args.cuda_graphs) or bool(args.cuda_graph_scope),
         cuda_graph_scope=tuple(args.cuda_graph_scope),

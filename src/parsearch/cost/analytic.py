@@ -304,7 +304,8 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
         grad_bytes=opt.grad_reduce_bytes, gather_bytes=opt.param_gather_bytes,
         distributed_optimizer=training.distributed_optimizer, fsdp=training.fsdp,
         hbm_Bps=fabric.gpu.hbm_bandwidth_Bps * cm.profile.hbm_efficiency,
-        optimizer_step_bytes=optimizer_step_bytes(training))
+        optimizer_step_bytes=optimizer_step_bytes(training),
+        bucketed=opt.overlap_grad_reduce, fixed_bucket_params=opt.ddp_bucket_params)
     settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
                              cm.profile.step_overhead_s, cm.profile.comm_sm_share,
                              fsdp_weights_sharded=training.fsdp_shards_weights)

@@ -75,15 +75,39 @@ def reduce_scatter_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
     Across domains it is hierarchical (formulas.md §7.1): an intra-domain pass
     over k members moves (k-1)/k * S on NVLink, then each member reduces its
     1/k slice over the M domains on the network, (M-1)/M * S/k per member.
-    Latency: ring steps (k-1) on NVLink plus ceil(log2 M) network steps (NCCL
-    tree/PAT algorithms at scale; NCCL 2.4 blog).
+    Latency: NCCL runs reduce-scatter and all-gather as a ring (no tree; its PAT
+    algorithm only with one GPU per node), whose n-1 steps cross the network M-1
+    times: (n-M) NVLink steps plus (M-1) network steps (NCCL's own latency model,
+    NVIDIA/nccl@5067397c src/graph/tuning.cc, ring: nsteps = nRanks-1,
+    nInterSteps = nNodes-1), so the latency grows linearly with the domains.
     """
     k, m, n = split_group(link)
     s = np.asarray(size_bytes, dtype=np.float64)
     intra = safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
     inter = safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
-    latency = (k - 1.0) * link.nvlink_latency_s + _log2_steps(m) * link.network_latency_s
-    return np.where(n > 1, intra + inter + latency, 0.0)
+    return np.where(n > 1, intra + inter + ring_latency(link), 0.0)
+
+
+def ring_latency(link: LinkArrays) -> np.ndarray:
+    """Seconds of latency of one ring reduce-scatter / all-gather call over ``link``:
+    ``(n - M)`` NVLink steps and ``(M - 1)`` network steps (NCCL tuning.cc ring model).
+
+    >>> link = LinkArrays(16, 8, 1.0, 1.0, 1e-6, 1e-5)   # 16 ranks, 8 per domain
+    >>> round(float(ring_latency(link)) * 1e6, 6)         # 14 x 1 us + 1 x 10 us
+    24.0
+    """
+    _, m, n = split_group(link)
+    return (n - m) * np.asarray(link.nvlink_latency_s) + (m - 1.0) * np.asarray(
+        link.network_latency_s)
+
+
+def tree_latency(link: LinkArrays) -> np.ndarray:
+    """Seconds of latency of one all-reduce call over ``link`` as NCCL's tree runs it at
+    scale: twice ``(k - 1)`` NVLink steps and ``log2 M`` network steps (NCCL tuning.cc,
+    tree all-reduce: 2 x ((nRanks/nNodes - 1) x intraLat + log2(nNodes) x interLat))."""
+    k, m, _ = split_group(link)
+    return 2.0 * ((k - 1.0) * np.asarray(link.nvlink_latency_s)
+                  + _log2_steps(m) * np.asarray(link.network_latency_s))
 
 
 def all_gather_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
@@ -92,8 +116,13 @@ def all_gather_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
 
 
 def all_reduce_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
-    """All-reduce = reduce-scatter + all-gather: 2(n-1)/n * S / B (nccl-tests busbw)."""
-    return 2.0 * reduce_scatter_time(link, size_bytes)
+    """All-reduce: the bandwidth of a reduce-scatter plus an all-gather, 2(n-1)/n * S / B
+    (nccl-tests busbw), at the latency of NCCL's tree (:func:`tree_latency`)."""
+    k, m, n = split_group(link)
+    s = np.asarray(size_bytes, dtype=np.float64)
+    intra = safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
+    inter = safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
+    return np.where(n > 1, 2.0 * (intra + inter) + tree_latency(link), 0.0)
 
 
 def all_to_all_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:

@@ -68,6 +68,9 @@ class CostOptions:
       with shared experts, ``alltoall`` or ``flex`` dispatcher).
     * ``overlap_grad_reduce`` / ``overlap_param_gather``: Megatron DDP
       (``--overlap-grad-reduce``, ``--overlap-param-gather``).
+    * ``ddp_bucket_params``: parameters per gradient bucket (``--ddp-bucket-size``, or
+      Apex DistributedFusedAdam's ``bucket_cap_mb`` as elements); ``None``: Megatron-Core's
+      default, ``max(40e6, 1e6 x DP)`` (:func:`parsearch.cost.stage_time.bucket_params`).
     * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
     * ``cuda_graph_scope``: what the graphs capture (Megatron-Core ``--cuda-graph-modules``,
       formerly ``--cuda-graph-scope``: ``attn``, ``mlp``, ``moe``, ``moe_router``,
@@ -138,6 +141,7 @@ class CostOptions:
     moe_shared_expert_overlap: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    ddp_bucket_params: int | None = None
     cuda_graphs: bool = False
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_impl: str = "transformer_engine"
@@ -169,6 +173,11 @@ class CostOptions:
         if unknown_features:
             raise SpecError(f"search_features: {unknown_features[0]!r} is not a searchable "
                             f"feature; choose from {', '.join(SEARCHABLE_FEATURES)}")
+        if self.ddp_bucket_params is not None and not (
+                isinstance(self.ddp_bucket_params, int) and self.ddp_bucket_params > 0):
+            raise SpecError(f"ddp_bucket_params must be a positive whole number of parameters "
+                            f"per gradient bucket (or unset for Megatron-Core's default), got "
+                            f"{self.ddp_bucket_params!r}")
         if not (isinstance(self.memory_margin, (int, float)) and math.isfinite(self.memory_margin)
                 and 0.0 <= self.memory_margin < 1.0):
             raise SpecError(

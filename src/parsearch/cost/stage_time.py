@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parsearch.cost.collectives import LinkArrays, split_group
+from parsearch.cost.collectives import LinkArrays, ring_latency, split_group, tree_latency
 
 # Components of a stage's per-micro-batch time (summed over its units).
 STAGE_PARTS: tuple[str, ...] = ("compute", "memory_bound", "overhead", "tp_comm", "cp_comm",
@@ -37,24 +37,40 @@ _WAIT_PARTS = (3, 4, 5, 6)
 OPTIMIZER_STEP_BYTES = 30.0
 
 
-def linear_collective(link: LinkArrays) -> tuple[np.ndarray, np.ndarray]:
-    """``(seconds per byte, fixed seconds)`` of a reduce-scatter / all-gather over ``link``.
+def linear_collective(link: LinkArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(seconds per byte, ring latency, tree latency)`` of one DP collective over ``link``.
 
     The terms of :func:`parsearch.cost.collectives.reduce_scatter_time`
     (nccl-tests PERFORMANCE.md busbw factor, hierarchical across domains,
-    formulas.md §7.1): ``(k-1)/k · S / B_nvlink + (M-1)/M · S/k / B_network``
-    plus ``(k-1)`` NVLink and ``ceil(log2 M)`` network latency steps; zero for a
-    group of one.  A zero bandwidth prices its term at zero, as ``safe_div`` does.
+    formulas.md §7.1): ``(k-1)/k · S / B_nvlink + (M-1)/M · S/k / B_network``;
+    a reduce-scatter or all-gather call pays the ring's latency
+    (:func:`parsearch.cost.collectives.ring_latency`), an all-reduce call the tree's
+    (:func:`parsearch.cost.collectives.tree_latency`); zero for a group of one.  A zero
+    bandwidth prices its term at zero, as ``safe_div`` does.
     """
     k, m, n = split_group(link)
     nv = np.asarray(link.nvlink_bandwidth_Bps, dtype=np.float64)
     net = np.asarray(link.network_bandwidth_Bps, dtype=np.float64)
     intra = np.where(nv > 0, (k - 1.0) / k / np.where(nv > 0, nv, 1.0), 0.0)
     inter = np.where(net > 0, (m - 1.0) / m / k / np.where(net > 0, net, 1.0), 0.0)
-    latency = ((k - 1.0) * link.nvlink_latency_s
-               + np.ceil(np.log2(np.maximum(m, 1.0))) * link.network_latency_s)
     alone = n <= 1
-    return np.where(alone, 0.0, intra + inter), np.where(alone, 0.0, latency)
+    return (np.where(alone, 0.0, intra + inter), np.where(alone, 0.0, ring_latency(link)),
+            np.where(alone, 0.0, tree_latency(link)))
+
+
+def bucket_params(link: LinkArrays, fixed_bucket_params: float | None) -> np.ndarray:
+    """Parameters per gradient bucket of a DP group: each bucket is one collective call.
+
+    Megatron-Core's DDP sizes its buckets by the group, ``max(40e6, 1e6 x dp)``
+    parameters, "to remain bandwidth-bound rather than latency-bound" (Megatron-LM
+    core/distributed/distributed_data_parallel.py, ``bucket_size``); a fixed size
+    (``--ddp-bucket-size``, or Apex's DistributedFusedAdam ``bucket_cap_mb``, NVIDIA/apex
+    distributed_fused_adam.py: ``1024 * 1024 * bucket_cap_mb / dtype_size`` elements of the
+    gradient-sync dtype) replaces it.
+    """
+    if fixed_bucket_params is not None:
+        return np.broadcast_to(np.float64(fixed_bucket_params), np.shape(link.size))
+    return np.maximum(40e6, 1e6 * np.asarray(link.size, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,8 @@ def stage_coefficients(
     fsdp: bool,
     hbm_Bps: float,
     optimizer_step_bytes: float = OPTIMIZER_STEP_BYTES,
+    bucketed: bool = False,
+    fixed_bucket_params: float | None = None,
 ) -> StageCoefficients:
     """Fold the unit prices and parameters of every price row into stage coefficients.
 
@@ -110,6 +128,13 @@ def stage_coefficients(
     gather; FSDP prices per micro-batch the same reduce-scatter and gather.
     Optimizer: :data:`OPTIMIZER_STEP_BYTES` per sharded parameter at the HBM
     bandwidth.  ``shards``: (dense, expert) optimizer shard counts per price row.
+
+    Latency: every buffer issues at least one call per step; with overlapped
+    reduction (``bucketed``) the gradients go in buckets (:func:`bucket_params`), one
+    call each, so a stage's ``P`` parameters pay ``ceil(P / bucket)`` calls' latency,
+    priced as ``1 + P / bucket`` (linear in the stage's units, like the bytes).  With a
+    ring's latency growing with the domains, small fixed buckets on many nodes are what
+    makes the reduction latency-bound.
     """
 
     n = pshape[0] if pshape else 1
@@ -132,8 +157,11 @@ def stage_coefficients(
     expert = np.empty((u, n))
     for j, unit in enumerate(units):
         dense[j], expert[j] = params[unit][0], params[unit][1]
-    a_dp, l_dp = linear_collective(dp_link)
-    a_edp, l_edp = linear_collective(edp_link)
+    a_dp, ring_dp, tree_dp = linear_collective(dp_link)
+    a_edp, ring_edp, tree_edp = linear_collective(edp_link)
+    sharded = fsdp or distributed_optimizer
+    # a reduce-scatter / all-gather call pays the ring's latency, an all-reduce the tree's
+    l_dp, l_edp = (ring_dp, ring_edp) if sharded else (tree_dp, tree_edp)
     # Megatron-Core builds its gradient buffers from the parameters of each group, the
     # expert-data-parallel ones only from expert parameters (core/distributed/
     # distributed_data_parallel.py, expert_parallel_buffers): a dense model issues no EDP
@@ -141,14 +169,21 @@ def stage_coefficients(
     has_experts = np.any(expert > 0.0, axis=0)
     fixed = np.broadcast_to(l_dp + np.where(has_experts, l_edp, 0.0), (n,))
     reduce_per_byte = dense * np.broadcast_to(a_dp, (n,)) + expert * np.broadcast_to(a_edp, (n,))
-    if fsdp or distributed_optimizer:
-        block(_REDUCE)[:] = reduce_per_byte * grad_bytes
-        block(_GATHER)[:] = reduce_per_byte * gather_bytes
+    if bucketed and not fsdp:
+        per_param = (dense * np.broadcast_to(l_dp / bucket_params(dp_link, fixed_bucket_params),
+                                             (n,))
+                     + expert * np.broadcast_to(
+                         l_edp / bucket_params(edp_link, fixed_bucket_params), (n,)))
+    else:
+        per_param = np.zeros_like(dense)
+    if sharded:
+        block(_REDUCE)[:] = reduce_per_byte * grad_bytes + per_param
+        block(_GATHER)[:] = reduce_per_byte * gather_bytes + per_param
         table[_BLOCKS * u + 1] = table[_BLOCKS * u + 2] = fixed
-    else:  # all-reduce = reduce-scatter + all-gather
-        block(_REDUCE)[:] = 2.0 * (reduce_per_byte * grad_bytes)
+    else:  # all-reduce: the bytes of a reduce-scatter and an all-gather, the tree's latency
+        block(_REDUCE)[:] = 2.0 * (reduce_per_byte * grad_bytes) + per_param
         block(_GATHER)[:] = 0.0
-        table[_BLOCKS * u + 1] = 2.0 * fixed
+        table[_BLOCKS * u + 1] = fixed
         table[_BLOCKS * u + 2] = 0.0
     shards_dense, shards_expert = shards
     if not (distributed_optimizer or fsdp):

@@ -321,6 +321,8 @@ def bridge_fields(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[str, An
         "ddp.data_parallel_sharding_strategy": plan.fsdp_strategy if plan.fsdp else "no_shard",
         "ddp.overlap_grad_reduce": plan.overlap_grad_reduce,
         "ddp.overlap_param_gather": plan.overlap_param_gather,
+        # None keeps Megatron-Core's default sizing by the DP group
+        "ddp.bucket_size": plan.ddp_bucket_size,
         "comm_overlap": None,
         "model.tp_comm_overlap": plan.tp_comm_overlap,
         "model.cuda_graph_impl": plan.cuda_graph_impl if plan.cuda_graphs else "none",

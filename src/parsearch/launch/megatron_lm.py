@@ -104,6 +104,8 @@ def _memory_args(plan: LaunchPlan) -> list[str]:
         args.append("--overlap-grad-reduce")
     if plan.overlap_param_gather:
         args.append("--overlap-param-gather")
+    if plan.ddp_bucket_size is not None:
+        args += ["--ddp-bucket-size", str(plan.ddp_bucket_size)]
     if not plan.grad_reduce_in_fp32:
         args.append("--grad-reduce-in-bf16")
     if plan.optimizer != "adam":

@@ -62,6 +62,9 @@ class LaunchPlan:
     fsdp_strategy: str
     overlap_grad_reduce: bool
     overlap_param_gather: bool
+    #: parameters per gradient bucket the pricing assumed when it is not Megatron-Core's
+    #: default (``--ddp-bucket-size``)
+    ddp_bucket_size: int | None
     # features
     tp_comm_overlap: bool
     moe_dispatcher: str | None
@@ -411,6 +414,8 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         overlap_grad_reduce=opt.overlap_grad_reduce and (lay.dp > 1 or training.fsdp),
         overlap_param_gather=(opt.overlap_param_gather and lay.dp > 1
                               and (training.distributed_optimizer or training.fsdp)),
+        ddp_bucket_size=(opt.ddp_bucket_params if opt.overlap_grad_reduce and lay.dp > 1
+                         and not training.fsdp else None),
         tp_comm_overlap=tp_overlap,
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=backend,

@@ -64,6 +64,10 @@ class RunSetup:
     #: Adam state in BF16 (Megatron's precision-aware optimizer with BF16 moments, or Apex's
     #: distributed fused Adam with ``dtype: bf16``): priced as 8 bytes of state per parameter
     bf16_moments: bool | None = None
+    #: parameters per gradient bucket the recipe fixed (Apex DistributedFusedAdam's
+    #: ``bucket_cap_mb`` as gradient-sync elements, or ``--ddp-bucket-size``); None:
+    #: Megatron-Core's default sizing by the DP group
+    ddp_bucket_params: int | None = None
 
 
 def _capacity(text: str) -> tuple[float | None, bool]:
@@ -172,6 +176,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         pad_to_capacity=_capacity(cell.get("moe_capacity_factor", ""))[1],
         cuda_graph_impl=_graph_impl(graphs, cell.get("cuda_graph_scope", "")),
         bf16_moments=_flag(cell.get("bf16_moments", "")),
+        ddp_bucket_params=_int(cell.get("ddp_bucket_params", "")),
     )
 
 
@@ -245,6 +250,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["memory"] = replace(options.memory, fp8_param_gather=setup.fp8_param_gather)
     if setup.bf16_moments is not None:
         changes["bf16_moments"] = setup.bf16_moments
+    if setup.ddp_bucket_params is not None:
+        changes["ddp_bucket_params"] = setup.ddp_bucket_params
     options = replace(options, **changes)  # type: ignore[arg-type]
     train: dict[str, object] = {}
     if setup.fsdp is not None:
