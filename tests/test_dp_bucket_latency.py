@@ -133,3 +133,23 @@ def test_a_bad_bucket_size_is_refused_at_the_command_line(
         main(["search", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16",
               "--global-batch", "64", "--seq-len", "4096", "--ddp-bucket-size", "0"])
     assert "--ddp-bucket-size" in capsys.readouterr().err
+
+
+def _step(name: str, layout_text: str, num_gpus: int, batch: int, apex: bool) -> float:
+    layout = parse_layout_string(layout_text, num_gpus)
+    training = TrainingSpec(seq_len=4096, global_batch=batch, precision="bf16", grad_bytes=2.0)
+    options = CostOptions(grad_reduce_bytes=2.0, ddp_bucket_params=10_000_000,
+                          apex_distributed_adam=apex)
+    cm = build_cost_model(get_preset(name), training,
+                          build_fabric(load_cluster("dgx-h100"), num_gpus), options=options)
+    return estimate(cm, layout).step_time_s
+
+
+def test_megatron_buckets_only_the_first_model_chunk() -> None:
+    # one chunk, one stage: Megatron-Core and Apex bucket the same parameters
+    assert (_step("nemotron4-15b", "tp=4,mbs=4", 2048, 8192, apex=False)
+            == pytest.approx(_step("nemotron4-15b", "tp=4,mbs=4", 2048, 8192, apex=True)))
+    # five chunks: Megatron-Core splits only the first into buckets (one call for each
+    # other chunk's buffer), Apex all of them, so with small buckets Apex pays more calls
+    interleaved = ("llama3-70b", "tp=8,pp=4,vpp=5,mbs=1", 1024, 128)
+    assert _step(*interleaved, apex=True) > _step(*interleaved, apex=False)

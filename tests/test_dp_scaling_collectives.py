@@ -84,8 +84,11 @@ def test_only_the_data_parallel_time_moves(runs: dict[str, PublishedRun]) -> Non
                                  build_fabric(cluster, run.num_gpus), options=options)
         times.append(estimate(model, run.layout).time_s)
     slow, fast = times
-    # the bandwidth term dominates at 192 ranks; latency (a few us per step) does not move
-    assert slow["dp_comm"] / fast["dp_comm"] == pytest.approx(0.92 / 0.34, rel=0.01)
+    # the bandwidth term dominates at 192 ranks; the latency does not move with the share
+    # (NCCL's ring: 191 network steps per call, a call per model chunk, about 2% of the
+    # slow time here), so the ratio sits just under 0.92 / 0.34
+    ratio = slow["dp_comm"] / fast["dp_comm"]
+    assert 0.97 * 0.92 / 0.34 <= ratio < 0.92 / 0.34
     for part in ("compute", "tp_comm", "pp_p2p", "pp_bubble", "optimizer"):
         assert slow[part] == pytest.approx(fast[part])
 

@@ -97,6 +97,8 @@ NOT_LAUNCH_SETTINGS = {
     "seq_len": "always launched (--seq-length, dataset.seq_length)",
     "global_batch": "always launched (--global-batch-size, train.global_batch_size)",
     "optimizer": "launched as --optimizer when not adam",
+    "apex_distributed_adam": "NeMo 1.0's Apex optimizer, read from published recipes to "
+                             "price them; Megatron-LM and Bridge run Megatron-Core's DDP",
 }
 
 

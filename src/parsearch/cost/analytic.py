@@ -308,7 +308,8 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
         bucketed=opt.overlap_grad_reduce, fixed_bucket_params=opt.ddp_bucket_params)
     settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
                              cm.profile.step_overhead_s, cm.profile.comm_sm_share,
-                             fsdp_weights_sharded=training.fsdp_shards_weights)
+                             fsdp_weights_sharded=training.fsdp_shards_weights,
+                             megatron_buckets=not opt.apex_distributed_adam)
     del prices, params, groups
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)

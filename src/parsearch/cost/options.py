@@ -71,6 +71,11 @@ class CostOptions:
     * ``ddp_bucket_params``: parameters per gradient bucket (``--ddp-bucket-size``, or
       Apex DistributedFusedAdam's ``bucket_cap_mb`` as elements); ``None``: Megatron-Core's
       default, ``max(40e6, 1e6 x DP)`` (:func:`parsearch.cost.stage_time.bucket_params`).
+    * ``apex_distributed_adam``: the gradients synced by Apex's DistributedFusedAdam (NeMo
+      1.0 recipes, ``optim.name: distributed_fused_adam``), which buckets every parameter of
+      every pipeline stage, instead of Megatron-Core's DDP, which buckets only the first
+      stage's first model chunk (:class:`parsearch.cost.stage_time.StageSettings`); read
+      from published recipes, not a Megatron launch setting.
     * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
     * ``cuda_graph_scope``: what the graphs capture (Megatron-Core ``--cuda-graph-modules``,
       formerly ``--cuda-graph-scope``: ``attn``, ``mlp``, ``moe``, ``moe_router``,
@@ -142,6 +147,7 @@ class CostOptions:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     ddp_bucket_params: int | None = None
+    apex_distributed_adam: bool = False
     cuda_graphs: bool = False
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_impl: str = "transformer_engine"

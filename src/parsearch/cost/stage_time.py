@@ -97,8 +97,9 @@ class StageCoefficients:
 
 # Block indices into StageCoefficients.table
 _P = len(STAGE_PARTS)
-_PARTS, _WORK, _COMM, _REDUCE, _GATHER, _OPT = 0, _P, _P + 1, _P + 2, _P + 3, _P + 4
-_BLOCKS = _P + 5
+_PARTS, _WORK, _COMM, _REDUCE, _GATHER, _OPT, _BUCKET = (0, _P, _P + 1, _P + 2, _P + 3, _P + 4,
+                                                         _P + 5)
+_BLOCKS = _P + 6
 
 
 def stage_coefficients(
@@ -129,12 +130,13 @@ def stage_coefficients(
     Optimizer: :data:`OPTIMIZER_STEP_BYTES` per sharded parameter at the HBM
     bandwidth.  ``shards``: (dense, expert) optimizer shard counts per price row.
 
-    Latency: every buffer issues at least one call per step; with overlapped
-    reduction (``bucketed``) the gradients go in buckets (:func:`bucket_params`), one
-    call each, so a stage's ``P`` parameters pay ``ceil(P / bucket)`` calls' latency,
-    priced as ``1 + P / bucket`` (linear in the stage's units, like the bytes).  With a
-    ring's latency growing with the domains, small fixed buckets on many nodes are what
-    makes the reduction latency-bound.
+    Latency: every gradient buffer issues at least one call per step; with overlapped
+    reduction (``bucketed``) its parameters go in buckets (:func:`bucket_params`), one call
+    each.  The ``_BUCKET`` block holds the latency per parameter of that bucketing
+    (``latency / bucket``), which :func:`score_split` scales by the model chunks as the
+    optimizer implementation buckets them (:class:`StageSettings`); the trailing rows
+    hold one call's latency.  With a ring's latency growing with the domains, small fixed
+    buckets on many nodes are what makes the reduction latency-bound.
     """
 
     n = pshape[0] if pshape else 1
@@ -170,18 +172,18 @@ def stage_coefficients(
     fixed = np.broadcast_to(l_dp + np.where(has_experts, l_edp, 0.0), (n,))
     reduce_per_byte = dense * np.broadcast_to(a_dp, (n,)) + expert * np.broadcast_to(a_edp, (n,))
     if bucketed and not fsdp:
-        per_param = (dense * np.broadcast_to(l_dp / bucket_params(dp_link, fixed_bucket_params),
-                                             (n,))
-                     + expert * np.broadcast_to(
-                         l_edp / bucket_params(edp_link, fixed_bucket_params), (n,)))
+        # one bucket size for every buffer, set by the dense DP group (Megatron-Core DDP)
+        bucket = bucket_params(dp_link, fixed_bucket_params)
+        block(_BUCKET)[:] = (dense * np.broadcast_to(l_dp / bucket, (n,))
+                             + expert * np.broadcast_to(l_edp / bucket, (n,)))
     else:
-        per_param = np.zeros_like(dense)
+        block(_BUCKET)[:] = 0.0
     if sharded:
-        block(_REDUCE)[:] = reduce_per_byte * grad_bytes + per_param
-        block(_GATHER)[:] = reduce_per_byte * gather_bytes + per_param
+        block(_REDUCE)[:] = reduce_per_byte * grad_bytes
+        block(_GATHER)[:] = reduce_per_byte * gather_bytes
         table[_BLOCKS * u + 1] = table[_BLOCKS * u + 2] = fixed
     else:  # all-reduce: the bytes of a reduce-scatter and an all-gather, the tree's latency
-        block(_REDUCE)[:] = 2.0 * (reduce_per_byte * grad_bytes) + per_param
+        block(_REDUCE)[:] = 2.0 * (reduce_per_byte * grad_bytes)
         block(_GATHER)[:] = 0.0
         table[_BLOCKS * u + 1] = fixed
         table[_BLOCKS * u + 2] = 0.0
@@ -209,6 +211,13 @@ class StageSettings:
     #: with ``fsdp``: the weights are sharded too (``optim_grads_params``, ZeRO-3), or
     #: only gradients and optimizer state (``optim_grads``, ZeRO-2)
     fsdp_weights_sharded: bool = True
+    #: gradient buckets as Megatron-Core's DDP makes them: one buffer per model chunk, and
+    #: only the first chunk of the first pipeline stage split into buckets
+    #: (``disable_bucketing`` for later chunks, ``bucket_size = None`` for ``pp_rank > 0``:
+    #: megatron/training/training.py get_model, core/distributed/
+    #: distributed_data_parallel.py); False: Apex's DistributedFusedAdam, whose buckets
+    #: cover every parameter of every stage (NeMo 1.0 ``distributed_fused_adam``)
+    megatron_buckets: bool = True
 
 
 def interleaved_ring_wait(pp: int, vpp: int, send_s: np.ndarray) -> np.ndarray:
@@ -282,8 +291,9 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     part_means = np.take(mean_parts, pidx, axis=1)
     rows = np.take(coef.table[_WORK * u:], pidx, axis=1)  # (per-stage coefficients, rows)
     r = len(pidx)
-    work, comm, reduce, gather, optimizer = (kinds @ rows[(b - _WORK) * u:(b - _WORK + 1) * u]
-                                             for b in (_WORK, _COMM, _REDUCE, _GATHER, _OPT))
+    work, comm, reduce, gather, optimizer, bucketing = (
+        kinds @ rows[(b - _WORK) * u:(b - _WORK + 1) * u]
+        for b in (_WORK, _COMM, _REDUCE, _GATHER, _OPT, _BUCKET))
     base = (_BLOCKS - _WORK) * u
     pp_send, reduce_fixed, gather_fixed = rows[base], rows[base + 1], rows[base + 2]
     # PP p2p (formulas.md §7.4): 2 sends per micro-batch and model chunk.  1F1B waits
@@ -318,8 +328,16 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     # reduction runs beside the last micro-batch's backward (2/3 of its compute), with
     # --overlap-param-gather the gather beside the first forward (1/3); a switched-off
     # overlap leaves it exposed (formulas.md §6.3).
-    reduce = reduce + reduce_fixed
-    gather = gather + gather_fixed
+    # Collective calls (one latency each): Megatron-Core issues one per model chunk's
+    # buffer and buckets only the first chunk (a 1/vpp share of the stage's parameters),
+    # priced at the first stage, the one whose reduction ends the step; Apex buckets
+    # all of them.  The bucketed chunk's ceil(P / bucket) calls are priced as
+    # max(1, P / bucket): never fewer than the one call an unbucketed buffer makes.
+    chunks = float(vpp) if settings.megatron_buckets and not settings.fsdp else 1.0
+    reduce = reduce + reduce_fixed * (chunks - 1.0) + np.maximum(reduce_fixed,
+                                                                 bucketing / chunks)
+    gather = gather + np.where(gather_fixed > 0.0, gather_fixed * (chunks - 1.0)
+                               + np.maximum(gather_fixed, bucketing / chunks), 0.0)
     backward = work * (2.0 / 3.0) if settings.overlap_grad_reduce else None
     forward = work / 3.0 if settings.overlap_param_gather else None
     if settings.fsdp and not settings.fsdp_weights_sharded:

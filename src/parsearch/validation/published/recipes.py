@@ -68,6 +68,8 @@ class RunSetup:
     #: ``bucket_cap_mb`` as gradient-sync elements, or ``--ddp-bucket-size``); None:
     #: Megatron-Core's default sizing by the DP group
     ddp_bucket_params: int | None = None
+    #: gradients synced by Apex's DistributedFusedAdam (NeMo 1.0 ``distributed_fused_adam``)
+    apex_distributed_adam: bool | None = None
 
 
 def _capacity(text: str) -> tuple[float | None, bool]:
@@ -177,6 +179,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         cuda_graph_impl=_graph_impl(graphs, cell.get("cuda_graph_scope", "")),
         bf16_moments=_flag(cell.get("bf16_moments", "")),
         ddp_bucket_params=_int(cell.get("ddp_bucket_params", "")),
+        apex_distributed_adam=_flag(cell.get("apex_distributed_adam", "")),
     )
 
 
@@ -252,6 +255,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["bf16_moments"] = setup.bf16_moments
     if setup.ddp_bucket_params is not None:
         changes["ddp_bucket_params"] = setup.ddp_bucket_params
+    if setup.apex_distributed_adam is not None:
+        changes["apex_distributed_adam"] = setup.apex_distributed_adam
     options = replace(options, **changes)  # type: ignore[arg-type]
     train: dict[str, object] = {}
     if setup.fsdp is not None:
