@@ -4,6 +4,7 @@ the other (:func:`parsearch.serve.cost.gemm_rooflines_s`)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,31 +14,68 @@ from parsearch.serve.cost import (
     decode_bytes,
     decode_step,
     decode_weight_bytes,
+    dense_gemm_time_s,
     gemm_rooflines_s,
 )
-from parsearch.serve.spec import ServingLayout, ServingWorkload
+from parsearch.serve.memory import linear_bytes, stage_weights
+from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
 from parsearch.topology.cluster import load_cluster
 
 _BYTES = st.floats(0.0, 1e11)
 _TIMES = st.floats(0.0, 1.0)
 
 
-@settings(max_examples=200, deadline=None)
-@given(dense_b=_BYTES, dense_s=_TIMES, routed_b=_BYTES, routed_s=_TIMES,
-       hbm=st.floats(1e11, 1e13))
-def test_split_rooflines_lie_between_the_joint_roofline_and_the_sum(
-        dense_b: float, dense_s: float, routed_b: float, routed_s: float, hbm: float) -> None:
-    split = gemm_rooflines_s(dense_b, dense_s, routed_b, routed_s, hbm)
-    joint = max((dense_b + routed_b) / hbm, dense_s + routed_s)
-    assert split >= joint * (1 - 1e-12)
-    assert split <= (dense_b + routed_b) / hbm + dense_s + routed_s + 1e-15
-
-
 @settings(max_examples=100, deadline=None)
-@given(dense_b=_BYTES, dense_s=_TIMES, hbm=st.floats(1e11, 1e13))
-def test_a_model_without_experts_keeps_its_one_roofline(
-        dense_b: float, dense_s: float, hbm: float) -> None:
-    assert gemm_rooflines_s(dense_b, dense_s, 0.0, 0.0, hbm) == max(dense_b / hbm, dense_s)
+@given(routed_b=_BYTES, routed_s=_TIMES, dense=_TIMES, hbm=st.floats(1e11, 1e13))
+def test_experts_add_their_own_roofline_to_the_dense_calls(
+        routed_b: float, routed_s: float, dense: float, hbm: float) -> None:
+    got = gemm_rooflines_s(dense, routed_b, routed_s, hbm)
+    assert got == dense + max(routed_b / hbm, routed_s)
+    assert gemm_rooflines_s(dense, 0.0, 0.0, hbm) == dense  # a dense model: its calls alone
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.floats(1.0, 4096.0), tp=st.sampled_from([1, 2, 4, 8]),
+       block=st.floats(1e8, 1e10), out=st.floats(0.0, 2e9), bytes_per=st.floats(0.5, 2.0))
+def test_per_call_rooflines_lie_between_the_joint_roofline_and_the_sum(
+        tokens: float, tp: int, block: float, out: float, bytes_per: float) -> None:
+    """Each call is the slower of its reads and its compute, so the sum over calls is never
+    below one roofline of them all and never above reads plus compute."""
+    model, _, _, _, rates, _, _ = _args("llama3-70b", "dgx-h100", "bf16",
+                                        ServingLayout(tp=tp, pp=1, ep=1, attention_dp=1,
+                                                      batch=1))
+    layout = ServingLayout(tp=tp, pp=1, ep=1, attention_dp=1, batch=1)
+    compute, kernels = dense_gemm_time_s(model, layout, rates, tokens, block,
+                                         block * bytes_per, out, out * 2.0)
+    reads = (block * bytes_per + out * 2.0) / rates.hbm_Bps
+    assert kernels >= max(reads, compute) * (1 - 1e-12)
+    assert kernels <= reads + compute + 1e-15
+
+
+def test_the_output_layer_is_one_call_whatever_its_vocabulary() -> None:
+    """gpt-oss-120b's output layer (vocabulary 201,088 over hidden 2,880) was charged one
+    fixed time per h x h/tp square, 70 of them; as one call its fixed time does not grow
+    with the vocabulary, only its reads and FLOPs do."""
+    layout = ServingLayout(tp=1, pp=1, ep=1, attention_dp=1, batch=1)
+    model, _, _, _, rates, _, _ = _args("gpt-oss-120b", "dgx-h100", "fp4", layout)
+    one = dense_gemm_time_s(model, layout, rates, 4.0, 1e9, 2e9, 1e6, 0.0)[0]
+    big = dense_gemm_time_s(model, layout, rates, 4.0, 1e9, 2e9, 7e8, 0.0)[0]
+    rate = rates.peak_flops * rates.gemm
+    assert big - one == pytest.approx(2.0 * 4.0 * (7e8 - 1e6) / rate)
+
+
+def test_gpt_oss_attention_stays_bf16_in_its_mxfp4_checkpoint() -> None:
+    """openai/gpt-oss-120b config.json: ``modules_to_not_convert`` keeps ``self_attn`` in
+    BF16, so at FP4 a decode step reads its attention projections at 2 bytes a parameter."""
+    layout = ServingLayout(tp=1, pp=1, ep=1, attention_dp=1, batch=1)
+    model = get_preset("gpt-oss-120b")
+    w = stage_weights(model, layout)
+    assert w.attention > 0.0
+    assert linear_bytes(model, w, "fp4") == pytest.approx(
+        (w.linear - w.attention) * ELEMENT_BYTES["fp4"] + 2.0 * w.attention)
+    llama = get_preset("llama3-70b")  # a ModelOpt FP4 checkpoint quantizes attention too
+    wl = stage_weights(llama, layout)
+    assert linear_bytes(llama, wl, "fp4") == pytest.approx(wl.linear * ELEMENT_BYTES["fp4"])
 
 
 def _args(model_name: str, cluster: str, precision: str, layout: ServingLayout,
@@ -63,10 +101,11 @@ def test_decode_kernels_are_no_faster_than_either_roofline(tp: int, batch: int,
 
 
 def test_dense_gemm_fixed_time_no_longer_hides_the_expert_reads() -> None:
-    # gpt-oss-120b on one B200 at batch 4: the BF16-rate fixed times of the dense GEMMs and
-    # the MXFP4 experts' HBM reads are each about a millisecond; one joint roofline took the
-    # larger of the totals, the split one adds the two kernel groups
-    layout = ServingLayout(tp=1, pp=1, ep=1, attention_dp=1, batch=4)
+    # gpt-oss-120b on two B200s (TP2) at batch 4: the dense GEMMs' fixed times and the
+    # MXFP4 experts' HBM reads are each of the order of a millisecond; one joint roofline
+    # took the larger of the totals, the split one adds the two kernel groups (at TP1 the
+    # BF16 attention reads now make the dense calls read-bound themselves)
+    layout = ServingLayout(tp=2, pp=1, ep=1, attention_dp=1, batch=4)
     args = _args("gpt-oss-120b", "dgx-b200", "fp4", layout)
     step = decode_step(*args)
     dense_b, routed_b = decode_weight_bytes(*args[:4])

@@ -19,7 +19,7 @@ from parsearch.model.specs import ModelSpec
 from parsearch.serve.engines import moe_kernel_efficiency
 from parsearch.serve.kernels import eager_prefill_host_s, kernels_per_layer
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
-from parsearch.serve.memory import stage_weights
+from parsearch.serve.memory import linear_bytes, stage_weights
 from parsearch.serve.moe import (
     busiest_rank_touched_share,
     ep_imbalance,
@@ -290,18 +290,44 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     return weights, kv
 
 
-def gemm_rooflines_s(dense_bytes: float, dense_s: float, routed_bytes: float,
-                     routed_s: float, hbm_Bps: float) -> float:
-    """Time of a pass's dense GEMMs and routed-expert grouped GEMMs, each kernel group on its
-    own roofline, the slower of its weight reads and its compute (Williams et al. 2009 apply
-    the roofline per kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv
-    2402.16363 §3).  The two groups are separate kernels that run one after the other (the
-    dense projections, then the grouped expert GEMMs), so the compute of one cannot hide the
-    reads of the other: at small decode batches the dense GEMMs sit on their fixed per-call
-    time while the expert kernels wait on HBM.  Never below the one roofline of both
-    together, ``max(bytes / B, time)``, which it equals when one group is empty (a dense
-    model)."""
-    return (max(dense_bytes / hbm_Bps, dense_s) + max(routed_bytes / hbm_Bps, routed_s))
+def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tokens: float,
+                      block_params: float, block_bytes: float, output_params: float,
+                      output_bytes: float) -> tuple[float, float]:
+    """(compute time, time on the per-call rooflines) of one decode pass's dense GEMMs on one
+    GPU, for ``tokens`` rows.
+
+    A GEMM call costs a fixed time ``t0 = F_half / (peak eta_max)`` (launch, prologue and
+    epilogue, the last wave) plus ``F / (peak eta_max)`` on the compute side (the profile's
+    size curve ``eta(F) = eta_max F / (F + F_half)``; ``cost/compute.py``
+    ``gemm_half_flops``), and streams its weights at HBM bandwidth on the memory side; each
+    call takes the slower of the two (Williams et al. 2009 apply the roofline per kernel).
+    The transformer blocks' GEMMs keep their count of one call per ``h x h/tp`` square of
+    parameters, each square reading its share of the blocks' weight bytes.  The output layer
+    (``lm_head``, ``vocab/tp x h``) is one call: one ``t0`` against all its reads, not one
+    per square (that count charged gpt-oss-120b's output layer, vocabulary 201,088 over
+    hidden 2,880, 70 fixed times, 0.53 ms a step on Hopper at every TP, against 0.28 ms of
+    BF16 reads at TP 1 and 0.04 ms at TP 8).  Summed per call, not under one roofline of the
+    group: a call that waits on its fixed time does not hide another's weight reads."""
+    rate = rates.peak_flops * max(rates.gemm, 1e-6)
+    t0 = rates.gemm_half_flops / rate
+    squares = block_params / (model.hidden_size ** 2 / layout.tp)
+    compute = 2.0 * tokens * (block_params + output_params) / rate + squares * t0
+    kernels = max(block_bytes / rates.hbm_Bps, 2.0 * tokens * block_params / rate + squares * t0)
+    if output_params > 0:
+        compute += t0
+        kernels += max(output_bytes / rates.hbm_Bps, t0 + 2.0 * tokens * output_params / rate)
+    return compute, kernels
+
+
+def gemm_rooflines_s(dense_kernels_s: float, routed_bytes: float, routed_s: float,
+                     hbm_Bps: float) -> float:
+    """Time of a pass's dense GEMMs (``dense_kernels_s``, each call on its own roofline,
+    :func:`dense_gemm_time_s`) and routed-expert grouped GEMMs, the latter the slower of
+    their weight reads and their compute (Williams et al. 2009 apply the roofline per
+    kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv 2402.16363 §3).  The two
+    groups are separate kernels that run one after the other (the dense projections, then
+    the grouped expert GEMMs), so the compute of one cannot hide the reads of the other."""
+    return dense_kernels_s + max(routed_bytes / hbm_Bps, routed_s)
 
 
 def decode_weight_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
@@ -317,7 +343,9 @@ def decode_weight_bytes(model: ModelSpec, workload: ServingWorkload, layout: Ser
     # all-reduce waits for it): moe.busiest_rank_touched_share, the mean share without EP
     touched = (busiest_rank_touched_share(moe.top_k, moe.num_experts, layout.ep, b_m)
                if moe is not None else 0.0)
-    return w.linear * prec + w.output * _ACT, w.routed * touched * prec
+    # attention projections at their checkpoint precision (BF16 in gpt-oss's MXFP4 release)
+    return (linear_bytes(model, w, workload.precision) + w.output * _ACT,
+            w.routed * touched * prec)
 
 
 def _rank_params(model: ModelSpec, layout: ServingLayout,
@@ -349,13 +377,15 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     # FLOPs on one GPU: 2 per parameter per token; attention, dense MLP and shared experts
     # on the rank's tokens, routed experts over the stage width on all the stage's tokens.
     attn_params, mlp_params = _rank_params(model, layout, counts)
-    gemm_flops = 2.0 * t_rank * (attn_params + mlp_params + w.output)
     attended = attention_context_tokens(model, ctx, window)
     core = t_rank * layers * attention_flops_per_token_layer(model, attended) / layout.tp
-    dense_eff = gemm_eff(rates, 2.0 * t_rank * model.hidden_size ** 2 / layout.tp)
     # one token of each of the ``seqs`` sequences goes to the experts per query position
     imbalance = ep_imbalance(model, layout, b_m, seqs, workload.eplb)
-    dense_s = gemm_flops / (rates.peak_flops * max(dense_eff, 1e-6))
+    dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
+    out_b = w.output * _ACT
+    dense_s, dense_kernels = dense_gemm_time_s(model, layout, rates, t_rank,
+                                               attn_params + mlp_params, dense_b - out_b,
+                                               w.output, out_b)
     experts_s = expert_gemm_time(model, layout, counts, rates, b_m, b_m, imbalance,
                                  expert_rate(workload, rates))
     gemm_s = dense_s + experts_s
@@ -365,8 +395,7 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     # or FLOPs) and the attention kernels (bound by KV reads or FLOPs) run one after the
     # other, each on its own roofline (gemm_rooflines_s): a compute-bound GEMM does not
     # hide a memory-bound attention or a memory-bound expert kernel.
-    dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
-    kernels = (gemm_rooflines_s(dense_b, dense_s, routed_b, experts_s, rates.hbm_Bps)
+    kernels = (gemm_rooflines_s(dense_kernels, routed_b, experts_s, rates.hbm_Bps)
                + max(kv / rates.hbm_Bps, attention_s))
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m,
                                             imbalance)
@@ -428,7 +457,8 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
                + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage,
                                   imbalance, expert_rate(workload, rates)))
     prec = ELEMENT_BYTES[workload.precision]
-    memory = ((w.linear + w.routed) * prec + w.output * _ACT) / rates.hbm_Bps
+    memory = (linear_bytes(model, w, workload.precision) + w.routed * prec
+              + w.output * _ACT) / rates.hbm_Bps
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,
                                             tokens_stage, imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)

@@ -5,6 +5,8 @@ Weights follow :mod:`parsearch.model.params` (parameter counts by sharding class
 checkpoints quantize the linear layers of the transformer blocks only; embedding, output
 layer, norms and router stay BF16 (NVIDIA ModelOpt FP8/NVFP4 model cards: "only the
 weights and activations of the linear operators within transformer blocks are quantized").
+OpenAI's MXFP4 gpt-oss checkpoints quantize only the routed experts: attention stays BF16
+(:data:`EXPERTS_ONLY_QUANTIZED`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ VLLM_DEFAULT_FRACTION = 0.9
 #: allocated for the KV cache. Default is 90%").
 TRTLLM_DEFAULT_FRACTION = 0.9
 _BF16 = ELEMENT_BYTES["bf16"]
+#: Model-name prefixes of checkpoints whose FP4 release quantizes only the routed experts and
+#: keeps the attention projections in BF16: openai/gpt-oss-120b and gpt-oss-20b config.json
+#: ``quantization_config`` (``quant_method`` mxfp4, ``modules_to_not_convert``:
+#: ``model.layers.*.self_attn``, ``model.layers.*.mlp.router``, ``model.embed_tokens``,
+#: ``lm_head``).  So a decode step reads their QKV and output projections at 2 bytes a
+#: parameter, not FP4's 0.56, and they take that much memory.
+EXPERTS_ONLY_QUANTIZED = ("gpt-oss",)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class StageWeights:
     output: float          # output-layer parameters on this GPU (read every decode step)
     routed_per_expert: float  # one expert's parameters on this GPU (for partial reads)
     local_experts: float   # experts per MoE layer on this GPU, times MoE layers held
+    attention: float = 0.0  # the attention projections' part of ``linear``
 
 
 def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCounts | None = None
@@ -86,14 +96,31 @@ def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCoun
         output=output,
         routed_per_expert=per_expert,
         local_experts=n_moe * (experts / layout.ep if experts else 0.0),
+        attention=attention,
     )
+
+
+def attention_element_bytes(model: ModelSpec, precision: str) -> float:
+    """Bytes per attention-projection parameter: BF16 in an FP4 checkpoint that quantizes only
+    the experts (:data:`EXPERTS_ONLY_QUANTIZED`), else the weights' precision."""
+    if precision == "fp4" and model.name.startswith(EXPERTS_ONLY_QUANTIZED):
+        return _BF16
+    return ELEMENT_BYTES[precision]
+
+
+def linear_bytes(model: ModelSpec, w: StageWeights, precision: str) -> float:
+    """Bytes of the stage's quantizable transformer-block linears (``w.linear``) on one GPU,
+    the attention projections at :func:`attention_element_bytes`."""
+    return ((w.linear - w.attention) * ELEMENT_BYTES[precision]
+            + w.attention * attention_element_bytes(model, precision))
 
 
 def weight_bytes_per_gpu(model: ModelSpec, layout: ServingLayout, precision: str,
                          counts: ParameterCounts | None = None) -> float:
     """Bytes of weights on one GPU of the heaviest stage."""
     w = stage_weights(model, layout, counts)
-    return (w.linear + w.routed) * ELEMENT_BYTES[precision] + w.bf16 * _BF16
+    return (linear_bytes(model, w, precision) + w.routed * ELEMENT_BYTES[precision]
+            + w.bf16 * _BF16)
 
 
 def workspace_bytes(model: ModelSpec, layout: ServingLayout, workload: ServingWorkload) -> float:
