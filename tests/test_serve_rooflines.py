@@ -1,6 +1,6 @@
 """Decode GEMMs on their own rooflines: the dense projections and the routed experts'
 grouped GEMMs are separate kernels, so the compute of one does not hide the weight reads of
-the other (:func:`parsearch.serve.cost.gemm_rooflines_s`)."""
+the other (:func:`parsearch.serve.gemm_rooflines.gemm_rooflines_s`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ from hypothesis import strategies as st
 
 from parsearch.model.presets import get_preset
 from parsearch.serve.api import _context
-from parsearch.serve.cost import (
-    decode_bytes,
-    decode_step,
-    decode_weight_bytes,
-    dense_gemm_time_s,
-    gemm_rooflines_s,
-)
+from parsearch.serve.cost import decode_bytes, decode_step, decode_weight_bytes
+from parsearch.serve.gemm_rooflines import dense_gemm_time_s, gemm_rooflines_s
 from parsearch.serve.memory import linear_bytes, stage_weights
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload
 from parsearch.topology.cluster import load_cluster

@@ -17,6 +17,7 @@ from parsearch.cost.collectives import LinkArrays, all_reduce_time, all_to_all_t
 from parsearch.model.params import ParameterCounts
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.engines import moe_kernel_efficiency
+from parsearch.serve.gemm_rooflines import dense_gemm_time_s, gemm_rooflines_s
 from parsearch.serve.kernels import eager_prefill_host_s, kernels_per_layer
 from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
 from parsearch.serve.memory import linear_bytes, stage_weights
@@ -31,7 +32,8 @@ from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, 
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.hardware import GpuProfile
 
-__all__ = ["Rates", "expert_gemm_time", "rates_for"]  # re-exported (moved to rates/moe)
+__all__ = ["Rates", "dense_gemm_time_s", "expert_gemm_time", "gemm_rooflines_s",
+           "rates_for"]  # re-exported (moved to rates/moe/gemm_rooflines)
 
 _ACT = ELEMENT_BYTES["bf16"]  # activations and all-reduce payloads are BF16
 #: Scheduler, sampling and detokenization time per decode step that is not hidden by
@@ -288,46 +290,6 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
                                         workload.mean_decode_context, tp=layout.tp,
                                         pp=layout.pp, window=window)
     return weights, kv
-
-
-def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tokens: float,
-                      block_params: float, block_bytes: float, output_params: float,
-                      output_bytes: float) -> tuple[float, float]:
-    """(compute time, time on the per-call rooflines) of one decode pass's dense GEMMs on one
-    GPU, for ``tokens`` rows.
-
-    A GEMM call costs a fixed time ``t0 = F_half / (peak eta_max)`` (launch, prologue and
-    epilogue, the last wave) plus ``F / (peak eta_max)`` on the compute side (the profile's
-    size curve ``eta(F) = eta_max F / (F + F_half)``; ``cost/compute.py``
-    ``gemm_half_flops``), and streams its weights at HBM bandwidth on the memory side; each
-    call takes the slower of the two (Williams et al. 2009 apply the roofline per kernel).
-    The transformer blocks' GEMMs keep their count of one call per ``h x h/tp`` square of
-    parameters, each square reading its share of the blocks' weight bytes.  The output layer
-    (``lm_head``, ``vocab/tp x h``) is one call: one ``t0`` against all its reads, not one
-    per square (that count charged gpt-oss-120b's output layer, vocabulary 201,088 over
-    hidden 2,880, 70 fixed times, 0.53 ms a step on Hopper at every TP, against 0.28 ms of
-    BF16 reads at TP 1 and 0.04 ms at TP 8).  Summed per call, not under one roofline of the
-    group: a call that waits on its fixed time does not hide another's weight reads."""
-    rate = rates.peak_flops * max(rates.gemm, 1e-6)
-    t0 = rates.gemm_half_flops / rate
-    squares = block_params / (model.hidden_size ** 2 / layout.tp)
-    compute = 2.0 * tokens * (block_params + output_params) / rate + squares * t0
-    kernels = max(block_bytes / rates.hbm_Bps, 2.0 * tokens * block_params / rate + squares * t0)
-    if output_params > 0:
-        compute += t0
-        kernels += max(output_bytes / rates.hbm_Bps, t0 + 2.0 * tokens * output_params / rate)
-    return compute, kernels
-
-
-def gemm_rooflines_s(dense_kernels_s: float, routed_bytes: float, routed_s: float,
-                     hbm_Bps: float) -> float:
-    """Time of a pass's dense GEMMs (``dense_kernels_s``, each call on its own roofline,
-    :func:`dense_gemm_time_s`) and routed-expert grouped GEMMs, the latter the slower of
-    their weight reads and their compute (Williams et al. 2009 apply the roofline per
-    kernel; per-layer rooflines summed as in Yuan et al. 2024, arXiv 2402.16363 §3).  The two
-    groups are separate kernels that run one after the other (the dense projections, then
-    the grouped expert GEMMs), so the compute of one cannot hide the reads of the other."""
-    return dense_kernels_s + max(routed_bytes / hbm_Bps, routed_s)
 
 
 def decode_weight_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
