@@ -115,3 +115,21 @@ def test_a_dense_model_reads_only_dense_weights() -> None:
     dense_b, routed_b = decode_weight_bytes(*args[:4])
     assert routed_b == 0.0
     assert decode_bytes(*args[:4], args[6])[0] == dense_b
+
+
+def test_a_config_that_leaves_attention_unquantized_says_so(tmp_path) -> None:
+    """Read from the checkpoint's own quantization_config, not from the model's name."""
+    import json
+
+    from parsearch.model.files import resolve_model
+
+    base = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+            "num_hidden_layers": 4, "hidden_size": 2880, "intermediate_size": 2880,
+            "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+            "vocab_size": 201088, "num_local_experts": 32, "num_experts_per_tok": 4}
+    for skipped, expected in (([], False), (["model.layers.*.self_attn", "lm_head"], True)):
+        path = tmp_path / f"m{int(expected)}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**base, "quantization_config": {
+            "quant_method": "mxfp4", "modules_to_not_convert": skipped}}))
+        assert resolve_model(str(path)).attention_unquantized is expected

@@ -74,7 +74,8 @@ def model_file_to_spec(data: Config, name: str, where: str) -> ModelSpec:
     _check_keys(data, _MODEL_FIELDS, where)
     fields = dict(data)
     fields.setdefault("name", name)
-    for key in ("tied_embeddings", "qkv_bias", "expert_bias", "yarn_rope"):
+    for key in ("tied_embeddings", "qkv_bias", "expert_bias", "yarn_rope",
+                "attention_unquantized"):
         if key in fields and not isinstance(fields[key], bool):
             raise SpecError(f"{where}: key {key!r} = {fields[key]!r}: expected true or false")
     for key in ("name", "source", "mlp_activation", "norm"):

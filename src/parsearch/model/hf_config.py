@@ -199,6 +199,14 @@ def _unfused_features(r: _Reader, family: str) -> dict[str, Any]:
         out["yarn_rope"] = kind == "yarn"
     elif scaling is not None and not isinstance(scaling, dict):
         raise r._bad("rope_scaling", scaling, "a mapping or null")
+    # a quantized release that leaves attention out of its quantization (openai/gpt-oss:
+    # quant_method mxfp4, modules_to_not_convert "model.layers.*.self_attn")
+    quant = r.data.get("quantization_config")
+    if isinstance(quant, dict):
+        skipped = quant.get("modules_to_not_convert")
+        if isinstance(skipped, list) and any(isinstance(m, str) and "self_attn" in m
+                                             for m in skipped):
+            out["attention_unquantized"] = True
     return out
 
 

@@ -291,6 +291,8 @@ _HF_PRESETS: tuple[ModelSpec, ...] = (
         glu_limit=7.0,
         expert_bias=True,
         yarn_rope=True,
+        # config.json quantization_config: MXFP4 experts, modules_to_not_convert self_attn
+        attention_unquantized=True,
         source="openai/gpt-oss-120b config.json",
     ),
 )

@@ -235,6 +235,11 @@ class ModelSpec:
     inputs (Hugging Face ``swiglu_limit``, 7.0; 0: none); ``expert_bias``, biases in the
     routed experts' FC1 and FC2 (Megatron ``add_bias_linear``); ``yarn_rope``, YaRN
     rotary embeddings on standard attention (Megatron ``position_embedding_type="yarn"``).
+
+    ``attention_unquantized``: the checkpoint's FP4 release keeps the attention projections
+    in BF16 (Hugging Face ``quantization_config.modules_to_not_convert`` names
+    ``self_attn``, as openai/gpt-oss does); serving reads and holds them at 2 bytes a
+    parameter (:func:`parsearch.serve.memory.attention_element_bytes`).
     """
 
     name: str
@@ -257,6 +262,7 @@ class ModelSpec:
     glu_limit: float = 0.0
     expert_bias: bool = False
     yarn_rope: bool = False
+    attention_unquantized: bool = False
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -314,7 +320,7 @@ class ModelSpec:
         if limit > 0 and self.mlp_activation != "swiglu":
             raise SpecError(f"{owner}: glu_limit clamps a gated MLP's inputs; "
                             f"mlp_activation={self.mlp_activation!r} is not gated")
-        for name in ("expert_bias", "yarn_rope"):
+        for name in ("expert_bias", "yarn_rope", "attention_unquantized"):
             if not isinstance(getattr(self, name), bool):
                 raise SpecError(f"{owner}: {name}={getattr(self, name)!r} must be true or false")
         if self.expert_bias and self.moe is None:

@@ -5,8 +5,8 @@ Weights follow :mod:`parsearch.model.params` (parameter counts by sharding class
 checkpoints quantize the linear layers of the transformer blocks only; embedding, output
 layer, norms and router stay BF16 (NVIDIA ModelOpt FP8/NVFP4 model cards: "only the
 weights and activations of the linear operators within transformer blocks are quantized").
-OpenAI's MXFP4 gpt-oss checkpoints quantize only the routed experts: attention stays BF16
-(:data:`EXPERTS_ONLY_QUANTIZED`).
+OpenAI's MXFP4 gpt-oss checkpoints leave attention out of their quantization: it stays BF16
+(``ModelSpec.attention_unquantized``).
 """
 
 from __future__ import annotations
@@ -41,13 +41,6 @@ VLLM_DEFAULT_FRACTION = 0.9
 #: allocated for the KV cache. Default is 90%").
 TRTLLM_DEFAULT_FRACTION = 0.9
 _BF16 = ELEMENT_BYTES["bf16"]
-#: Model-name prefixes of checkpoints whose FP4 release quantizes only the routed experts and
-#: keeps the attention projections in BF16: openai/gpt-oss-120b and gpt-oss-20b config.json
-#: ``quantization_config`` (``quant_method`` mxfp4, ``modules_to_not_convert``:
-#: ``model.layers.*.self_attn``, ``model.layers.*.mlp.router``, ``model.embed_tokens``,
-#: ``lm_head``).  So a decode step reads their QKV and output projections at 2 bytes a
-#: parameter, not FP4's 0.56, and they take that much memory.
-EXPERTS_ONLY_QUANTIZED = ("gpt-oss",)
 
 
 @dataclass(frozen=True)
@@ -101,9 +94,13 @@ def stage_weights(model: ModelSpec, layout: ServingLayout, counts: ParameterCoun
 
 
 def attention_element_bytes(model: ModelSpec, precision: str) -> float:
-    """Bytes per attention-projection parameter: BF16 in an FP4 checkpoint that quantizes only
-    the experts (:data:`EXPERTS_ONLY_QUANTIZED`), else the weights' precision."""
-    if precision == "fp4" and model.name.startswith(EXPERTS_ONLY_QUANTIZED):
+    """Bytes per attention-projection parameter: BF16 in an FP4 checkpoint that leaves
+    attention unquantized (``ModelSpec.attention_unquantized``: openai/gpt-oss-120b and
+    gpt-oss-20b config.json ``quantization_config``, ``quant_method`` mxfp4,
+    ``modules_to_not_convert`` ``model.layers.*.self_attn``), so a decode step reads their
+    QKV and output projections at 2 bytes a parameter, not FP4's 0.56, and holds that much;
+    else the weights' precision."""
+    if precision == "fp4" and model.attention_unquantized:
         return _BF16
     return ELEMENT_BYTES[precision]
 
