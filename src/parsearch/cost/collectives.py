@@ -81,11 +81,16 @@ def reduce_scatter_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
     NVIDIA/nccl@5067397c src/graph/tuning.cc, ring: nsteps = nRanks-1,
     nInterSteps = nNodes-1), so the latency grows linearly with the domains.
     """
-    k, m, n = split_group(link)
+    return np.where(split_group(link)[2] > 1, _bandwidth_s(link, size_bytes) + ring_latency(link),
+                    0.0)
+
+
+def _bandwidth_s(link: LinkArrays, size_bytes: Num) -> np.ndarray:
+    """The hierarchical bandwidth term of one reduce-scatter (or all-gather) pass."""
+    k, m, _ = split_group(link)
     s = np.asarray(size_bytes, dtype=np.float64)
-    intra = safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
-    inter = safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
-    return np.where(n > 1, intra + inter + ring_latency(link), 0.0)
+    return (safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
+            + safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps))
 
 
 def ring_latency(link: LinkArrays) -> np.ndarray:
@@ -118,11 +123,8 @@ def all_gather_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
 def all_reduce_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:
     """All-reduce: the bandwidth of a reduce-scatter plus an all-gather, 2(n-1)/n * S / B
     (nccl-tests busbw), at the latency of NCCL's tree (:func:`tree_latency`)."""
-    k, m, n = split_group(link)
-    s = np.asarray(size_bytes, dtype=np.float64)
-    intra = safe_div((k - 1.0) / k * s, link.nvlink_bandwidth_Bps)
-    inter = safe_div((m - 1.0) / m * s / k, link.network_bandwidth_Bps)
-    return np.where(n > 1, 2.0 * (intra + inter) + tree_latency(link), 0.0)
+    return np.where(split_group(link)[2] > 1,
+                    2.0 * _bandwidth_s(link, size_bytes) + tree_latency(link), 0.0)
 
 
 def all_to_all_time(link: LinkArrays, size_bytes: Num) -> np.ndarray:

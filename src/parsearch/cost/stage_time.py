@@ -334,10 +334,13 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     # all of them.  The bucketed chunk's ceil(P / bucket) calls are priced as
     # max(1, P / bucket): never fewer than the one call an unbucketed buffer makes.
     chunks = float(vpp) if settings.megatron_buckets and not settings.fsdp else 1.0
-    reduce = reduce + reduce_fixed * (chunks - 1.0) + np.maximum(reduce_fixed,
-                                                                 bucketing / chunks)
-    gather = gather + np.where(gather_fixed > 0.0, gather_fixed * (chunks - 1.0)
-                               + np.maximum(gather_fixed, bucketing / chunks), 0.0)
+
+    def calls_latency(fixed: np.ndarray) -> np.ndarray:
+        return fixed * (chunks - 1.0) + np.maximum(fixed, bucketing / chunks)
+
+    reduce = reduce + calls_latency(reduce_fixed)
+    # no gather without a sharded optimizer (the all-reduce carries it): no calls either
+    gather = gather + np.where(gather_fixed > 0.0, calls_latency(gather_fixed), 0.0)
     backward = work * (2.0 / 3.0) if settings.overlap_grad_reduce else None
     forward = work / 3.0 if settings.overlap_param_gather else None
     if settings.fsdp and not settings.fsdp_weights_sharded:

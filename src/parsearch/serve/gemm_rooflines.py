@@ -4,7 +4,7 @@ grouped GEMMs apart (used by :func:`parsearch.serve.cost.decode_step`)."""
 from __future__ import annotations
 
 from parsearch.model.specs import ModelSpec
-from parsearch.serve.rates import Rates
+from parsearch.serve.rates import Rates, gemm_call_s
 from parsearch.serve.spec import ServingLayout
 
 
@@ -26,14 +26,13 @@ def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tok
     hidden 2,880, 70 fixed times, 0.53 ms a step on Hopper at every TP, against 0.28 ms of
     BF16 reads at TP 1 and 0.04 ms at TP 8).  Summed per call, not under one roofline of the
     group: a call that waits on its fixed time does not hide another's weight reads."""
-    rate = rates.peak_flops * max(rates.gemm, 1e-6)
-    t0 = rates.gemm_half_flops / rate
-    squares = block_params / (model.hidden_size ** 2 / layout.tp)
-    compute = 2.0 * tokens * (block_params + output_params) / rate + squares * t0
-    kernels = max(block_bytes / rates.hbm_Bps, 2.0 * tokens * block_params / rate + squares * t0)
+    square = model.hidden_size ** 2 / layout.tp
+    blocks_s = block_params / square * gemm_call_s(rates, 2.0 * tokens * square)
+    compute, kernels = blocks_s, max(block_bytes / rates.hbm_Bps, blocks_s)
     if output_params > 0:
-        compute += t0
-        kernels += max(output_bytes / rates.hbm_Bps, t0 + 2.0 * tokens * output_params / rate)
+        output_s = gemm_call_s(rates, 2.0 * tokens * output_params)
+        compute += output_s
+        kernels += max(output_bytes / rates.hbm_Bps, output_s)
     return compute, kernels
 
 

@@ -74,3 +74,10 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
 def gemm_eff(rates: Rates, flops_per_gemm: float) -> float:
     """``eta(F) = eta_max * F / (F + F_half)`` (parsearch efficiency profiles, MAMF sweeps)."""
     return rates.gemm * flops_per_gemm / (flops_per_gemm + rates.gemm_half_flops)
+
+
+def gemm_call_s(rates: Rates, flops_per_gemm: float) -> float:
+    """Seconds of one GEMM call of ``flops_per_gemm``: ``F / (peak eta(F))`` of
+    :func:`gemm_eff`, i.e. ``(F + F_half) / (peak eta_max)``: the main loop plus a fixed
+    time ``F_half / (peak eta_max)`` per call."""
+    return (flops_per_gemm + rates.gemm_half_flops) / (rates.peak_flops * max(rates.gemm, 1e-6))
