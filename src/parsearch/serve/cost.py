@@ -335,7 +335,8 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     w = stage_weights(model, layout, counts)
     weights, kv = decode_bytes(model, workload, layout, counts, window, query_tokens)
     ctx = workload.mean_decode_context
-    memory = (weights + kv) / rates.hbm_Bps
+    dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
+    memory = (weights - routed_b + kv) / rates.hbm_Bps + routed_b / rates.expert_read_Bps
     # FLOPs on one GPU: 2 per parameter per token; attention, dense MLP and shared experts
     # on the rank's tokens, routed experts over the stage width on all the stage's tokens.
     attn_params, mlp_params = _rank_params(model, layout, counts)
@@ -343,7 +344,6 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     core = t_rank * layers * attention_flops_per_token_layer(model, attended) / layout.tp
     # one token of each of the ``seqs`` sequences goes to the experts per query position
     imbalance = ep_imbalance(model, layout, b_m, seqs, workload.eplb)
-    dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
     out_b = w.output * _ACT
     dense_s, dense_kernels = dense_gemm_time_s(model, layout, rates, t_rank,
                                                attn_params + mlp_params, dense_b - out_b,
@@ -357,7 +357,7 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     # or FLOPs) and the attention kernels (bound by KV reads or FLOPs) run one after the
     # other, each on its own roofline (gemm_rooflines_s): a compute-bound GEMM does not
     # hide a memory-bound attention or a memory-bound expert kernel.
-    kernels = (gemm_rooflines_s(dense_kernels, routed_b, experts_s, rates.hbm_Bps)
+    kernels = (gemm_rooflines_s(dense_kernels, routed_b, experts_s, rates.expert_read_Bps)
                + max(kv / rates.hbm_Bps, attention_s))
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, t_rank, b_m,
                                             imbalance)
@@ -419,8 +419,8 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
                + expert_gemm_time(model, layout, counts, rates, tokens_stage, tokens_stage,
                                   imbalance, expert_rate(workload, rates)))
     prec = ELEMENT_BYTES[workload.precision]
-    memory = (linear_bytes(model, w, workload.precision) + w.routed * prec
-              + w.output * _ACT) / rates.hbm_Bps
+    memory = ((linear_bytes(model, w, workload.precision) + w.output * _ACT) / rates.hbm_Bps
+              + w.routed * prec / rates.expert_read_Bps)
     dense_comm, moe_comm, a2a = _layer_comm(model, layout, links, rates, tokens_rank,
                                             tokens_stage, imbalance)
     comm, hidden = _split_overlap(workload, n_dense * dense_comm + n_moe * moe_comm, n_moe * a2a)

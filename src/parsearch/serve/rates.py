@@ -37,6 +37,16 @@ class Rates:
     #: (kinds ``mxf4``/``mxf4nvf4``) at the FP4 rate (PTX ISA, tcgen05.mma kinds); so the
     #: datasheets' FP8 over FP4 peak.  1 where the GPU has no FP4 tensor cores.
     w4a8_scale: float = 1.0
+    #: Bytes/s at which the weight-only GEMMs of ``precision`` stream their quantized
+    #: weights: ``hbm_Bps``, or less where the GPU lacks tensor cores for the precision and
+    #: its in-register dequantization is slower than HBM (``GpuProfile.weight_only_4bit_Bps``).
+    #: 0: ``hbm_Bps``.
+    quantized_read_Bps: float = 0.0
+
+    @property
+    def expert_read_Bps(self) -> float:
+        """Bytes/s of the routed experts' weight reads (:attr:`quantized_read_Bps`)."""
+        return self.quantized_read_Bps or self.hbm_Bps
 
 
 def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
@@ -45,6 +55,9 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
     ``precision`` (FP4 on Hopper) runs weight-only quantization: weights are dequantized and
     the GEMM runs in BF16 (vLLM/Marlin weight-only kernels)."""
     compute = precision if precision in gpu.peak_flops else "bf16"
+    hbm = gpu.hbm_bandwidth_Bps * profile.hbm_efficiency
+    # weight-only 4-bit (no FP4 tensor cores): HBM or the dequantization rate, the slower
+    dequant = gpu.weight_only_4bit_Bps if compute != precision and precision == "fp4" else None
     return Rates(
         # GEMMs at this GPU's measured large-matmul ceiling relative to its generation's
         peak_flops=gpu.peak_flops[compute] * matmul_scale(gpu, profile, compute),
@@ -60,7 +73,7 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
         attention=profile.attention_forward_efficiency
         * attention_scale(gpu, profile, model, backward=False),
         attention_half_block=profile.attention_half_block,
-        hbm_Bps=gpu.hbm_bandwidth_Bps * profile.hbm_efficiency,
+        hbm_Bps=hbm,
         kernel_s=profile.kernel_overhead_s,
         memory_bound=profile.memory_bound_factor,
         collective_latency_s=profile.collective_latency_s,
@@ -68,6 +81,7 @@ def rates_for(gpu: GpuProfile, profile: EfficiencyProfile, precision: str,
         sm_count=gpu.sm_count,
         w4a8_scale=(gpu.peak_flops["fp8"] / gpu.peak_flops["fp4"]
                     if "fp4" in gpu.peak_flops and "fp8" in gpu.peak_flops else 1.0),
+        quantized_read_Bps=min(hbm, dequant) if dequant else 0.0,
     )
 
 

@@ -39,7 +39,8 @@ _POWER_FIELDS = ("tdp_W", "min_power_W", "sustained_clock_MHz", "max_clock_MHz",
 _REQUIRED = ("name", "peak_tflops", "hbm_capacity_GiB", "hbm_bandwidth_TBps", "source")
 _OPTIONAL = ("description", "compute_capability", "host_link_GBps", "sm_count",
              "large_matmul_fraction", "exp_Tps", "tdp_W", "min_power_W",
-             "sustained_clock_MHz", "max_clock_MHz", "power_clock_exponent")
+             "sustained_clock_MHz", "max_clock_MHz", "power_clock_exponent",
+             "weight_only_4bit_TBps")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class GpuProfile:
     #: gamma of sustained clock ~ power ** gamma (``None``: the default of
     #: :mod:`parsearch.topology.power`).
     power_clock_exponent: float | None = None
+    #: Bytes/s of 4-bit weights a weight-only GEMM kernel can stream on a GPU without 4-bit
+    #: tensor cores: each element is converted to BF16 in registers before the MMA, and on
+    #: Hopper that conversion, not HBM, sets the rate; ``None``: not measured (no cap).
+    weight_only_4bit_Bps: float | None = None
     #: What a variant (:mod:`parsearch.topology.variants`) changed; ``""``: the datasheet
     #: part.  A variant keeps the base part's ``name`` (the efficiency profiles name it).
     variant: str = ""
@@ -143,6 +148,9 @@ def gpu_profile_from_dict(data: Any, where: str) -> GpuProfile:
         large_matmul_fraction=_fractions(where, data.get("large_matmul_fraction")),
         exp_per_s=(None if data.get("exp_Tps") is None else
                    _positive(where, "exp_Tps", data["exp_Tps"]) * _TERA),
+        weight_only_4bit_Bps=(None if data.get("weight_only_4bit_TBps") is None else
+                              _positive(where, "weight_only_4bit_TBps",
+                                        data["weight_only_4bit_TBps"]) * _TERA),
         **{key: (None if data.get(key) is None else _positive(where, key, data[key]))
            for key in _POWER_FIELDS},
     )
