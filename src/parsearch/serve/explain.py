@@ -106,7 +106,8 @@ def _check(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout, n
                                             cluster.job_domain_size, cluster.gpus_per_node)
               if v.rule not in ("S8", "S10")]  # a given batch and instance size are allowed
     if broken:
-        raise SpecError(f"--layout {layout.label()} breaks rule {broken[0].rule}: "
+        shape = layout.label().split(" ")[0]  # the instance shape; the batch is probed
+        raise SpecError(f"--layout {shape} x{layout.replicas} breaks rule {broken[0].rule}: "
                         f"{broken[0].message}")
 
 

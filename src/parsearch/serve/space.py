@@ -16,7 +16,12 @@ engine offers it: TensorRT-LLM's TensorRT-engine workflow maps a model by ``trtl
 ``--tp_size``/``--pp_size`` and the checkpoint converter's ``--moe_tp_size``/
 ``--moe_ep_size`` (v0.13.0 docs), with no attention-DP mapping; attention DP is its PyTorch
 backend's ``enable_attention_dp`` (LLM API), so a ``tensorrt_engine`` workload keeps
-``attention_dp`` 1 (rule S12).
+``attention_dp`` 1 (rule S12).  vLLM's expert parallelism is all or nothing: with
+``--enable-expert-parallel`` the MoE layers flatten TP and DP into one EP group of
+``tp * dp`` ranks (vllm-project/vllm ``FusedMoEParallelConfig.make``: ``use_ep`` sets
+``ep_size`` to the flattened ``dp_size * tp_size``), so an engine ``vllm`` workload keeps
+``ep`` at 1 or the stage width (rule S13); SGLang's ``--ep-size`` and TensorRT-LLM's
+``moe_expert_parallel_size`` take any divisor.
 """
 
 from __future__ import annotations
@@ -85,6 +90,12 @@ def serving_violations(model: ModelSpec, workload: ServingWorkload, layout: Serv
             out.append(Violation("S6", "ep-width",
                                  f"ep={ep} must divide the stage width tp*attention_dp={width} "
                                  f"and the {model.moe.num_experts} experts"))
+        if workload.engine == "vllm" and ep not in (1, width):
+            out.append(Violation("S13", "vllm-ep-all-or-nothing",
+                                 f"ep={ep}: vLLM's --enable-expert-parallel spreads the experts "
+                                 f"over every rank of the stage (ep = tp*attention_dp = {width}) "
+                                 "or not at all (ep = 1); a partial ep needs --engine sglang "
+                                 "or trtllm"))
         if adp != 1 and workload.tensorrt_engine:
             out.append(Violation("S12", "engine-attention-dp",
                                  f"attention_dp={adp}: TensorRT-LLM's TensorRT-engine workflow "
@@ -148,7 +159,7 @@ def require_serving_layouts(model: ModelSpec, workload: ServingWorkload, num_gpu
     if not layouts:
         raise NoValidLayoutError(
             f"no serving layout of {model.name} on {num_gpus} GPUs satisfies the rules "
-            f"(S1-S12: tp divides {model.num_attention_heads} heads and fits an NVLink domain "
+            f"(S1-S13: tp divides {model.num_attention_heads} heads and fits an NVLink domain "
             f"of {domain_size}; batch >= pp); try more GPUs or a larger --max-batch"
         )
     return layouts
