@@ -45,7 +45,7 @@ def test_the_rule_names_the_engine_and_the_way_out() -> None:
     assert rules == ["S13"]
     sglang = ServingWorkload(isl=1000, osl=1000, engine="sglang", max_batch=16)
     assert not serving_violations(model, sglang, layout, 8, 8, 8)
-    with pytest.raises(SpecError, match="S13.*--engine sglang or trtllm"):
+    with pytest.raises(SpecError, match=r"S13.*--engine sglang or trtllm"):
         explain_serving(model=model, cluster="dgx-h200", num_gpus=8,
                         workload=ServingWorkload(isl=1000, osl=1000, precision="fp4",
                                                  engine="vllm"),
