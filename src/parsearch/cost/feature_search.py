@@ -323,7 +323,9 @@ def cheapest_unit_prices(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
         for index, parts in enumerate(priced):
             assert parts is not None
             total = sum(parts.values())
-            allowed = runnable(cm.variants[index], cols, cm.training) | (index == 0)
+            # only sets Megatron runs with the layout compete, the base set (the user's or
+            # the recipe's) included; a row that no set can run keeps the base set (index 0)
+            allowed = runnable(cm.variants[index], cols, cm.training)
             better = allowed & (total < best)
             choice[better] = index
             best = np.where(better, total, best)
@@ -355,14 +357,19 @@ def score_fitting_variants(cm: CostModel, cols: dict[str, np.ndarray],
     scores = score(cm, cols)
     with_overlap = tuple(v for v in cm.variants if v.moe_a2a_overlap)
     without = tuple(v for v in cm.variants if not v.moe_a2a_overlap)
-    if not with_overlap or not without or cm.options.moe_a2a_overlap:
+    if not with_overlap or not without:
         return scores  # one memory class: the base options' memory is every set's
     chosen = np.asarray(scores["feature_variant"])
+    # each row gets the memory of the class its set belongs to: the base options priced
+    # one class, the rows on a set of the other class are priced again
+    other = without if cm.options.moe_a2a_overlap else with_overlap
+    moved = np.nonzero(np.isin(chosen, [cm.variants.index(v) for v in other]))[0]
+    if len(moved):
+        _merge(scores, moved, memory(replace(cm, options=other[0], variants=()),
+                                     {k: v[moved] for k, v in cols.items()}))
     overlap_rows = np.nonzero(np.isin(chosen, [cm.variants.index(v) for v in with_overlap]))[0]
     if not len(overlap_rows):
         return scores
-    _merge(scores, overlap_rows, memory(replace(cm, options=with_overlap[0], variants=()),
-                                        {k: v[overlap_rows] for k, v in cols.items()}))
     misfit = overlap_rows[~np.asarray(scores["fits"], dtype=bool)[overlap_rows]]
     if len(misfit):
         _merge(scores, misfit, _sub_scores(cm, without, cols, misfit, score))

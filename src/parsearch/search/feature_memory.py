@@ -130,14 +130,19 @@ def memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nda
     total = peak_memory(cm, cols)
     tokens = np.array(tokens, dtype=np.float64, copy=True)
     overlapping = [i for i, v in enumerate(cm.variants) if v.moe_a2a_overlap]
-    without = tuple(v for v in cm.variants if not v.moe_a2a_overlap)
-    if cm.options.moe_a2a_overlap or not overlapping or not without:
+    plain = [i for i, v in enumerate(cm.variants) if not v.moe_a2a_overlap]
+    without = tuple(cm.variants[i] for i in plain)
+    if not overlapping or not without:
         return total, tokens  # one memory class: the base options' memory is every set's
+    # the classes differ only when interleaved (the overlap's extra warm-up chunk): the
+    # rows on a set of the class the base options did not price are priced again
+    other = plain if cm.options.moe_a2a_overlap else overlapping
+    moved = np.nonzero(np.isin(variant, other) & (cols["vpp"] > 1))[0]
+    if len(moved):
+        total[moved] = peak_memory(replace(cm, options=cm.variants[other[0]], variants=()),
+                                   {k: v[moved] for k, v in cols.items()})
     rows = np.nonzero(np.isin(variant, overlapping) & (cols["vpp"] > 1))[0]
     if len(rows):
-        sub = {k: v[rows] for k, v in cols.items()}
-        total[rows] = peak_memory(replace(cm, options=cm.variants[overlapping[0]],
-                                           variants=()), sub)
         misfit = rows[total[rows] > usable_memory_bytes(cm.fabric.gpu, cm.options)]
         if len(misfit):
             sub = {k: v[misfit] for k, v in cols.items()}
