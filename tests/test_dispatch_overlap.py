@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from parsearch.cost.analytic import CostOptions, build_cost_model, estimate, score_columns
 from parsearch.cost.collectives import LinkArrays
 from parsearch.cost.communication import (
-    a2a_overlap_hidden,
     dispatch_copies,
     dispatch_time,
     domains_reached,
 )
+from parsearch.cost.ep_overlap import a2a_overlap_hidden
 from parsearch.layout import parse_layout_string
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.presets import get_preset

@@ -166,3 +166,38 @@ def test_cli_pins_what_the_user_sets() -> None:
     searched = run_cli(*base)
     assert searched.code == 0, searched.err
     assert "--moe-token-dispatcher-type flex" in searched.out
+
+
+@pytest.mark.parametrize("dualpipe", [False, True])
+def test_a_pinned_overlap_is_priced_and_launched_only_where_it_runs(dualpipe: bool) -> None:
+    """Qwen3-30B-A3B on 32 H100 with the all-to-all overlap pinned: Megatron refuses it
+    under a non-interleaved pipeline, so there it hides nothing and the launch omits it;
+    DeepSeek's DualPipe (``dualpipe``, read from the DeepSeek-V3 report, not launchable
+    with Megatron) hides it under any pipeline."""
+    from parsearch.cost.analytic import estimate
+    from parsearch.launch.plan import launch_plan
+
+    model = get_preset("qwen3-30b-a3b")
+    training = TrainingSpec(seq_len=4096, global_batch=256)
+    fabric = build_fabric(load_cluster("dgx-h100"), 32)
+    table = enumerate_layouts(model, training, 32)
+    pick = {}
+    for row in range(len(table)):
+        lay = table.layout(row)
+        if (lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs, lay.recompute) != (1, 1, 8, 1, 1, "none"):
+            continue
+        if lay.pp == 2 and lay.vpp in (1, 2):
+            pick[lay.vpp] = lay
+    assert set(pick) == {1, 2}, "the table holds pp 2 with and without interleaving"
+    hidden = {}
+    for vpp, lay in pick.items():
+        on = build_cost_model(model, training, fabric,
+                              options=CostOptions(moe_a2a_overlap=True, dualpipe=dualpipe))
+        off = build_cost_model(model, training, fabric,
+                               options=CostOptions(moe_a2a_overlap=False, dualpipe=dualpipe))
+        hidden[vpp] = estimate(off, lay).time_s["ep_comm"] - estimate(on, lay).time_s["ep_comm"]
+        # Megatron launches no DualPipe: the flag goes only where Megatron runs it
+        plan = launch_plan(model, training, lay, on.options)
+        assert plan.moe_a2a_overlap == (vpp > 1)
+    assert hidden[2] > 0.0
+    assert (hidden[1] > 0.0) == dualpipe

@@ -99,6 +99,8 @@ NOT_LAUNCH_SETTINGS = {
     "optimizer": "launched as --optimizer when not adam",
     "apex_distributed_adam": "NeMo 1.0's Apex optimizer, read from published recipes to "
                              "price them; Megatron-LM and Bridge run Megatron-Core's DDP",
+    "dualpipe": "DeepSeek's DualPipe schedule, read from the DeepSeek-V3 report to price "
+                "it; Megatron-LM and Bridge run 1F1B or interleaved 1F1B",
 }
 
 

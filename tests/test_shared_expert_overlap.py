@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import CostOptions, build_cost_model, score_columns
-from parsearch.cost.communication import shared_expert_overlap_hidden
+from parsearch.cost.ep_overlap import shared_expert_overlap_hidden
 from parsearch.errors import SpecError
 from parsearch.launch.megatron_lm import megatron_lm_args
 from parsearch.launch.plan import launch_plan

@@ -268,7 +268,8 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
     # partial recompute counts layers per model chunk): they are computed once per
     # distinct key and looked up by each row (the same elementwise arithmetic, so the
     # same numbers as pricing every row).
-    price_of = _price_rows(training, cols, cm.variants)
+    # the base options count: a pinned overlap is priced only where the layout runs it
+    price_of = _price_rows(training, cols, (cm.options, *cm.variants))
     pcols = cols if price_of is None else {k: v[price_of[0]] for k, v in cols.items()}
     groups = process_groups(fabric, pcols)
     shares = recompute_shares(model, training, pcols["recompute"], pp=pcols["pp"],

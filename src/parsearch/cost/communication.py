@@ -25,9 +25,9 @@ compute by the share of SMs the communication kernels occupy.
   recompute; with ETP an all-gather / reduce-scatter of the received tokens.
   ``--overlap-moe-expert-parallel-comm`` hides them, slot by slot behind
   the compute of the other micro-batch in the merged forward-backward step
-  (:func:`a2a_overlap_hidden`); without it, ``--moe-shared-expert-overlap`` hides
-  them behind the same micro-batch's shared experts
-  (:func:`shared_expert_overlap_hidden`).
+  (:func:`parsearch.cost.ep_overlap.a2a_overlap_hidden`); without it,
+  ``--moe-shared-expert-overlap`` hides them behind the same micro-batch's shared experts
+  (:func:`parsearch.cost.ep_overlap.shared_expert_overlap_hidden`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ from parsearch.cost.collectives import (
 )
 from parsearch.cost.compute import ACT_BYTES, UnitCompute, is_moe_unit
 from parsearch.cost.efficiency import EfficiencyProfile
+from parsearch.cost.ep_overlap import (
+    a2a_overlap_hidden,
+    a2a_schedulable,
+    shared_expert_overlap_hidden,
+    shared_expert_overlap_on,
+)
 from parsearch.cost.options import CostOptions
 from parsearch.cost.recompute import LayerShares
 from parsearch.cost.routing import priced_imbalance
@@ -227,106 +233,6 @@ def dispatch_time(link: LinkArrays, tokens: Any, bytes_per_token: float, top_k: 
         busiest = np.where(m > 1, np.maximum(busiest, forward_s), busiest)
     seconds = np.where(n > 1, busiest + latency, 0.0)
     return seconds, np.where(n > 1, net_bytes, 0.0)
-
-
-def shared_expert_overlap_on(model: ModelSpec, options: CostOptions, unit: str) -> bool:
-    """Whether ``--moe-shared-expert-overlap`` is priced for ``unit``: an MoE unit with
-    shared experts (CostOptions refuses it beside the all-to-all overlap, as Megatron-Core
-    does)."""
-    return bool(options.moe_shared_expert_overlap and is_moe_unit(model, unit)
-                and model.moe is not None and model.moe.shared_expert_ffn_hidden_size)
-
-
-def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,
-                       pp: np.ndarray, num_microbatches: np.ndarray | None) -> np.ndarray:
-    """EP seconds per micro-batch that ``--overlap-moe-expert-parallel-comm`` hides.
-
-    The merged 1F1B step runs the forward of one micro-batch beside the backward of
-    another, layer by layer, in four slots (DeepSeek-V3 technical report, arXiv
-    2412.19437 §3.2.1 and Figure 4; Megatron-Core ``combined_1f1b`` schedule):
-
-    =========================  ====================================
-    communication (one)        compute (the other micro-batch)
-    =========================  ====================================
-    combine gradient           attention-side forward (1/3 of it)
-    dispatch forward           expert backward (2/3 of the experts)
-    dispatch gradient          expert forward (1/3)
-    combine forward            attention-side backward (2/3)
-    =========================  ====================================
-
-    so a slot hides at most the compute beside it: hidden = sum over slots of
-    ``min(ep_time / 4, compute in the slot)`` (backward = 2x forward, NAR21 Appendix;
-    the attention side is everything but the routed experts; the compute TP and CP
-    overlap already used is taken out in proportion).  Recompute's extra calls are
-    spread over the same four slots.  Only steady-state 1F1B pairs micro-batches: the
-    pipeline's warm-up forwards and cool-down backwards run alone (``pp - 1`` of the
-    ``m`` on the first stage, NAR21 §2.2.1; one of each without PP), so a share
-    ``max(1, pp - 1) / m`` stays exposed.  Interleaving's extra warm-up chunks
-    (``2(p-1) + (v-1)p`` chunks of ``1/v`` of a pass, Megatron-Core
-    ``get_pp_rank_microbatches``) are about ``p / m`` passes, close to ``(p-1)/m``.
-
-    >>> from types import SimpleNamespace
-    >>> unit = SimpleNamespace(routed=np.array([6.0]), total=np.array([9.0]))
-    >>> float(a2a_overlap_hidden(np.array([4.0]), unit, np.array([9.0]), np.array([1]),
-    ...                          np.array([1000]))[0])   # slots hide 1 + 1 + 1 + 1 (x 0.999)
-    3.996
-    >>> float(a2a_overlap_hidden(np.array([40.0]), unit, np.array([9.0]), np.array([1]),
-    ...                          np.array([1000]))[0])   # at most the compute: 1+2+2+4
-    8.991
-    """
-    slot = np.asarray(ep_time, dtype=np.float64) / 4.0
-    total = np.asarray(compute.total, dtype=np.float64)
-    left = np.where(total > 0, np.minimum(budget, total) / np.where(total > 0, total, 1.0),
-                    0.0)
-    experts = np.asarray(compute.routed, dtype=np.float64) * left
-    rest = np.maximum(total * left - experts, 0.0)
-    hidden = (np.minimum(slot, rest / 3.0) + np.minimum(slot, 2.0 * rest / 3.0)
-              + np.minimum(slot, experts / 3.0) + np.minimum(slot, 2.0 * experts / 3.0))
-    if num_microbatches is None:
-        return hidden
-    m = np.maximum(np.asarray(num_microbatches, dtype=np.float64), 1.0)
-    alone = np.minimum(1.0, np.maximum(1.0, np.asarray(pp, dtype=np.float64) - 1.0) / m)
-    return hidden * (1.0 - alone)
-
-
-def shared_expert_overlap_hidden(ep_time: np.ndarray, calls: Any, shared_gemm: np.ndarray,
-                                 fc1_share: float, recomputed: Any,
-                                 budget: np.ndarray) -> np.ndarray:
-    """EP seconds per micro-batch that ``--moe-shared-expert-overlap`` hides.
-
-    With the option the shared experts run on a side stream beside the token dispatcher
-    of the same micro-batch (Megatron-Core ``transformer/moe/shared_experts.py``, called
-    from ``token_dispatcher.py``): forward, FC1 and its activation beside the dispatch
-    all-to-all and FC2 beside the combine; backward, the gradient sequence numbers
-    launch each all-to-all's gradient first and the matching shared-expert backward
-    beside it (FC2's beside the combine gradient, FC1's beside the dispatch gradient;
-    backward = 2x forward, NAR21 Appendix).  So each call hides at most its partner:
-    hidden = sum over the calls of ``min(call, partner GEMM)``, the recomputed forward
-    (share ``recomputed``) pairing again, and never more than the compute ``budget``
-    the TP and CP overlaps left.  Only the all-to-alls (``ep_time``) hide: each shared
-    GEMM is issued right after its all-to-all, and with expert TP the reduce-scatter that
-    precedes the combine and the all-gather that follows the dispatch wait on the main
-    stream in launch order (``token_dispatcher.py`` on the launch order under
-    ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which the authors' recipes set).
-
-    ``shared_gemm`` is the unit's shared-expert GEMM time (forward, backward and
-    recompute), ``fc1_share`` FC1's share of it (2/3 with a gated MLP).
-
-    >>> one = lambda e, s: float(shared_expert_overlap_hidden(
-    ...     np.array([e]), 4.0, np.array([s]), 2.0 / 3.0, 0.0, np.array([100.0]))[0])
-    >>> one(4.0, 30.0)   # every call shorter than its partner: all hidden
-    4.0
-    >>> round(one(40.0, 3.0), 6)   # at most the shared experts' GEMMs
-    3.0
-    """
-    ep_time = np.asarray(ep_time, dtype=np.float64)
-    recomputed = np.asarray(recomputed, dtype=np.float64)
-    call = ep_time / np.maximum(np.asarray(calls, dtype=np.float64), 1.0)
-    forward = np.asarray(shared_gemm, dtype=np.float64) / (3.0 + recomputed)
-    fc1, fc2 = fc1_share * forward, (1.0 - fc1_share) * forward
-    hidden = ((1.0 + recomputed) * (np.minimum(call, fc1) + np.minimum(call, fc2))
-              + np.minimum(call, 2.0 * fc2) + np.minimum(call, 2.0 * fc1))
-    return np.minimum(np.minimum(hidden, ep_time), np.maximum(budget, 0.0))
 
 
 #: SMs the flex dispatcher's kernels hold while they run: DeepEP's normal kernels default
@@ -566,7 +472,8 @@ def unit_comm(model: ModelSpec, training: TrainingSpec, profile: EfficiencyProfi
             if traffic_cache is not None:
                 traffic_cache[key] = (imbalance, all_to_all, ep_time, network_bytes, calls)
         if options.moe_a2a_overlap:
-            ep_hidden = a2a_overlap_hidden(ep_time, compute, budget, cols["pp"], cols.get("m"))
+            ep_hidden = np.where(a2a_schedulable(cols, options.dualpipe), a2a_overlap_hidden(
+                ep_time, compute, budget, cols["pp"], cols.get("m")), 0.0)
         elif shared_expert_overlap_on(model, options, unit):
             # The MLP block of an MoE unit is its shared experts (attention_block_share);
             # what of their GEMMs already hides their own TP collectives hides nothing else.

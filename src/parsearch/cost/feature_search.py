@@ -54,6 +54,7 @@ from itertools import product
 import numpy as np
 
 from parsearch.cost.cost_model import CostModel
+from parsearch.cost.ep_overlap import a2a_schedulable
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
@@ -176,9 +177,7 @@ def runnable(options: CostOptions, cols: dict[str, np.ndarray],
         # cannot work with --moe-shared-expert-overlap" (selective granularity only)
         ok &= cols["recompute"] != RECOMPUTE_CODES["selective"]
     if options.moe_a2a_overlap:
-        ok &= cols["ep"] > 1
-        ok &= cols["recompute"] != RECOMPUTE_CODES["full"]
-        ok &= (cols["pp"] == 1) | (cols["vpp"] > 1)
+        ok &= a2a_schedulable(cols, options.dualpipe)
     return ok
 
 

@@ -76,6 +76,12 @@ class CostOptions:
       every pipeline stage, instead of Megatron-Core's DDP, which buckets only the first
       stage's first model chunk (:class:`parsearch.cost.stage_time.StageSettings`); read
       from published recipes, not a Megatron launch setting.
+    * ``dualpipe``: DeepSeek's DualPipe schedule (DeepSeek-V3 technical report, arXiv
+      2412.19437 §3.2.1), which overlaps a forward chunk's all-to-all with a backward
+      chunk's computation inside a bidirectional pipeline, so the all-to-all overlap runs
+      with any pipeline depth (Megatron's ``--overlap-moe-expert-parallel-comm`` needs no
+      pipeline or an interleaved one); read from published reports, not a Megatron
+      launch setting.
     * ``cuda_graphs``: kernels replayed from CUDA graphs (host launch cost gone).
     * ``cuda_graph_scope``: what the graphs capture (Megatron-Core ``--cuda-graph-modules``,
       formerly ``--cuda-graph-scope``: ``attn``, ``mlp``, ``moe``, ``moe_router``,
@@ -148,6 +154,7 @@ class CostOptions:
     overlap_param_gather: bool = True
     ddp_bucket_params: int | None = None
     apex_distributed_adam: bool = False
+    dualpipe: bool = False
     cuda_graphs: bool = False
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_impl: str = "transformer_engine"

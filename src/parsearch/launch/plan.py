@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parsearch.cost.communication import flex_backend, shared_expert_overlap_on
+from parsearch.cost.communication import flex_backend
+from parsearch.cost.ep_overlap import shared_expert_overlap_on
 from parsearch.cost.memory_features import effective_training
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
@@ -326,6 +327,11 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     granularity, method, rec_layers, modules = _recompute(training, lay)
     moe = model.is_moe
     ep_comm = moe and lay.ep > 1
+    # the EP all-to-all overlap only where Megatron runs it, as it was priced
+    # (parsearch.cost.ep_overlap.a2a_schedulable): no pipeline or an interleaved one,
+    # no full recompute
+    a2a_overlap = (opt.moe_a2a_overlap and ep_comm and (lay.pp == 1 or lay.vpp > 1)
+                   and lay.recompute != "full")
     backend = None
     if moe and opt.moe_dispatcher == "flex":
         # the back end the cost model priced; auto: HybridEP spans a multi-node NVLink
@@ -419,7 +425,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         tp_comm_overlap=tp_overlap,
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=backend,
-        moe_a2a_overlap=opt.moe_a2a_overlap and ep_comm,
+        moe_a2a_overlap=a2a_overlap,
         # priced only where there are shared experts and EP traffic to hide
         moe_shared_expert_overlap=shared_overlap,
         # Forced-uniform routing (--moe-router-force-load-balancing) only when priced so: it
@@ -437,7 +443,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         offload_layers=offload,
         optimizer=training.optimizer,
         main_grads_dtype=main_grads, moment_dtype=moments,
-        env=_env(lay, training.fsdp, opt.moe_a2a_overlap and ep_comm, capability,
+        env=_env(lay, training.fsdp, a2a_overlap, capability,
                  fused_expert_mlp=fused_mlp, flex=backend,
                  nvlink_domain_size=nvlink_domain_size, gpus_per_node=gpus_per_node),
         conflicts=tuple(conflicts),

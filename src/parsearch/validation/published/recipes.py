@@ -70,6 +70,8 @@ class RunSetup:
     ddp_bucket_params: int | None = None
     #: gradients synced by Apex's DistributedFusedAdam (NeMo 1.0 ``distributed_fused_adam``)
     apex_distributed_adam: bool | None = None
+    #: DeepSeek's DualPipe schedule (the all-to-all overlap under any pipeline)
+    dualpipe: bool | None = None
 
 
 def _capacity(text: str) -> tuple[float | None, bool]:
@@ -180,6 +182,7 @@ def _setup(row: dict[str, str]) -> RunSetup:
         bf16_moments=_flag(cell.get("bf16_moments", "")),
         ddp_bucket_params=_int(cell.get("ddp_bucket_params", "")),
         apex_distributed_adam=_flag(cell.get("apex_distributed_adam", "")),
+        dualpipe=_flag(cell.get("dualpipe", "")),
     )
 
 
@@ -257,6 +260,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         changes["ddp_bucket_params"] = setup.ddp_bucket_params
     if setup.apex_distributed_adam is not None:
         changes["apex_distributed_adam"] = setup.apex_distributed_adam
+    if setup.dualpipe is not None:
+        changes["dualpipe"] = setup.dualpipe
     options = replace(options, **changes)  # type: ignore[arg-type]
     train: dict[str, object] = {}
     if setup.fsdp is not None:
