@@ -20,6 +20,7 @@ from parsearch.cli.gpu_variant_options import cluster_from_args
 from parsearch.errors import SpecError
 from parsearch.query import Query
 from parsearch.serve.api import ServeResult, serve_layouts
+from parsearch.serve.engines import tensorrt_engine_release
 from parsearch.serve.explain import ServingExplanation, explain_serving, parse_serving_layout
 from parsearch.serve.spec import (
     KV_PRECISIONS,
@@ -133,6 +134,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--engine", choices=SERVING_ENGINES, default="vllm",
                         help="serving engine whose memory rules size the KV pool "
                         "(default vllm)")
+    parser.add_argument("--engine-release", default=None, metavar="V",
+                        help="the engine's release, where pricing depends on it: TensorRT-LLM "
+                        "before 1.0 serves TensorRT engines (trtllm-build; no attention DP, "
+                        "no overlap scheduler); default: today's releases")
     parser.add_argument("--memory-fraction", type=_fraction, default=None, metavar="F",
                         help="the engine's memory fraction: vLLM --gpu-memory-utilization "
                         "(default 0.9 of total), SGLang --mem-fraction-static (0.79-0.88 by "
@@ -191,6 +196,11 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
               "spec_decode": args.spec_decode, "spec_tokens": args.spec_tokens,
               "acceptance_rate": args.acceptance_rate, "draft_cost": args.draft_cost,
               "prefix_cache_hit": args.prefix_cache_hit, "eplb": args.eplb}
+    if args.engine_release is not None:
+        try:
+            fields["tensorrt_engine"] = tensorrt_engine_release(args.engine, args.engine_release)
+        except ValueError as error:
+            raise SpecError(f"--engine-release: {error}") from None
     if args.mix is not None:
         if args.isl is not None or args.osl is not None:
             raise SpecError("give either --isl/--osl or --mix, not both")

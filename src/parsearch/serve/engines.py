@@ -1,4 +1,5 @@
-"""Per-engine kernel efficiencies the datasheet and the efficiency profile do not carry.
+"""Per-engine kernel efficiencies the datasheet and the efficiency profile do not carry, and
+the engine defaults that depend on its release (scheduling ahead, TensorRT engines).
 
 Fused MoE grouped GEMMs.  The efficiency profile's GEMM rate is that of large dense GEMMs
 (MAMF sweeps) times its grouped-GEMM factor (Megatron grouped GEMMs in training).  Serving
@@ -26,6 +27,8 @@ each engine is fitted on its published serving rows inside ``[MIN, 1]``
 """
 
 from __future__ import annotations
+
+import re
 
 #: Lower end of the fitted range: 0.2 of the dense large-GEMM rate, ~10% of peak (the
 #: FlashInfer CUTLASS grouped MoE GEMM above).
@@ -56,6 +59,38 @@ def moe_kernel_efficiency(engine: str) -> float:
 SCHEDULES_AHEAD: dict[str, bool] = {"vllm": True, "sglang": True, "trtllm": True}
 
 
-def schedules_ahead(engine: str, setting: bool | None = None) -> bool:
-    """Whether ``engine`` schedules one step ahead: ``setting`` when given, else its default."""
-    return SCHEDULES_AHEAD.get(engine, False) if setting is None else setting
+def schedules_ahead(engine: str, setting: bool | None = None,
+                    tensorrt_engine: bool = False) -> bool:
+    """Whether ``engine`` schedules one step ahead: ``setting`` when given, else its default
+    (TensorRT-LLM's overlap scheduler is its PyTorch backend's, so not with
+    ``tensorrt_engine``)."""
+    if setting is not None:
+        return setting
+    return SCHEDULES_AHEAD.get(engine, False) and not (engine == "trtllm" and tensorrt_engine)
+
+
+#: First TensorRT-LLM release whose default backend is PyTorch; before it ``trtllm-build``
+#: TensorRT engines were the workflow (the PyTorch backend is "available in version 0.17
+#: and later" as an opt-in, TensorRT-LLM docs "PyTorch Backend"; 1.0's docs import the
+#: TensorRT engine path from ``tensorrt_llm._tensorrt_engine``, the default ``LLM`` is
+#: PyTorch's).
+TRTLLM_PYTORCH_DEFAULT = (1, 0)
+
+
+def release_tuple(release: str) -> tuple[int, ...]:
+    """``"0.13.0"`` -> ``(0, 13, 0)``; a :class:`ValueError` naming the release when it is
+    not dotted numbers (a suffix such as ``rc2`` is dropped from the last part)."""
+    match = re.fullmatch(r"v?(\d+(?:\.\d+)*)(?:[a-z]+\d*)?", release.strip())
+    if match is None:
+        raise ValueError(f"release {release!r} is not a version like 0.13 or 1.2.0rc2")
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def tensorrt_engine_release(engine: str, release: str) -> bool:
+    """Whether ``release`` of ``engine`` serves through TensorRT engines by default:
+    TensorRT-LLM before 1.0 (:data:`TRTLLM_PYTORCH_DEFAULT`); a :class:`ValueError` for an
+    engine without release-specific pricing."""
+    if engine != "trtllm":
+        raise ValueError(f"no release-specific pricing for {engine}: leave the release out "
+                         "(priced as the releases of its held-out rows, docs/serving.md)")
+    return release_tuple(release) < TRTLLM_PYTORCH_DEFAULT

@@ -337,7 +337,7 @@ def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingL
         slot_queue_s=queue_s, recv_interval=w.recv_interval,
         balance_wait_iters=w.balance_wait_iters if run_layout.attention_dp > 1 else 0,
         burst_waves=w.burst_waves if w.concurrency is not None else None,
-        lookahead=schedules_ahead(w.engine, w.async_scheduling),
+        lookahead=schedules_ahead(w.engine, w.async_scheduling, w.tensorrt_engine),
         # the server tokenizes the whole text prompt, cached prefix included
         tokenize_s=tokenize_s(w.isl) if w.text_prompts else 0.0,
         prompts_per_prefill=prompts_per_prefill(w, run_layout), occupancy_s=occupancy_s)

@@ -135,6 +135,11 @@ def _notes(layout: ServingLayout, workload: ServingWorkload) -> list[str]:
     if 1 < layout.ep < layout.stage_width:
         notes.append(f"ep={layout.ep} with expert TP {layout.expert_tp}: vLLM's expert parallel "
                      "is all-or-nothing (EP = TP * DP); SGLang --ep-size expresses it")
+    if workload.engine == "trtllm" and workload.tensorrt_engine:
+        notes.append("TensorRT-LLM before 1.0 serves TensorRT engines: build one with "
+                      f"trtllm-build --tp_size {layout.tp} --pp_size {layout.pp} "
+                      f"--max_batch_size {layout.batch} and serve it; the trtllm-serve line "
+                      "is the PyTorch backend's (1.0 and later)")
     if _VLLM_KV[workload.kv_precision] is None:
         notes.append("FP4 KV cache: neither vLLM nor SGLang flag above sets it; "
                      "TensorRT-LLM supports NVFP4 KV on Blackwell")
