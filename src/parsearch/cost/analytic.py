@@ -32,6 +32,7 @@ from parsearch.cost.collectives import LinkArrays
 from parsearch.cost.compute import ACT_BYTES, is_moe_unit
 from parsearch.cost.cost_model import CostModel
 from parsearch.cost.efficiency import EfficiencyProfile, band_for, efficiency_for_gpu
+from parsearch.cost.ep_overlap import a2a_schedulable
 from parsearch.cost.feature_search import (
     cheapest_unit_prices,
     feature_variants,
@@ -170,9 +171,8 @@ def _price_rows(training: TrainingSpec, cols: dict[str, np.ndarray],
     keys = PRICE_KEY + (("vpp",) if by_chunk else ())
     keys += tuple(k for k in _ALSO_KEYED if k in cols)
     if not by_chunk and any(v.moe_a2a_overlap for v in variants):
-        # Megatron's all-to-all overlap needs pp == 1 or vpp > 1 (feature_search.runnable)
-        cols = {**cols, "a2a_schedulable": ((cols["pp"] == 1) | (cols["vpp"] > 1)
-                                            ).astype(np.uint8)}
+        # where Megatron runs the all-to-all overlap (pp == 1 or vpp > 1) is part of the price
+        cols = {**cols, "a2a_schedulable": a2a_schedulable(cols).astype(np.uint8)}
         keys += ("a2a_schedulable",)
     grouped = group_rows(cols, keys)
     if grouped is None or len(grouped[0]) > n // 2:

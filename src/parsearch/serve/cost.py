@@ -333,10 +333,10 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     t_rank = max(1.0, seqs / layout.attention_dp) * query_tokens
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
-    weights, kv = decode_bytes(model, workload, layout, counts, window, query_tokens)
+    _, kv = decode_bytes(model, workload, layout, counts, window, query_tokens)
     ctx = workload.mean_decode_context
     dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
-    memory = (weights - routed_b + kv) / rates.hbm_Bps + routed_b / rates.expert_read_Bps
+    memory = (dense_b + kv) / rates.hbm_Bps + routed_b / rates.expert_read_Bps
     # FLOPs on one GPU: 2 per parameter per token; attention, dense MLP and shared experts
     # on the rank's tokens, routed experts over the stage width on all the stage's tokens.
     attn_params, mlp_params = _rank_params(model, layout, counts)
