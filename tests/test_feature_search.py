@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, score_columns
+from parsearch.cost.ep_overlap import stands_in_for_pinned_overlap
 from parsearch.cost.feature_search import feature_variants, graphs_runnable, runnable
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.layout.rules import RECOMPUTE_CODES
@@ -60,6 +61,11 @@ def test_each_layout_gets_its_fastest_runnable_fitting_features(case) -> None:  
     index = np.asarray(chosen["feature_variant"])
     singles = [score_columns(replace(cm, options=v, variants=()), cols) for v in cm.variants]
     runs = [runnable(v, cols) for v in cm.variants]
+    # a set standing in for a pinned all-to-all overlap runs only where no set with it does
+    stand_in = stands_in_for_pinned_overlap(cm.variants)
+    pinned_runs = np.logical_or.reduce([r for r, s in zip(runs, stand_in, strict=True)
+                                        if not s])
+    runs = [r & ~pinned_runs if s else r for r, s in zip(runs, stand_in, strict=True)]
     none_runs = ~np.logical_or.reduce(runs)
     base = cm.options
     ok = [r | (none_runs & graphs_runnable(v, cm.training, cols)
@@ -101,9 +107,17 @@ def test_only_unpinned_features_vary(case) -> None:  # type: ignore[no-untyped-d
     gpu_cc = 8.0 if cluster.gpu.startswith("a100") else 9.0
     variants = feature_variants(model, options, gpu_cc)
     assert variants[0].moe_dispatcher == options.moe_dispatcher
+    stand_in = stands_in_for_pinned_overlap(variants)
+    # stand-ins exist only for an overlap pinned on, and differ from it only there
+    moe_searched = bool(set(options.search_features) - {"cuda_graphs"})
+    assert stand_in.any() == (moe_searched and options.moe_a2a_overlap
+                              and "moe_a2a_overlap" not in options.search_features)
+    pinned = [v for v, s in zip(variants, stand_in, strict=True) if not s]
     for feature in SEARCHABLE_FEATURES:
         if feature not in options.search_features:
-            assert {getattr(v, feature) for v in variants} == {getattr(options, feature)}
+            assert {getattr(v, feature) for v in pinned} == {getattr(options, feature)}
+            if feature != "moe_a2a_overlap":
+                assert {getattr(v, feature) for v in variants} == {getattr(options, feature)}
     for v in variants:
         assert not (v.moe_a2a_overlap and v.moe_shared_expert_overlap)
         assert v.memory.extra_in_flight == (1 if v.moe_a2a_overlap else 0)

@@ -73,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_explain(args: argparse.Namespace) -> int:
     from parsearch.cost.analytic import estimate
     from parsearch.cost.coverage import uncovered_features
+    from parsearch.cost.ep_overlap import pinned_feature_flags
     from parsearch.launch import launch_for_cluster
     from parsearch.launch.plan import priced_features
     from parsearch.layout.rules import check_layout
@@ -99,6 +100,7 @@ def run_explain(args: argparse.Namespace) -> int:
     document["peak_memory_stage"] = result.peak_memory_stage
     document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
     document["flags"] += _host_memory_flags(cm, layout)
+    document["flags"] += pinned_feature_flags(model, cm.options, layout)
     # what the number assumes, from the same plan the launch settings are written from
     priced = result.options or cm.options  # with searched features: the ones chosen
     plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=priced,

@@ -213,6 +213,16 @@ def feature_label(plan: Any) -> str:
     return "+".join(parts) or "-"
 
 
+def _flags_by_text(result: SearchResult) -> dict[str, list[int]]:
+    """Each note the listed layouts carry (soft rules they break, pinned features they run
+    without), with the ranks that carry it, in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for e in result.entries:
+        for flag in e.flags:
+            out.setdefault(flag, []).append(e.rank)
+    return out
+
+
 def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "bf16") -> None:
     moe = any(e.estimate.is_moe for e in result.entries)
     headers = ("#", "tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "sp", "recompute",
@@ -246,6 +256,8 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
               "higher peak, so it can pass what a BF16 run could reach.")
     if result.tie_note:
         print(result.tie_note)
+    for flag, ranks in _flags_by_text(result).items():
+        print(f"note (#{', #'.join(str(r) for r in ranks)}): {flag}")
     if result.outside_calibration:
         print(coverage_note(result.outside_calibration))
     if show_launch:

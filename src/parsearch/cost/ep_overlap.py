@@ -13,6 +13,7 @@ import numpy as np
 
 from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.options import CostOptions
+from parsearch.layout import Layout
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec
 
 
@@ -34,6 +35,54 @@ def a2a_schedulable(cols: dict[str, np.ndarray], dualpipe: bool = False) -> np.n
                    | dualpipe)
     return ((np.asarray(cols["ep"]) > 1)
             & (np.asarray(cols["recompute"]) != RECOMPUTE_CODES["full"]) & pipeline_ok)
+
+
+def a2a_overlap_pinned(options: CostOptions) -> bool:
+    """Whether the user pinned ``--moe-a2a-overlap`` on (set, not a searched feature)."""
+    return bool(options.moe_a2a_overlap and "moe_a2a_overlap" not in options.search_features)
+
+
+def stands_in_for_pinned_overlap(variants: tuple[CostOptions, ...]) -> np.ndarray:
+    """Per feature set, whether it stands in for the all-to-all overlap the user pinned.
+
+    Where Megatron cannot run a pinned overlap (:func:`a2a_schedulable` is false) the
+    launch leaves it out (``launch/plan.py``) and the rest of the setup is still the
+    search's to choose: the sets that keep the pinned features but turn the overlap off
+    price those layouts, and only those (a layout that can run the pinned overlap runs it).
+    A set stands in when the user pinned the overlap on and the set has it off."""
+    pinned = any(a2a_overlap_pinned(v) for v in variants)
+    return np.array([pinned and not v.moe_a2a_overlap
+                     and "moe_a2a_overlap" not in v.search_features for v in variants],
+                    dtype=bool)
+
+
+def pinned_overlap_dropped(options: CostOptions, ep: int, pp: int, vpp: int,
+                           recompute: str) -> str | None:
+    """Why a layout runs without the all-to-all overlap the user pinned, in words (None
+    where it runs it, or where the overlap was not pinned): Megatron-LM ``validate_args``
+    refuses ``--overlap-moe-expert-parallel-comm`` without expert parallelism, with full
+    recompute, or with a pipeline that is not interleaved."""
+    if not a2a_overlap_pinned(options):
+        return None
+    cols = {"ep": np.array([ep]), "pp": np.array([pp]), "vpp": np.array([vpp]),
+            "recompute": np.array([RECOMPUTE_CODES[recompute]])}
+    if bool(a2a_schedulable(cols, options.dualpipe)[0]):
+        return None
+    why = ("it has no expert parallelism (ep = 1)" if ep <= 1
+           else "it recomputes whole layers (recompute=full)" if recompute == "full"
+           else f"its pipeline is not interleaved (pp = {pp}, vpp = 1)")
+    return ("--moe-a2a-overlap is not run here: Megatron runs the EP all-to-all overlap "
+            "only with ep > 1, without full recompute and with pp = 1 or vpp > 1, and "
+            f"{why}; priced and launched without it (the other features as chosen)")
+
+
+def pinned_feature_flags(model: ModelSpec, options: CostOptions, layout: Layout) -> list[str]:
+    """Notes for the features the user pinned that ``layout`` runs without, and why (the
+    all-to-all overlap where Megatron refuses it: :func:`pinned_overlap_dropped`)."""
+    if model.moe is None:
+        return []
+    note = pinned_overlap_dropped(options, layout.ep, layout.pp, layout.vpp, layout.recompute)
+    return [note] if note else []
 
 
 def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,

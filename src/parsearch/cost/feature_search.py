@@ -54,7 +54,11 @@ from itertools import product
 import numpy as np
 
 from parsearch.cost.cost_model import CostModel
-from parsearch.cost.ep_overlap import a2a_schedulable
+from parsearch.cost.ep_overlap import (
+    a2a_overlap_pinned,
+    a2a_schedulable,
+    stands_in_for_pinned_overlap,
+)
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
@@ -163,6 +167,17 @@ def _moe_feature_sets(model: ModelSpec, options: CostOptions, compute_capability
             moe_shared_expert_overlap=shared_overlap))
         if variant not in out:
             out.append(variant)
+    if a2a_overlap_pinned(options):
+        # the pinned overlap's stand-ins: the same searched features with the overlap off,
+        # for the layouts Megatron cannot run it on (stands_in_for_pinned_overlap)
+        for dispatcher, shared_overlap in product(dispatchers, (*shared, False)):
+            if dispatcher == "allgather" and shared_overlap:
+                continue
+            variant = with_schedule_memory(replace(
+                options, moe_dispatcher=dispatcher, moe_a2a_overlap=False,
+                moe_shared_expert_overlap=shared_overlap))
+            if variant not in out:
+                out.append(variant)
     return tuple(out)
 
 
@@ -319,12 +334,19 @@ def cheapest_unit_prices(cm: CostModel, cols: dict[str, np.ndarray], unit: str,
     if choice is None:
         best = np.full(n, np.inf)
         choice = np.zeros(n, dtype=np.int64)
+        ok = [runnable(v, cols, cm.training) for v in cm.variants]
+        stand_in = stands_in_for_pinned_overlap(cm.variants)
+        pinned_runs = np.zeros(n, dtype=bool)
+        for index in np.nonzero(~stand_in)[0]:
+            pinned_runs |= ok[index]
         for index, parts in enumerate(priced):
             assert parts is not None
             total = sum(parts.values())
             # only sets Megatron runs with the layout compete, the base set (the user's or
-            # the recipe's) included; a row that no set can run keeps the base set (index 0)
-            allowed = runnable(cm.variants[index], cols, cm.training)
+            # the recipe's) included; a set standing in for a pinned all-to-all overlap
+            # only where no set with it runs; a row that no set can run keeps the base set
+            # (index 0)
+            allowed = ok[index] & ~pinned_runs if stand_in[index] else ok[index]
             better = allowed & (total < best)
             choice[better] = index
             best = np.where(better, total, best)
@@ -370,7 +392,8 @@ def score_fitting_variants(cm: CostModel, cols: dict[str, np.ndarray],
     if not len(overlap_rows):
         return scores
     misfit = overlap_rows[~np.asarray(scores["fits"], dtype=bool)[overlap_rows]]
-    if len(misfit):
+    # a pinned overlap stays on where Megatron runs it, fitting or not
+    if len(misfit) and not a2a_overlap_pinned(cm.options):
         _merge(scores, misfit, _sub_scores(cm, without, cols, misfit, score))
     return scores
 

@@ -47,6 +47,7 @@ from parsearch.cost.analytic import (
 )
 from parsearch.cost.coverage import uncovered_features
 from parsearch.cost.efficiency import band_for
+from parsearch.cost.ep_overlap import pinned_feature_flags
 from parsearch.errors import SpecError
 from parsearch.launch import launch_for_cluster
 from parsearch.layout.soft_rules import soft_rule_flags
@@ -139,7 +140,8 @@ def search_layouts(query: Query | None = None, /, *, num_gpus: int, top: int = 1
                     launch=launch_for_cluster(model, training, e.layout, cluster,
                                               options=e.options or cm.options,
                                               gpu=cm.fabric.gpu),
-                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)),
+                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)
+                                + pinned_feature_flags(model, cm.options, e.layout)),
                     tied=ties > 1 and in_band[i])
         for i, e in enumerate(estimates))
     smallest = None

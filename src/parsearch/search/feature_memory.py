@@ -23,6 +23,7 @@ from parsearch.cost.analytic import (
     usable_memory_bytes,
     wide_columns,
 )
+from parsearch.cost.ep_overlap import a2a_overlap_pinned
 from parsearch.cost.feature_search import graph_level, level_may_fit, searches_graphs
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
@@ -142,7 +143,7 @@ def memory_and_tokens(cm: CostModel, cols: dict[str, np.ndarray], tokens: np.nda
         total[moved] = peak_memory(replace(cm, options=cm.variants[other[0]], variants=()),
                                    {k: v[moved] for k, v in cols.items()})
     rows = np.nonzero(np.isin(variant, overlapping) & (cols["vpp"] > 1))[0]
-    if len(rows):
+    if len(rows) and not a2a_overlap_pinned(cm.options):  # a pinned overlap stays on
         misfit = rows[total[rows] > usable_memory_bytes(cm.fabric.gpu, cm.options)]
         if len(misfit):
             sub = {k: v[misfit] for k, v in cols.items()}
