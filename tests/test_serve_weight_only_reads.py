@@ -87,3 +87,18 @@ def test_a_bad_dequantization_rate_names_the_field() -> None:
         .weight_only_4bit_Bps == pytest.approx(2e12)
     with pytest.raises(SpecError, match="weight_only_4bit_TBps"):
         gpu_profile_from_dict({**base, "weight_only_4bit_TBps": -1}, "x.yaml")
+
+
+def test_a_power_limit_slows_the_in_register_conversion_with_the_tensor_rates() -> None:
+    """The 4-bit conversion rate is an SM instruction rate: a 500 W cap (or a clock lock)
+    scales it by the same clock factor as the tensor peaks; HBM does not move."""
+    from parsearch.topology.variants import load_variant_profile
+
+    base = load_variant_profile("h100-sxm")
+    for spec in ("h100-sxm@power_limit_W=500", "h100-sxm@sm_clock_MHz=1400", "h100-sxm-500w"):
+        capped = load_variant_profile(spec)
+        speed = capped.peak_flops["bf16"] / base.peak_flops["bf16"]
+        assert speed < 1.0
+        assert base.weight_only_4bit_Bps is not None
+        assert capped.weight_only_4bit_Bps == pytest.approx(base.weight_only_4bit_Bps * speed)
+        assert capped.hbm_bandwidth_Bps == base.hbm_bandwidth_Bps

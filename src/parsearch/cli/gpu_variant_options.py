@@ -2,9 +2,10 @@
 hardware file, on every command that takes ``--cluster``.
 
 The options vary the cluster's GPU (:func:`parsearch.topology.variants.cluster_variant`):
-a power limit or clock lock scales the tensor and SFU rates by the sustained SM clock
-(:mod:`parsearch.topology.power`), the memory options replace HBM capacity and bandwidth,
-``--nvlink-bandwidth`` the NVLink bandwidth per GPU and direction (the H800's 200).
+a power limit or clock lock scales the tensor, SFU and 4-bit weight conversion rates by the
+sustained SM clock (:mod:`parsearch.topology.power`), the memory options replace HBM
+capacity and bandwidth, ``--nvlink-bandwidth`` the NVLink bandwidth per GPU and direction
+(the H800's 200).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 A variant is a base hardware profile plus a few fields, applied once:
 
 ====================== ===================================================================
-``power_limit_W``      board power limit (``nvidia-smi -pl``): the tensor-core and
-                       special-function rates scale with the sustained SM clock
-                       (:mod:`parsearch.topology.power`); HBM bandwidth does not
+``power_limit_W``      board power limit (``nvidia-smi -pl``): the tensor-core,
+                       special-function and in-register 4-bit weight conversion rates
+                       scale with the sustained SM clock (:mod:`parsearch.topology.power`);
+                       HBM bandwidth does not
 ``sm_clock_MHz``       SM clock lock (``nvidia-smi -lgc``): the same rates scale with
                        ``min(lock, power-limited clock) / sustained clock at rated power``
 ``hbm_capacity_GiB``   memory per GPU (the 94/95 GB parts); what fits changes
@@ -191,10 +192,14 @@ def apply_variant(gpu: GpuProfile, fields: dict[str, float], label: str = "",
                                         f"clock lock {lock:g} MHz" if lock is not None else "")
                             if x)
         notes.append(f"{what}: sustained SM clock {clock:,.0f} of {gpu.sustained_clock_MHz:,.0f}"
-                     f" MHz, tensor and SFU rates x{speed:.3f}")
+                     f" MHz, tensor, SFU and 4-bit conversion rates x{speed:.3f}")
     changes: dict[str, Any] = {
         "peak_flops": {k: v * speed for k, v in gpu.peak_flops.items()},
         "exp_per_s": None if gpu.exp_per_s is None else gpu.exp_per_s * speed,
+        # the rate of 4-bit weights converted in registers is the SMs' instruction rate
+        # (GpuProfile.weight_only_4bit_Bps), so it follows the clock as the tensor rates do
+        "weight_only_4bit_Bps": (None if gpu.weight_only_4bit_Bps is None
+                                 else gpu.weight_only_4bit_Bps * speed),
     }
     if "hbm_capacity_GiB" in fields:
         changes["hbm_bytes"] = fields["hbm_capacity_GiB"] * _GIB
