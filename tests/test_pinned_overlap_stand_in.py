@@ -96,3 +96,6 @@ def test_cli_says_which_listed_layouts_run_without_the_pinned_overlap() -> None:
         assert ("EP all-to-all overlap" in entry["priced_features"]) == runs
         seen.add(runs)
     assert seen == {True, False}, "the top 40 hold layouts of both kinds"
+    launched = run_cli("search", *args, "--top", "40", "--launch")
+    assert launched.code == 0, launched.err
+    assert "# note: --moe-a2a-overlap is not run here" in launched.out

@@ -103,6 +103,8 @@ def print_launch(result: SearchResult) -> None:
     for e in result.entries:
         print(f"\n#{e.rank} {e.layout.key()} on {e.launch.nodes} nodes "
               f"({e.launch.num_gpus} GPUs)")
+        for flag in e.flags:  # soft rules it breaks, pinned features it runs without
+            print(f"# note: {flag}")
         print(e.launch.shell_snippet())
 
 
