@@ -156,8 +156,13 @@ def _moe_feature_sets(model: ModelSpec, options: CostOptions, compute_capability
     shared_possible = model.moe.shared_expert_ffn_hidden_size > 0
     shared = ((False, True) if "moe_shared_expert_overlap" in searched and shared_possible
               else (options.moe_shared_expert_overlap,))
+    combos = list(product(dispatchers, a2a, shared))
+    if a2a_overlap_pinned(options):
+        # the pinned overlap's stand-ins: the same searched features with the overlap off,
+        # for the layouts Megatron cannot run it on (stands_in_for_pinned_overlap)
+        combos += product(dispatchers, (False,), (*shared, False))
     out = [with_schedule_memory(options)]
-    for dispatcher, overlap, shared_overlap in product(dispatchers, a2a, shared):
+    for dispatcher, overlap, shared_overlap in combos:
         if dispatcher == "allgather" and (overlap or shared_overlap):
             continue
         if overlap and shared_overlap:
@@ -167,17 +172,6 @@ def _moe_feature_sets(model: ModelSpec, options: CostOptions, compute_capability
             moe_shared_expert_overlap=shared_overlap))
         if variant not in out:
             out.append(variant)
-    if a2a_overlap_pinned(options):
-        # the pinned overlap's stand-ins: the same searched features with the overlap off,
-        # for the layouts Megatron cannot run it on (stands_in_for_pinned_overlap)
-        for dispatcher, shared_overlap in product(dispatchers, (*shared, False)):
-            if dispatcher == "allgather" and shared_overlap:
-                continue
-            variant = with_schedule_memory(replace(
-                options, moe_dispatcher=dispatcher, moe_a2a_overlap=False,
-                moe_shared_expert_overlap=shared_overlap))
-            if variant not in out:
-                out.append(variant)
     return tuple(out)
 
 
