@@ -99,3 +99,22 @@ def test_cli_says_which_listed_layouts_run_without_the_pinned_overlap() -> None:
     launched = run_cli("search", *args, "--top", "40", "--launch")
     assert launched.code == 0, launched.err
     assert "# note: --moe-a2a-overlap is not run here" in launched.out
+
+
+def test_pareto_names_the_front_points_that_run_without_the_pinned_overlap() -> None:
+    import json
+
+    args = ("pareto", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--max-gpus", "128",
+            "--global-batch", "512", "--seq-len", "4096", "--moe-a2a-overlap")
+    found = run_cli(*args, "--format", "json")
+    assert found.code == 0, found.err
+    seen = set()
+    for point in json.loads(found.out)["front"]:
+        lay = point["layout"]
+        runs = lay["ep"] > 1 and lay["recompute"] != "full" and (lay["pp"] == 1 or lay["vpp"] > 1)
+        assert any("--moe-a2a-overlap is not run here" in f for f in point["flags"]) == (not runs)
+        seen.add(runs)
+    assert False in seen, "some front point cannot run the overlap"
+    table = run_cli(*args)
+    assert table.code == 0, table.err
+    assert "GPUs): --moe-a2a-overlap is not run here" in table.out

@@ -359,15 +359,24 @@ _PARETO_HEADERS: tuple[str, ...] = ("gpus", "nodes", "tokens/s", "tokens/s/gpu",
 
 
 def _pareto_table(result: ParetoResult) -> None:
-    """The front; over several clusters, the overall front then each cluster's."""
+    """The front; over several clusters, the overall front then each cluster's.  Below
+    it, each note the front's layouts carry (pinned features they run without), with the
+    GPU counts that carry it."""
     if not result.multi_cluster:
         print_table(_PARETO_HEADERS, [_pareto_row(p) for p in result.front])
-        return
-    print_table(("cluster", *_PARETO_HEADERS),
-                [(p.cluster, *_pareto_row(p)) for p in result.front])
-    for name, sub in result.by_cluster.items():
-        print(f"\nfront on {name}:")
-        print_table(_PARETO_HEADERS, [_pareto_row(p) for p in sub.front])
+    else:
+        print_table(("cluster", *_PARETO_HEADERS),
+                    [(p.cluster, *_pareto_row(p)) for p in result.front])
+        for name, sub in result.by_cluster.items():
+            print(f"\nfront on {name}:")
+            print_table(_PARETO_HEADERS, [_pareto_row(p) for p in sub.front])
+    notes: dict[str, list[str]] = {}
+    for p in result.front:
+        for flag in p.flags:
+            notes.setdefault(flag, []).append(f"{p.num_gpus}"
+                                              + (f" on {p.cluster}" if p.cluster else ""))
+    for flag, where in notes.items():
+        print(f"note ({', '.join(where)} GPUs): {flag}")
 
 
 def _pareto_row(p: Any) -> tuple[Any, ...]:

@@ -355,7 +355,8 @@ def _points(model: ModelSpec, training: TrainingSpec,
             scaling_efficiency=speedup * base_n / n if n else math.nan,
             launch=launch_for_cluster(model, training, e.layout, c,
                                       options=e.options or priced[c.name], gpu=gpus[c.name]),
-            cluster=c.name if label else None))
+            cluster=c.name if label else None,
+            flags=tuple(pinned_feature_flags(model, priced[c.name], e.layout))))
     return tuple(points), hv, ref
 
 

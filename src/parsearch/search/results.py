@@ -98,6 +98,7 @@ class ParetoPoint:
     scaling_efficiency: float
     speedup: float
     cluster: str | None = None
+    flags: tuple[str, ...] = ()  # pinned features it runs without, and why
 
     @property
     def tokens_per_s(self) -> float:
@@ -111,7 +112,8 @@ class ParetoPoint:
         out = self.estimate.to_dict()
         out.update(key=self.layout.key(), bottleneck=self.estimate.bottleneck,
                    on_front=self.on_front, scaling_efficiency=self.scaling_efficiency,
-                   speedup=self.speedup, nodes=self.launch.nodes, launch=self.launch.to_dict())
+                   speedup=self.speedup, nodes=self.launch.nodes, launch=self.launch.to_dict(),
+                   flags=list(self.flags))
         if self.cluster is not None:
             out["cluster"] = self.cluster
         return out
