@@ -14,7 +14,6 @@ from parsearch.cost.analytic import build_cost_model, estimate
 from parsearch.cost.ep_overlap import (
     a2a_schedulable,
     pinned_feature_flags,
-    pinned_overlap_dropped,
 )
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
 from parsearch.layout import Layout
@@ -39,11 +38,11 @@ def test_the_note_names_exactly_the_layouts_megatron_refuses(ep: int, pp: int, v
     options = PINNED if pinned else replace(PINNED, moe_a2a_overlap=False)
     cols = {"ep": np.array([ep]), "pp": np.array([pp]), "vpp": np.array([vpp]),
             "recompute": np.array([RECOMPUTE_CODES[recompute]])}
-    note = pinned_overlap_dropped(options, ep, pp, vpp, recompute)
+    lay = Layout(num_gpus=64, tp=1, pp=pp, vpp=vpp, ep=ep, mbs=1, recompute=recompute)
+    notes = pinned_feature_flags(get_preset("qwen3-30b-a3b"), options, lay)
     runs = bool(a2a_schedulable(cols)[0])
-    assert (note is not None) == (pinned and not runs)
-    if note is not None:
-        assert "--moe-a2a-overlap" in note
+    assert bool(notes) == (pinned and not runs)
+    assert all("--moe-a2a-overlap" in note for note in notes)
 
 
 def _case() -> tuple[object, TrainingSpec, object]:

@@ -37,6 +37,14 @@ def a2a_schedulable(cols: dict[str, np.ndarray], dualpipe: bool = False) -> np.n
             & (np.asarray(cols["recompute"]) != RECOMPUTE_CODES["full"]) & pipeline_ok)
 
 
+def layout_a2a_schedulable(layout: Layout, dualpipe: bool = False) -> bool:
+    """:func:`a2a_schedulable` for one layout."""
+    cols = {"ep": np.array([layout.ep]), "pp": np.array([layout.pp]),
+            "vpp": np.array([layout.vpp]),
+            "recompute": np.array([RECOMPUTE_CODES[layout.recompute]])}
+    return bool(a2a_schedulable(cols, dualpipe)[0])
+
+
 def a2a_overlap_pinned(options: CostOptions) -> bool:
     """Whether the user pinned ``--moe-a2a-overlap`` on (set, not a searched feature)."""
     return bool(options.moe_a2a_overlap and "moe_a2a_overlap" not in options.search_features)
@@ -50,39 +58,24 @@ def stands_in_for_pinned_overlap(variants: tuple[CostOptions, ...]) -> np.ndarra
     search's to choose: the sets that keep the pinned features but turn the overlap off
     price those layouts, and only those (a layout that can run the pinned overlap runs it).
     A set stands in when the user pinned the overlap on and the set has it off."""
-    pinned = any(a2a_overlap_pinned(v) for v in variants)
-    return np.array([pinned and not v.moe_a2a_overlap
-                     and "moe_a2a_overlap" not in v.search_features for v in variants],
-                    dtype=bool)
-
-
-def pinned_overlap_dropped(options: CostOptions, ep: int, pp: int, vpp: int,
-                           recompute: str) -> str | None:
-    """Why a layout runs without the all-to-all overlap the user pinned, in words (None
-    where it runs it, or where the overlap was not pinned): Megatron-LM ``validate_args``
-    refuses ``--overlap-moe-expert-parallel-comm`` without expert parallelism, with full
-    recompute, or with a pipeline that is not interleaved."""
-    if not a2a_overlap_pinned(options):
-        return None
-    cols = {"ep": np.array([ep]), "pp": np.array([pp]), "vpp": np.array([vpp]),
-            "recompute": np.array([RECOMPUTE_CODES[recompute]])}
-    if bool(a2a_schedulable(cols, options.dualpipe)[0]):
-        return None
-    why = ("it has no expert parallelism (ep = 1)" if ep <= 1
-           else "it recomputes whole layers (recompute=full)" if recompute == "full"
-           else f"its pipeline is not interleaved (pp = {pp}, vpp = 1)")
-    return ("--moe-a2a-overlap is not run here: Megatron runs the EP all-to-all overlap "
-            "only with ep > 1, without full recompute and with pp = 1 or vpp > 1, and "
-            f"{why}; priced and launched without it (the other features as chosen)")
+    pinned = any(a2a_overlap_pinned(v) for v in variants)  # the sets share search_features
+    return np.array([pinned and not v.moe_a2a_overlap for v in variants], dtype=bool)
 
 
 def pinned_feature_flags(model: ModelSpec, options: CostOptions, layout: Layout) -> list[str]:
-    """Notes for the features the user pinned that ``layout`` runs without, and why (the
-    all-to-all overlap where Megatron refuses it: :func:`pinned_overlap_dropped`)."""
-    if model.moe is None:
+    """Notes for the features the user pinned that ``layout`` runs without, and why: the
+    all-to-all overlap where Megatron-LM ``validate_args`` refuses
+    ``--overlap-moe-expert-parallel-comm`` (:func:`a2a_schedulable`: without expert
+    parallelism, with full recompute, or with a pipeline that is not interleaved)."""
+    if (model.moe is None or not a2a_overlap_pinned(options)
+            or layout_a2a_schedulable(layout, options.dualpipe)):
         return []
-    note = pinned_overlap_dropped(options, layout.ep, layout.pp, layout.vpp, layout.recompute)
-    return [note] if note else []
+    why = ("it has no expert parallelism (ep = 1)" if layout.ep <= 1
+           else "it recomputes whole layers (recompute=full)" if layout.recompute == "full"
+           else f"its pipeline is not interleaved (pp = {layout.pp}, vpp = 1)")
+    return ["--moe-a2a-overlap is not run here: Megatron runs the EP all-to-all overlap "
+            "only with ep > 1, without full recompute and with pp = 1 or vpp > 1, and "
+            f"{why}; priced and launched without it (the other features as chosen)"]
 
 
 def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,

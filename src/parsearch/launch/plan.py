@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from parsearch.cost.communication import flex_backend
-from parsearch.cost.ep_overlap import a2a_schedulable, shared_expert_overlap_on
+from parsearch.cost.ep_overlap import layout_a2a_schedulable, shared_expert_overlap_on
 from parsearch.cost.memory_features import effective_training
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
 from parsearch.layout import Layout
 from parsearch.model.pipeline_layout import format_pipeline_layout
-from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import ModelSpec, TrainingSpec
 
 #: FP8 recipes of Megatron-LM's ``--fp8-recipe`` that parsearch launches; ``auto`` is the
 #: one NVIDIA's performance recipes use per generation — per-tensor current scaling on
@@ -329,9 +329,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     ep_comm = moe and lay.ep > 1
     # the EP all-to-all overlap only where Megatron runs it, as it was priced (Megatron
     # launches no DualPipe, so never on the strength of ``opt.dualpipe``)
-    a2a_overlap = bool(moe and opt.moe_a2a_overlap and a2a_schedulable(
-        {"ep": lay.ep, "pp": lay.pp, "vpp": lay.vpp,
-         "recompute": RECOMPUTE_CODES[lay.recompute]}))
+    a2a_overlap = bool(moe and opt.moe_a2a_overlap and layout_a2a_schedulable(lay))
     backend = None
     if moe and opt.moe_dispatcher == "flex":
         # the back end the cost model priced; auto: HybridEP spans a multi-node NVLink
