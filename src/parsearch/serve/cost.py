@@ -282,14 +282,18 @@ def decode_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLay
     (uniform-routing assumption; skewed routing touches fewer).  KV: every sequence of
     the attention-DP rank at the mean decode context.
     """
-    b_m = max(1.0, layout.batch / layout.pp)
-    t_rank = max(1.0, b_m / layout.attention_dp)
     dense, routed = decode_weight_bytes(model, workload, layout, counts)
-    weights = dense + routed
-    kv = t_rank * kv_bytes_per_sequence(model, workload.kv_precision,
-                                        workload.mean_decode_context, tp=layout.tp,
-                                        pp=layout.pp, window=window)
-    return weights, kv
+    return dense + routed, decode_kv_bytes(model, workload, layout, window)
+
+
+def decode_kv_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
+                    window: SlidingWindow | None) -> float:
+    """KV bytes one GPU of the heaviest stage reads in one decode pass: every sequence of
+    the attention-DP rank at the mean decode context (:func:`decode_bytes`)."""
+    t_rank = max(1.0, max(1.0, layout.batch / layout.pp) / layout.attention_dp)
+    return t_rank * kv_bytes_per_sequence(model, workload.kv_precision,
+                                          workload.mean_decode_context, tp=layout.tp,
+                                          pp=layout.pp, window=window)
 
 
 def decode_weight_bytes(model: ModelSpec, workload: ServingWorkload, layout: ServingLayout,
@@ -333,7 +337,7 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     t_rank = max(1.0, seqs / layout.attention_dp) * query_tokens
     layers, n_moe, n_dense = _stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
-    _, kv = decode_bytes(model, workload, layout, counts, window, query_tokens)
+    kv = decode_kv_bytes(model, workload, layout, window)
     ctx = workload.mean_decode_context
     dense_b, routed_b = decode_weight_bytes(model, workload, layout, counts)
     memory = (dense_b + kv) / rates.hbm_Bps + routed_b / rates.expert_read_Bps

@@ -25,7 +25,7 @@ from parsearch.serve.cost import (
     InstanceLinks,
     Rates,
     StepTime,
-    decode_bytes,
+    decode_kv_bytes,
     decode_step,
     decode_tpot_s,
     instance_links,
@@ -327,7 +327,7 @@ def ttft_inputs(ctx: ServingContext, layout: ServingLayout, run_layout: ServingL
     w = ctx.workload
     per_step = ctx.speculation.tokens_per_step if ctx.speculation is not None else 1.0
     step_s = t.tpot_decode_s * per_step  # a decode step (verify + drafts) emits per_step
-    kv = decode_bytes(ctx.model, w, run_layout, ctx.counts, ctx.window)[1]
+    kv = decode_kv_bytes(ctx.model, w, run_layout, ctx.window)
     return TtftInputs(
         engine=w.engine, prompt_tokens=computed_prompt_tokens(w.isl, w.prefix_cache_hit),
         budget=w.max_num_batched_tokens, running=run_layout.batch,
