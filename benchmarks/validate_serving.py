@@ -55,11 +55,15 @@ from serving_rows import (
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import ModelSpec
 from parsearch.serve.api import _context
+from parsearch.serve.confidence import gap_of, load_order_confidence
 from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated, instance_times
 from parsearch.serve.space import enumerate_serving_layouts
 from parsearch.serve.spec import ServingLayout, ServingWorkload
 from parsearch.topology.cluster import ClusterSpec, load_cluster
 from parsearch.topology.hardware import load_gpu_profile
+
+#: the shipped serving order confidence (its tie band marks ties with the best)
+ORDER = load_order_confidence()
 
 
 def _shape(e: ServingEstimate) -> tuple[int, int, int, int]:
@@ -168,6 +172,8 @@ def evaluate_row(row: dict[str, str]) -> dict[str, Any]:
         return out
     measured = float(row["output_tokens_per_s"])
     out["measured"] = measured
+    # inside the measured tie band of the best (parsearch serve marks it "~")
+    out["tied"] = gap_of(ranked[0].tokens_per_s, pick.tokens_per_s) < ORDER.tie_band
     out.update(predicted=round(pick.tokens_per_s, 1), batch=pick.layout.batch,
                ape=abs(pick.tokens_per_s - measured) / measured,
                log_ratio=math.log(pick.tokens_per_s / measured),
@@ -276,6 +282,8 @@ def held_out_summary(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
             "moe_rows": sum(r["moe"] for r in scored),
             "mape_moe": _mean([r["ape"] for r in scored if r["moe"]]),
             "top5_share": _mean([float(bool(r["top5"])) for r in ranked]),
+            "top5_or_tied_share": _mean([float(bool(r["top5"] or r.get("tied")))
+                                         for r in ranked]),
             "ttft_rows": n_ttft, "ttft_mape": ttft, "tpot_rows": n_tpot, "tpot_mape": tpot,
             "unpriced": [r["id"] for r in rows if r["rank"] is None],
         }
@@ -357,7 +365,8 @@ def print_held_out(summary: dict[str, dict[str, Any]]) -> None:
               f"{_pct(e['mape'])} (median {_pct(e['median_ape'])}, mean log(pred/meas) "
               f"{e['mean_log_ratio'] or 0:+.3f}), dense {e['dense_rows']} "
               f"{_pct(e['mape_dense'])}, MoE {e['moe_rows']} {_pct(e['mape_moe'])}; "
-              f"published layout in top 5 {_pct(e['top5_share'])}; TTFT {e['ttft_rows']} rows "
+              f"published layout in top 5 {_pct(e['top5_share'])} (or tied with the best "
+              f"{_pct(e['top5_or_tied_share'])}); TTFT {e['ttft_rows']} rows "
               f"{_pct(e['ttft_mape'])}, TPOT {e['tpot_rows']} rows {_pct(e['tpot_mape'])}; "
               f"unpriced {len(e['unpriced'])}")
 

@@ -280,8 +280,11 @@ def _print(result: ServeResult) -> None:
               f"weights {q['precision']}, KV {q['kv_precision']}, {q['mode']}; "
               f"{result.considered} layouts, {result.fitting} fit\n")
     headers = _HEADERS + (("prefill",) if q["mode"] == "disaggregated" else ())
-    rows = [_row(e.rank, e.estimate.to_dict()) for e in result.entries]
+    rows = [_row(f"{e.rank}~" if e.tied else e.rank, e.estimate.to_dict())
+            for e in result.entries]
     print_table(headers, rows)
+    if result.tie_note:
+        out.write(result.tie_note + "\n")
     best = result.best
     if q["mode"] == "disaggregated":
         out.write("(the layout columns are the decode instances; prefill: their own shape)\n")

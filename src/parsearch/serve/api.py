@@ -18,6 +18,12 @@ from parsearch.cost.efficiency import EfficiencyProfile, efficiency_for_gpu, loa
 from parsearch.errors import NoValidLayoutError, SpecError
 from parsearch.model.specs import ModelSpec
 from parsearch.query import Query
+from parsearch.serve.confidence import (
+    OrderConfidence,
+    gap_of,
+    load_order_confidence,
+    serving_tie_note,
+)
 from parsearch.serve.context import context_window
 from parsearch.serve.cost import rates_for
 from parsearch.serve.evaluate import (
@@ -43,9 +49,16 @@ class ServeEntry:
     rank: int
     estimate: ServingEstimate
     launch: ServingLaunch
+    #: within the tie band of the best (:mod:`parsearch.serve.confidence`)
+    tied: bool = False
+    #: share of held-out pairs at this entry's predicted gap to the best whose measured
+    #: order matched the predicted one (None for the best and when ranking by GPUs)
+    order_confidence: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, **self.estimate.to_dict(), "launch": self.launch.to_dict()}
+        return {"rank": self.rank, **self.estimate.to_dict(), "tied_with_best": self.tied,
+                "order_confidence_vs_best": self.order_confidence,
+                "launch": self.launch.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,8 @@ class ServeResult:
     entries: tuple[ServeEntry, ...]
     front: tuple[ServingEstimate, ...]
     elapsed_s: float
+    #: the note under a table with ties ("" without ties)
+    tie_note: str = ""
 
     @property
     def best(self) -> ServeEntry | None:
@@ -67,7 +82,7 @@ class ServeResult:
         return {"query": dict(self.query), "considered": self.considered,
                 "fitting": self.fitting, "results": [e.to_dict() for e in self.entries],
                 "front": [e.to_dict() for e in self.front],
-                "elapsed_s": round(self.elapsed_s, 3)}
+                "tie_note": self.tie_note, "elapsed_s": round(self.elapsed_s, 3)}
 
 
 def model_id_for(model: ModelSpec) -> str:
@@ -202,12 +217,19 @@ def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
                                       spec.gpus_per_node)
     estimates = score_layouts(ctx, num_gpus, layouts)
     ranked = rank_estimates(estimates, by_gpus=workload.request_rate is not None)
+    # ties: within the measured band of the best (parsearch.serve.confidence); the order
+    # stays the point estimate's, so the first K are the same whatever ``top`` is
     if not ranked:
         raise NoValidLayoutError(_no_result_message(model, workload, num_gpus, estimates))
     name = model_id or model_id_for(model)
+    by_gpus = workload.request_rate is not None
+    conf = load_order_confidence()
+    tied, sure = ties_with_best(ranked, conf) if not by_gpus else ([False] * len(ranked),
+                                                                    [None] * len(ranked))
     entries = tuple(
         ServeEntry(rank=i + 1, estimate=e,
-                   launch=launch_settings(name, e.layout, workload, e.prefill_layout))
+                   launch=launch_settings(name, e.layout, workload, e.prefill_layout),
+                   tied=tied[i], order_confidence=sure[i])
         for i, e in enumerate(ranked[:top])
     )
     query = {"model": model.name, "cluster": spec.name, "gpu": ctx.gpu.name,
@@ -226,4 +248,18 @@ def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
     return ServeResult(query=query, considered=len(layouts),
                        fitting=sum(e.fits for e in estimates), entries=entries,
                        front=tuple(pareto_points(estimates)),
-                       elapsed_s=time.perf_counter() - start)
+                       elapsed_s=time.perf_counter() - start,
+                       tie_note=serving_tie_note(conf) if any(tied[:top]) else "")
+
+
+def ties_with_best(ranked: list[ServingEstimate], conf: OrderConfidence
+                   ) -> tuple[list[bool], list[float | None]]:
+    """Per ranked estimate (best first, by whole-group tokens/s): is it within the tie band
+    of the best, and the measured share of held-out pairs at its predicted gap to the best
+    that kept their order (None for the best).  The best is tied only when another is."""
+    best = ranked[0].tokens_per_s if ranked else 0.0
+    gaps = [gap_of(best, e.tokens_per_s) for e in ranked]
+    inside = [g < conf.tie_band for g in gaps]
+    tied = inside if sum(inside) > 1 else [False] * len(ranked)
+    sure = [None if i == 0 else conf.right_share(g) for i, g in enumerate(gaps)]
+    return tied, sure
