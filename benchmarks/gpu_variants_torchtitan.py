@@ -3,8 +3,9 @@
     python benchmarks/gpu_variants_torchtitan.py [--json]
 
 The 19 torchtitan rows of ``src/parsearch/data/independent_runs.csv`` ran on
-"HBM2e based lower TDP SXM H100(95GB)" GPUs at 500 W; the validation skips them
-(no hardware profile for the part).  This script predicts each one
+"HBM2e based lower TDP SXM H100(95GB)" GPUs at 500 W; the validation scores them on
+``grand-teton-h100-94gb-500w`` (since 2026-12-07; before, it skipped them for want of a
+profile of the part).  This script predicts each one
 on ``dgx-h100`` three ways, the 700 W 80 GB H100 (what issue 33 measured as 1.4-1.5x
 too fast), the same at a 500 W power limit, and the ``h100-sxm-94gb-500w`` part
 (500 W, 94 GiB, 2.41 TB/s HBM2e); then on ``grand-teton-h100-94gb-500w`` (that GPU on a

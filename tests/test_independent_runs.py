@@ -18,6 +18,7 @@ from parsearch.validation.published.published_runs import (
     PublishedRun,
     load_published_runs,
     read_published_runs,
+    torchtitan_eager_reason,
 )
 from parsearch.validation.published.run_conventions import (
     BLOOM_TRIAL,
@@ -177,9 +178,18 @@ def test_alias_rows_are_kept(independent: dict[str, PublishedRun]) -> None:
 def test_skip_reasons_are_specific(independent: dict[str, PublishedRun]) -> None:
     capped = [r for r in independent.values() if r.gpu == "H100-SXM-96GB (Grand Teton, 500W)"]
     assert len(capped) == 19
-    for run in capped:
-        assert run.skip_reason is not None
-        assert run.skip_reason.startswith("no hardware profile for a 500 W-capped H100 96 GB: ")
+    # the 500 W 94 GB part has a shipped profile: its rows are scored on its cluster, but
+    # the two eager-PyTorch rows (no torch.compile) of torchtitan's Table 1, which run
+    # unfused elementwise kernels nothing prices, say so
+    assert {r.cluster for r in capped} == {"grand-teton-h100-94gb-500w"}
+    eager = {r.id for r in capped if r.skip_reason is not None}
+    assert eager == {"i0020", "i0023"}
+    for run_id in eager:
+        reason = independent[run_id].skip_reason or ""
+        assert reason.startswith("eager PyTorch (techniques: FSDP; no torch.compile)")
+    for run in independent.values():  # compiled torchtitan rows are never called eager
+        if run.source_tag == TORCHTITAN and "compile" in run.notes.split("techniques:")[-1]:
+            assert not (run.skip_reason or "").startswith("eager")
     for n in (8, 9, 10, 11, 16, 17, 18, 19):  # method=MegaScale rows
         reason = independent[f"i{n:04d}"].skip_reason
         assert reason is not None and reason.startswith("MegaScale's own model block")
@@ -217,7 +227,9 @@ def test_every_scored_row_gets_a_finite_positive_prediction(
     # (i0181-i0223) perf-table rows
     # + the all-to-all A/B rows i0068-i0070 and the user report rows i0071-i0072
     # + the BLOOM layout-trial rows i0224-i0241 and the DGX Cloud rows i0242-i0301
-    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43 + 18 + 60
+    # + torchtitan's 17 compiled rows on the 500 W 94 GB H100 (i0021-i0033, i0038-i0042
+    # less the eager i0020 and i0023)
+    assert len(kept) == 36 + 3 + 2 + 33 + 31 + 43 + 18 + 60 + 17
     for row in report.rows:
         assert math.isfinite(row.predicted_tokens_per_s_per_gpu)
         assert row.predicted_tokens_per_s_per_gpu > 0
@@ -486,3 +498,18 @@ def test_user_report_rows_predict_the_measured_precision_gap(
                  / rows["i0072"].predicted_tokens_per_s_per_gpu)
     assert measured == pytest.approx(1.018, abs=0.002)
     assert 1.0 <= predicted < 1.10
+
+
+@pytest.mark.parametrize(("notes", "eager"), [
+    ("H100 96GB; techniques: FSDP; footnote: ...", True),
+    ("techniques: FSDP. arch from Llama 3 paper", True),
+    ("techniques: FSDP + torch.compile; footnote", False),
+    ("techniques: FSDP + torch.compile + Float8. arch from ...", False),
+    ("FSDP 32 x TP 8 + torch.compile + Float8, 2D", False),  # no technique list: not judged
+])
+def test_eager_torchtitan_rows_are_named_from_their_technique_list(notes: str,
+                                                                    eager: bool) -> None:
+    reason = torchtitan_eager_reason(notes)
+    assert (reason is not None) == eager
+    if reason is not None:
+        assert "no torch.compile" in reason and "techniques: FSDP;" in reason

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -80,17 +81,16 @@ CLUSTER_BY_GPU: dict[str, str] = {
     "GB300": "gb300-nvl72",
     "H200-SXM-141GB": "dgx-h200",
     "H800-SXM-80GB": "hgx-h800",
+    # torchtitan's "HBM2e based lower TDP SXM H100(95GB)" at 500 W on Grand Teton hosts:
+    # the shipped h100-sxm-94gb-500w part (94 GiB, 2.41 TB/s HBM2e, Ujeniya et al. arXiv
+    # 2604.11391; the SXM die at 500 W by parsearch/topology/power.py) on Meta's RoCE
+    # fabric.  A user picks this part with --cluster grand-teton-h100-94gb-500w, so its
+    # rows are scored against it instead of being skipped.
+    "H100-SXM-96GB (Grand Teton, 500W)": "grand-teton-h100-94gb-500w",
 }
 
-# GPU labels with no shipped hardware profile, and why none is made up.
-NO_PROFILE_REASONS: dict[str, str] = {
-    "H100-SXM-96GB (Grand Teton, 500W)": (
-        "no hardware profile for a 500 W-capped H100 96 GB: NVIDIA's datasheet peaks are "
-        "for the 700 W H100 SXM 80 GB; torchtitan's benchmark file gives 2.4 TB/s HBM2e "
-        "but says the peak is 'between SXM and NVL, and we don't know its exact value', "
-        "and no published peak for the part was found"
-    ),
-}
+# GPU labels with no shipped hardware profile, and why none is made up (none at present).
+NO_PROFILE_REASONS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,8 @@ def parse_row(row: Row) -> PublishedRun:
     problems = layout_problems(layout, model, seq_len, global_batch, cell_int(row, "dp"))
     verified = cell_text(row, "verified")
     skip = _skip_reason(verified, gpu, cluster, model_problem, problems, tokens)
+    if skip is None and tag == TORCHTITAN:
+        skip = torchtitan_eager_reason(cell_text(row, "notes"))
     return PublishedRun(
         id=cell_text(row, "id"),
         source=source,
@@ -224,6 +226,28 @@ def _skip_reason(
     if tokens is None or tokens <= 0:
         return "no measurement"
     return None
+
+
+def torchtitan_eager_reason(notes: str) -> str | None:
+    """Why a torchtitan row that ran eager PyTorch is not scored, or None.
+
+    torchtitan's benchmark tables list each setup's techniques ("techniques: FSDP",
+    "FSDP + torch.compile", ...).  Without ``torch.compile`` every elementwise op of the
+    block (RMSNorm, SwiGLU, RoPE, residual adds) is its own kernel, reading and writing
+    HBM once each; parsearch prices the fused kernels of Transformer Engine (which
+    torch.compile's Inductor also fuses), and has no eager-PyTorch stack.  The same
+    table's torch.compile row of the same layout is scored instead.
+    """
+    marker = "techniques:"
+    if marker not in notes:
+        return None
+    # the list ends at the next ";" or sentence end (". "; "torch.compile" keeps its dot)
+    techniques = re.split(r";|\.\s", notes.split(marker, 1)[1], maxsplit=1)[0]
+    if "compile" in techniques:
+        return None
+    return (f"eager PyTorch (techniques:{techniques}; no torch.compile): unfused "
+            "elementwise kernels, which parsearch does not price; the table's torch.compile "
+            "row of this layout is scored")
 
 
 #: Largest runs file read (the bundled ones are under 1 MB).

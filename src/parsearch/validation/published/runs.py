@@ -434,6 +434,9 @@ def _why_unusable(run: PublishedRun) -> str:
         return "no architecture"
     if run.cluster is None:
         return f"no cluster preset for GPU {run.gpu}"
+    if run.release is None:  # a paper or benchmark file lists the layout twice
+        return ("duplicate layout (the source lists the same model, GPU, precision, layout, "
+                "batch and sequence again; its first row is scored)")
     return "duplicate layout (older release)"
 
 
