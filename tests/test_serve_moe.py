@@ -196,6 +196,23 @@ def test_a_slower_moe_kernel_slows_prefill_more_than_memory_bound_decode() -> No
     assert slow.tpot_decode_s < 1.3 * fast.tpot_decode_s
 
 
+def test_sglang_fp4_experts_run_tensorrt_llm_kernels_fp8_run_deepgemm() -> None:
+    # SGLang's FP4 experts run FlashInfer's TensorRT-LLM kernels (flashinfer_trtllm), not
+    # DeepGEMM (FP8 only): their prefill prices as TensorRT-LLM's, their FP8 one faster
+    model = get_preset("deepseek-v3")
+    lay = ServingLayout(8, 1, 1, 1, 16)
+
+    def prefill(engine: str, precision: str) -> float:
+        w = ServingWorkload(isl=4000, osl=200, precision=precision, kv_precision="fp8",
+                            engine=engine)
+        ctx = _context(model, load_cluster("dgx-b200"), w, None, None)
+        from parsearch.serve.evaluate import instance_times
+        return instance_times(ctx, lay).prefill_busy_s
+
+    assert prefill("sglang", "fp4") == pytest.approx(prefill("trtllm", "fp4"), rel=0.05)
+    assert prefill("sglang", "fp8") < prefill("trtllm", "fp8")
+
+
 @settings(max_examples=20, deadline=None)
 @given(name=st.sampled_from(["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"]),
        ep=st.sampled_from([2, 4, 8]), batch=st.sampled_from([1, 8, 64, 512]))

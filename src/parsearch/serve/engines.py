@@ -19,11 +19,17 @@ each engine is fitted on its published serving rows inside ``[MIN, 1]``
 * ``vllm``: no vLLM MoE row in the serving set; vLLM's fused MoE kernels (Triton
   ``fused_moe`` and CUTLASS grouped GEMMs, within 5% of each other in vLLM PR #19983's
   blocked-FP8 benchmark) are of the kind TensorRT-LLM runs, so it takes TensorRT-LLM's value.
-* ``sglang``: 1.0, the profile's rate: its rows run DeepGEMM (LMSYS large-scale EP blog),
-  whose grouped GEMMs reach dense-GEMM rates (above).
+* ``sglang``: 1.0, the profile's rate, for 8-bit and 16-bit experts: they run DeepGEMM
+  (LMSYS large-scale EP blog), whose grouped GEMMs reach dense-GEMM rates (above).  FP4
+  experts are not DeepGEMM's (it has FP8 kernels only): SGLang runs them with FlashInfer's
+  CUTLASS / TensorRT-LLM-generated MoE kernels (``--moe-runner-backend flashinfer_trtllm``
+  in the InferenceX DeepSeek-R1 FP4 B200 script of its held-out rows,
+  SemiAnalysisAI/InferenceX@1fc5d73c ``benchmarks/dsr1_fp4_b200.sh``), the kernel family
+  of TensorRT-LLM, so they take TensorRT-LLM's factor (2026-12-07; held out, SGLang
+  throughput 8.6% -> 8.3%, TTFT 45.7% -> 43.9%).
 
->>> moe_kernel_efficiency("sglang")
-1.0
+>>> moe_kernel_efficiency("sglang"), moe_kernel_efficiency("sglang", "fp4")
+(1.0, 0.45)
 """
 
 from __future__ import annotations
@@ -43,8 +49,11 @@ MIN_MOE_KERNEL_EFFICIENCY = 0.2
 MOE_KERNEL_EFFICIENCY: dict[str, float] = {"trtllm": 0.45, "vllm": 0.45, "sglang": 1.0}
 
 
-def moe_kernel_efficiency(engine: str) -> float:
-    """The engine's fused-MoE grouped-GEMM factor (1 for an engine without one)."""
+def moe_kernel_efficiency(engine: str, precision: str = "bf16") -> float:
+    """The fused-MoE grouped-GEMM factor of ``engine`` for experts in ``precision`` (1 for an
+    engine without one): SGLang's FP4 experts run TensorRT-LLM's kernel family (above)."""
+    if engine == "sglang" and precision == "fp4":
+        return MOE_KERNEL_EFFICIENCY["trtllm"]
     return MOE_KERNEL_EFFICIENCY.get(engine, 1.0)
 
 
