@@ -185,7 +185,8 @@ def expert_rate(workload: ServingWorkload, rates: Rates) -> float:
     FP4 experts are fed 8-bit activations (``expert_activations`` ``fp8``, e.g. vLLM's
     ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``; :attr:`Rates.w4a8_scale`)."""
     mixed = workload.precision == "fp4" and workload.expert_activations == "fp8"
-    return moe_kernel_efficiency(workload.engine, workload.precision) * (rates.w4a8_scale if mixed else 1.0)
+    scale = rates.w4a8_scale if mixed else 1.0
+    return moe_kernel_efficiency(workload.engine, workload.precision) * scale
 
 
 def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,
