@@ -216,16 +216,17 @@ def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
     layouts = require_serving_layouts(model, workload, num_gpus, spec.job_domain_size,
                                       spec.gpus_per_node)
     estimates = score_layouts(ctx, num_gpus, layouts)
-    ranked = rank_estimates(estimates, by_gpus=workload.request_rate is not None)
-    # ties: within the measured band of the best (parsearch.serve.confidence); the order
-    # stays the point estimate's, so the first K are the same whatever ``top`` is
+    by_gpus = workload.request_rate is not None
+    ranked = rank_estimates(estimates, by_gpus=by_gpus)
     if not ranked:
         raise NoValidLayoutError(_no_result_message(model, workload, num_gpus, estimates))
     name = model_id or model_id_for(model)
-    by_gpus = workload.request_rate is not None
+    # ties: within the measured band of the best throughput (parsearch.serve.confidence);
+    # the order stays the point estimate's, so the first K are the same whatever ``top``
+    # is.  Ranking by the fewest GPUs for a request rate has no throughput tie to mark.
     conf = load_order_confidence()
-    tied, sure = ties_with_best(ranked, conf) if not by_gpus else ([False] * len(ranked),
-                                                                    [None] * len(ranked))
+    tied, sure = (ties_with_best(ranked, conf) if not by_gpus
+                  else ([False] * len(ranked), [None] * len(ranked)))
     entries = tuple(
         ServeEntry(rank=i + 1, estimate=e,
                    launch=launch_settings(name, e.layout, workload, e.prefill_layout),
