@@ -47,6 +47,10 @@ Recompute modes (Megatron-Core ``transformer_config.py``):
   shared_experts  the shared experts (``moe_layer.py``                     gemm (shared), elem.,
                   ``shared_experts_compute``)                              tp_comm
   ==============  ======================================================  =====================
+
+  ``torchtitan_op_sac`` (not a Megatron module; it stands alone) prices torchtitan's
+  op-level checkpointing of dense blocks: every second matmul, every elementwise op and the
+  sequence-parallel all-gathers (:mod:`parsearch.cost.titan_sac`).
 """
 
 from __future__ import annotations
@@ -57,12 +61,13 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.stages import StageContent, effective_split, rows_by_split, stage_contents
+from parsearch.cost.titan_sac import recomputed_gemm_share, require_dense_block
 from parsearch.cost.token_flops import (
     attention_gemm_forward_flops,
     dense_mlp_forward_flops,
     shared_expert_forward_flops,
 )
-from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, TORCHTITAN_OP_SAC, ModelSpec, TrainingSpec
 
 #: A float or an elementwise numpy array of floats.
 Num = Any
@@ -209,6 +214,13 @@ _MODULE_ELEMENTWISE: dict[str, tuple[str, ...]] = {
 def _selective_layer(model: ModelSpec, is_moe: bool, modules: frozenset[str], tp: Num,
                      sp_div: Num) -> dict[str, Num]:
     """Shares re-run by ``modules`` in one layer of a kind (selective recompute)."""
+    if TORCHTITAN_OP_SAC in modules:
+        # torchtitan's op-level checkpointing (parsearch.cost.titan_sac): every second
+        # matmul, every elementwise op and the sequence-parallel all-gathers (half the
+        # block's forward TP collectives) run again; SDPA and the reduce-scatters are saved.
+        require_dense_block(model, modules)
+        return {"gemm": recomputed_gemm_share(model), "routed": 0.0, "core_attention": 0.0,
+                "elementwise": 1.0, "tp_comm": 0.5, "ep_comm": 0.0}
     mla_up = _mla_up_proj_flops(model) if "mla_up_proj" in modules else 0.0
     attn = attention_gemm_forward_flops(model)
     if is_moe:

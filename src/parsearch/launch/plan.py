@@ -26,9 +26,10 @@ from parsearch.cost.memory_features import effective_training
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, virtual_stage_layer_counts
+from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.pipeline_layout import format_pipeline_layout
-from parsearch.model.specs import ModelSpec, TrainingSpec
+from parsearch.model.specs import TORCHTITAN_OP_SAC, ModelSpec, TrainingSpec
 
 #: FP8 recipes of Megatron-LM's ``--fp8-recipe`` that parsearch launches; ``auto`` is the
 #: one NVIDIA's performance recipes use per generation — per-tensor current scaling on
@@ -197,6 +198,11 @@ def _recompute(training: TrainingSpec, lay: Layout
     if lay.recompute == "selective":
         # Megatron-Core recompute_modules (transformer_config.py); priced per module
         # by parsearch.cost.recompute.
+        if TORCHTITAN_OP_SAC in training.recompute_modules:
+            raise SpecError(
+                f"recompute module {TORCHTITAN_OP_SAC!r} prices torchtitan's op-level "
+                "checkpointing, which Megatron-LM has no flag for: launch with Megatron "
+                "modules (e.g. core_attn, layernorm, mlp) or recompute full")
         return "selective", None, None, tuple(training.recompute_modules)
     if lay.recompute == "full":
         if training.recompute_num_layers is None:

@@ -36,6 +36,12 @@ FSDP_STRATEGIES: tuple[str, ...] = ("optim_grads_params", "optim_grads")
 RECOMPUTE_MODULES: tuple[str, ...] = (
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
 )
+#: torchtitan's op-level selective activation checkpointing (``selective_ac_option = "op"``,
+#: torchtitan ``_apply_ac_to_transformer_block``): each block saves the outputs of its
+#: matmuls except every second one, and of SDPA, and recomputes the rest.  Priced so that
+#: torchtitan's published runs are read as they ran; it is not a Megatron-Core module (no
+#: launch line carries it), and it stands alone (:mod:`parsearch.cost.titan_sac`).
+TORCHTITAN_OP_SAC = "torchtitan_op_sac"
 
 
 # Upper bounds of sizes, far above any published model or run, so that every
@@ -488,11 +494,16 @@ class TrainingSpec:
                 f"('core_attn', 'moe_act'); got {modules!r}"
             )
         object.__setattr__(self, "recompute_modules", tuple(modules))
-        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        bad = [m for m in modules if m not in (*RECOMPUTE_MODULES, TORCHTITAN_OP_SAC)]
         if bad:
             raise SpecError(
                 f"{owner}: recompute_modules has unknown module(s) "
                 f"{', '.join(map(repr, bad))}; choose from {', '.join(RECOMPUTE_MODULES)}"
+            )
+        if TORCHTITAN_OP_SAC in modules and len(modules) > 1:
+            raise SpecError(
+                f"{owner}: recompute_modules {TORCHTITAN_OP_SAC!r} (torchtitan's op-level "
+                f"selective checkpointing) stands alone; got {modules!r}"
             )
         if len(set(modules)) != len(modules):
             raise SpecError(f"{owner}: recompute_modules repeats a module: {modules!r}")

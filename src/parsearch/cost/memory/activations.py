@@ -42,8 +42,9 @@ from parsearch.cost.memory.options import (
     gemm_input_bytes,
 )
 from parsearch.cost.routing import layout_imbalance
+from parsearch.cost.titan_sac import require_dense_block, saved_elements
 from parsearch.errors import SpecError
-from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, TORCHTITAN_OP_SAC, ModelSpec, TrainingSpec
 
 FULL = RECOMPUTE_CODES["full"]
 SELECTIVE = RECOMPUTE_CODES["selective"]
@@ -224,6 +225,13 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
         else:
             none = _dense_mlp_bytes(model, tokens, deg, gemm_b, frozenset())
             sel = _dense_mlp_bytes(model, tokens, deg, gemm_b, modules)
+        if TORCHTITAN_OP_SAC in modules:  # torchtitan's op-level checkpointing of the block
+            require_dense_block(model, modules)
+            # matmul outputs are BF16 under torchao Float8 too (its scaled mm returns BF16)
+            act, mm = saved_elements(model, deg.tp, deg.sp_div)
+            out[is_moe] = LayerBytes(attn_none + none, tokens * (act + mm) * ACTIVATION_BYTES,
+                                     full)
+            continue
         out[is_moe] = LayerBytes(attn_none + none, attn_sel + sel, full)
     return out
 

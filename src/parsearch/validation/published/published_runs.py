@@ -37,7 +37,7 @@ from pathlib import Path
 
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.model.specs import ModelSpec, Precision, TrainingSpec
+from parsearch.model.specs import TORCHTITAN_OP_SAC, ModelSpec, Precision, TrainingSpec
 from parsearch.validation.published.run_cells import (
     Row,
     cell_float,
@@ -55,6 +55,7 @@ from parsearch.validation.published.run_conventions import (
 )
 from parsearch.validation.published.run_corrections import corrected
 from parsearch.validation.published.run_layouts import (
+    TITAN_OP_SAC_NOTE,
     build_layout,
     layout_problems,
     normalise_precision,
@@ -459,6 +460,8 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
     pinned to the run's; the other axes stay open (``max_vpp`` unbounded).
     """
     sp_mode = "on" if run.layout.sp or run.layout.tp == 1 else "off"
+    # torchtitan's op-level checkpointing where the row ran it (run_layouts.py's note)
+    titan_sac = any(a.startswith(TITAN_OP_SAC_NOTE) for a in run.assumptions)
     return TrainingSpec(
         seq_len=run.seq_len,
         global_batch=run.global_batch,
@@ -468,6 +471,7 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
         sequence_parallel=sp_mode,
         fsdp=uses_fsdp(run),
         fsdp_strategy=fsdp_strategy_of(run),
+        recompute_modules=(TORCHTITAN_OP_SAC,) if titan_sac else ("core_attn",),
     )
 
 

@@ -15,6 +15,9 @@ from parsearch.model.specs import ModelSpec, Precision, Recompute
 from parsearch.validation.published.run_cells import Row, cell_int, cell_text, required_int
 from parsearch.validation.published.run_conventions import FOLD, LLAMA3, MBRIDGE, TORCHTITAN
 
+#: The assumption note of a torchtitan row read with torchtitan's op-level checkpointing.
+TITAN_OP_SAC_NOTE = "recompute priced as torchtitan's op-level selective checkpointing"
+
 
 def normalise_precision(raw: str) -> tuple[Precision, str | None]:
     """Map a published precision string to (``bf16``|``fp8``|``fp4``, FP8 recipe).
@@ -91,10 +94,16 @@ def build_layout(row: Row, tag: str, moe_row: bool) -> tuple[Layout, list[str]]:
     if not recompute_text:
         notes.append("recompute not stated: none")
     elif tag == TORCHTITAN and recompute_text.lower().startswith("selective"):
-        # torchtitan's selective AC (per-op or every-other-layer checkpointing) is not
-        # Megatron's; the cost model knows only Megatron's modules.
-        notes.append(f"recompute {recompute_text!r} (torchtitan SAC) priced as Megatron "
-                     "selective (core attention)")
+        if "layer" in recompute_text.lower():
+            # torchtitan's per-layer SAC (every N-th block fully checkpointed) has no
+            # priced counterpart yet
+            notes.append(f"recompute {recompute_text!r} (torchtitan SAC) priced as Megatron "
+                         "selective (core attention)")
+        else:
+            # torchtitan's op-level SAC, its configs' default for selective
+            # (train_configs/llama3_*.toml: selective_ac_option = 'op')
+            notes.append(f"{TITAN_OP_SAC_NOTE} ({recompute_text!r}): every second matmul, "
+                         "the elementwise ops and the SP all-gathers recomputed")
     return (
         Layout(
             num_gpus=required_int(row, "num_gpus"),
