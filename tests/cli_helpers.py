@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from parsearch.cli import main
+from parsearch.errors import SpecError
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,13 @@ def assert_one_line_error(result: CliResult, *fragments: str) -> None:
     assert "Traceback" not in result.err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def error_reading(path: Path, text: str, read: Callable[[Path], object]) -> str:
+    """The message of the :class:`SpecError` ``read`` raises on a file holding ``text``."""
+    path.write_text(text, encoding="utf-8")
+    try:
+        read(path)
+    except SpecError as error:
+        return str(error)
+    raise AssertionError(f"reading {path} raised no SpecError")
