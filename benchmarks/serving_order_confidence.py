@@ -67,7 +67,7 @@ def binned(pairs: list[tuple[float, bool, str]]) -> list[GapBin]:
     bins = []
     for lo, hi in zip(EDGES, (*EDGES[1:], math.inf), strict=True):
         inside = [ok for gap, ok, _ in pairs if lo <= gap < hi]
-        bins.append(GapBin(lo, len(inside), sum(inside) / len(inside) if inside else 1.0))
+        bins.append(GapBin(lo, len(inside), sum(inside)))
     return bins
 
 
@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                        "kept out of every fit"),
             "min_right": MIN_RIGHT,
             "tie_band": band,
-            "bins": [{"gap": b.gap, "pairs": b.pairs, "right": round(b.right, 4)}
-                     for b in bins],
+            "bins": [{"gap": b.gap, "pairs": b.pairs, "kept": b.kept} for b in bins],
         }
         path = confidence_path()
         path.write_text("# Serving order confidence: measured order agreement of pairs of "

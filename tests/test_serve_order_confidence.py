@@ -43,7 +43,7 @@ _bins = st.lists(st.tuples(st.integers(0, 40), st.floats(0.0, 1.0)), min_size=1,
 @given(_bins, st.floats(0.5, 1.0))
 def test_band_from_bins_is_the_smallest_edge_above_every_miss(raw: list[tuple[int, float]],
                                                               min_right: float) -> None:
-    bins = [GapBin(0.05 * i, n, r) for i, (n, r) in enumerate(raw)]
+    bins = [GapBin(0.05 * i, n, round(n * r)) for i, (n, r) in enumerate(raw)]
     band = band_from_bins(bins, min_right)
     assert band in {b.gap for b in bins}
     misses = [b.gap for b in bins if b.pairs and b.right < min_right]
@@ -117,10 +117,10 @@ def test_cli_table_marks_ties_and_json_carries_them() -> None:
 
 @pytest.mark.parametrize(("text", "field"), [
     ("tie_band: 0.1\n", "bins"),
-    ("tie_band: 0.1\nbins:\n- {gap: 0.0, pairs: x, right: 1}\n", "bins[0]"),
-    ("tie_band: 0.1\nbins:\n- {gap: 0.0, pairs: 3, right: 1.5}\n", "bins[0]"),
-    ("tie_band: 0.1\nbins:\n- {gap: 0.1, pairs: 3, right: 1}\n", "start at 0"),
-    ("tie_band: 2\nbins:\n- {gap: 0.0, pairs: 3, right: 1}\n", "tie_band"),
+    ("tie_band: 0.1\nbins:\n- {gap: 0.0, pairs: x, kept: 1}\n", "bins[0]"),
+    ("tie_band: 0.1\nbins:\n- {gap: 0.0, pairs: 3, kept: 4}\n", "bins[0]"),
+    ("tie_band: 0.1\nbins:\n- {gap: 0.1, pairs: 3, kept: 1}\n", "start at 0"),
+    ("tie_band: 2\nbins:\n- {gap: 0.0, pairs: 3, kept: 1}\n", "tie_band"),
 ])
 def test_a_broken_table_says_what_is_wrong(tmp_path: Path, text: str, field: str) -> None:
     path = tmp_path / "order_confidence.yaml"
@@ -130,6 +130,6 @@ def test_a_broken_table_says_what_is_wrong(tmp_path: Path, text: str, field: str
 
 def test_right_share_reads_the_bin_of_the_gap() -> None:
     conf = OrderConfidence("2026-12-07", "held-out", 0.95, 0.1,
-                           (GapBin(0.0, 5, 0.6), GapBin(0.1, 9, 1.0)))
+                           (GapBin(0.0, 5, 3), GapBin(0.1, 9, 9)))
     assert conf.right_share(0.05) == 0.6 and conf.right_share(0.1) == 1.0
     assert conf.pairs_below_band() == (5, 0.6) and conf.pairs_from_band() == (9, 1.0)

@@ -31,7 +31,12 @@ class GapBin:
 
     gap: float
     pairs: int
-    right: float  # share of the pairs whose measured order matched the predicted one
+    kept: int  # pairs whose measured order matched the predicted one
+
+    @property
+    def right(self) -> float:
+        """Share of the bin's pairs that kept their order (1 for an empty bin)."""
+        return self.kept / self.pairs if self.pairs else 1.0
 
 
 @dataclass(frozen=True)
@@ -55,17 +60,16 @@ class OrderConfidence:
 
     def pairs_below_band(self) -> tuple[int, float]:
         """(pairs, share right) of the bins under the tie band, pooled."""
-        inside = [b for b in self.bins if b.gap < self.tie_band]
-        n = sum(b.pairs for b in inside)
-        right = sum(b.pairs * b.right for b in inside) / n if n else 0.0
-        return n, right
+        return _pooled([b for b in self.bins if b.gap < self.tie_band])
 
     def pairs_from_band(self) -> tuple[int, float]:
         """(pairs, share right) of the bins at and above the tie band, pooled."""
-        outside = [b for b in self.bins if b.gap >= self.tie_band]
-        n = sum(b.pairs for b in outside)
-        right = sum(b.pairs * b.right for b in outside) / n if n else 0.0
-        return n, right
+        return _pooled([b for b in self.bins if b.gap >= self.tie_band])
+
+
+def _pooled(bins: list[GapBin]) -> tuple[int, float]:
+    n = sum(b.pairs for b in bins)
+    return n, (sum(b.kept for b in bins) / n if n else 0.0)
 
 
 def confidence_path() -> Path:
@@ -80,17 +84,17 @@ def load_order_confidence(path: Path | None = None) -> OrderConfidence:
     except (OSError, yaml.YAMLError) as error:
         raise SpecError(f"cannot read the serving order confidence {path}: {error}") from None
     if not isinstance(data, dict) or not isinstance(data.get("bins"), list) or not data["bins"]:
-        raise SpecError(f"{path}: needs a non-empty 'bins' list of {{gap, pairs, right}}")
+        raise SpecError(f"{path}: needs a non-empty 'bins' list of {{gap, pairs, kept}}")
     bins = []
     for i, item in enumerate(data["bins"]):
         try:
-            b = GapBin(float(item["gap"]), int(item["pairs"]), float(item["right"]))
+            b = GapBin(float(item["gap"]), int(item["pairs"]), int(item["kept"]))
         except (KeyError, TypeError, ValueError):
-            raise SpecError(f"{path}: bins[{i}] needs numbers gap, pairs and right, "
+            raise SpecError(f"{path}: bins[{i}] needs numbers gap, pairs and kept, "
                             f"got {item!r}") from None
-        if b.gap < 0 or b.pairs < 0 or not 0.0 <= b.right <= 1.0:
-            raise SpecError(f"{path}: bins[{i}] out of range (gap >= 0, pairs >= 0, "
-                            f"0 <= right <= 1): {item!r}")
+        if b.gap < 0 or not 0 <= b.kept <= b.pairs:
+            raise SpecError(f"{path}: bins[{i}] out of range (gap >= 0, 0 <= kept <= "
+                            f"pairs): {item!r}")
         bins.append(b)
     if [b.gap for b in bins] != sorted({b.gap for b in bins}) or bins[0].gap != 0.0:
         raise SpecError(f"{path}: bin gaps must start at 0 and increase")
@@ -107,8 +111,7 @@ def band_from_bins(bins: tuple[GapBin, ...] | list[GapBin], min_right: float) ->
     """The smallest bin edge from which every bin (with pairs) kept the measured order in
     at least ``min_right`` of its pairs; the last edge when none does.
 
-    >>> band_from_bins([GapBin(0.0, 10, 0.6), GapBin(0.05, 10, 0.9), GapBin(0.1, 50, 1.0)],
-    ...                0.95)
+    >>> band_from_bins([GapBin(0.0, 10, 6), GapBin(0.05, 10, 9), GapBin(0.1, 50, 50)], 0.95)
     0.1
     """
     band = bins[-1].gap
