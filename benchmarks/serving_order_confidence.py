@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true",
                         help="write the table to cost_models/serving/order_confidence.yaml")
     args = parser.parse_args(argv)
-    results = [evaluate_row(row) for row in load_rows()
+    # the tie marks of these rows are not used here (tie_band 0): the band is measured
+    results = [evaluate_row(row, tie_band=0.0) for row in load_rows()
                if is_held_out(row) and not row["phase"]]
     pairs = pairs_of(results)
     bins = binned(pairs)
