@@ -3,6 +3,7 @@ implies, and the ties ``parsearch serve`` marks with it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -19,6 +20,7 @@ from parsearch.serve.confidence import (
     OrderConfidence,
     band_from_bins,
     load_order_confidence,
+    monotone_shares,
 )
 from parsearch.serve.spec import ServingWorkload
 from tests.cli_helpers import error_reading, run_cli
@@ -133,3 +135,15 @@ def test_right_share_reads_the_bin_of_the_gap() -> None:
                            (GapBin(0.0, 5, 3), GapBin(0.1, 9, 9)))
     assert conf.right_share(0.05) == 0.6 and conf.right_share(0.1) == 1.0
     assert conf.pairs_below_band() == (5, 0.6) and conf.pairs_from_band() == (9, 1.0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.floats(0.0, 1.0)), min_size=1, max_size=10))
+def test_confidence_never_falls_as_the_gap_widens(raw: list[tuple[int, float]]) -> None:
+    bins = [GapBin(0.04 * i, n, round(n * r)) for i, (n, r) in enumerate(raw)]
+    shares = monotone_shares(bins)
+    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(shares))
+    # pooling keeps the pairs' total of kept orders
+    assert sum(b.pairs * x for b, x in zip(bins, shares, strict=True)) == pytest.approx(
+        sum(b.kept for b in bins))
+    conf = OrderConfidence("2026-12-07", "held-out", 0.95, 0.1, tuple(bins))
+    assert [conf.right_share(b.gap) for b in bins] == shares

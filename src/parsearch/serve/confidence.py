@@ -51,11 +51,13 @@ class OrderConfidence:
 
     def right_share(self, gap: float) -> float | None:
         """Share of held-out pairs at predicted gap ``gap`` (|log ratio|) that kept their
-        measured order; None below the first bin (never: it starts at 0)."""
+        measured order, made non-decreasing in the gap (:func:`monotone_shares`: a wider
+        predicted gap is never less sure; the raw bins dip where a bin holds few misses);
+        None below the first bin (never: it starts at 0)."""
         share = None
-        for b in self.bins:
+        for b, right in zip(self.bins, monotone_shares(self.bins), strict=True):
             if gap >= b.gap:
-                share = b.right
+                share = right
         return share
 
     def pairs_below_band(self) -> tuple[int, float]:
@@ -105,6 +107,29 @@ def load_order_confidence(path: Path | None = None) -> OrderConfidence:
                            source=str(data.get("source", "")),
                            min_right=float(data.get("min_right", 0.95)), tie_band=band,
                            bins=tuple(bins))
+
+
+def monotone_shares(bins: tuple[GapBin, ...] | list[GapBin]) -> list[float]:
+    """The bins' kept shares made non-decreasing in the gap by pooling adjacent violators
+    (weighted by pairs: the isotonic fit of the share to the gap).
+
+    >>> monotone_shares([GapBin(0.0, 12, 10), GapBin(0.1, 25, 20), GapBin(0.2, 4, 4)])
+    [0.8108108108108109, 0.8108108108108109, 1.0]
+    """
+    blocks: list[list[int]] = []  # [kept, pairs, bins pooled]
+    for b in bins:
+        blocks.append([b.kept, b.pairs, 1])
+        while len(blocks) > 1 and _share(blocks[-2]) > _share(blocks[-1]):
+            kept, pairs, count = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + kept, blocks[-1][1] + pairs, blocks[-1][2] + count]
+    out: list[float] = []
+    for block in blocks:
+        out += [_share(block)] * block[2]
+    return out
+
+
+def _share(block: list[int]) -> float:
+    return block[0] / block[1] if block[1] else 1.0
 
 
 def band_from_bins(bins: tuple[GapBin, ...] | list[GapBin], min_right: float) -> float:
