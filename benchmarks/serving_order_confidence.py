@@ -34,18 +34,13 @@ from typing import Any
 
 import yaml
 from serving_rows import is_held_out, load_rows
-from validate_serving import evaluate_row
+from validate_serving import evaluate_row, question
 
 from parsearch.serve.confidence import GapBin, band_from_bins, confidence_path
 
 #: Lower edges of the predicted-gap bins (|log ratio|).
 EDGES = (0.0, 0.02, 0.04, 0.06, 0.08, 0.10, 0.12, 0.15, 0.20, 0.40)
 MIN_RIGHT = 0.95
-
-
-def question(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r["source"], r["engine"], r["model"], r["gpu"], r["precision"], r["isl"],
-            r["osl"], r["concurrency"])
 
 
 def pairs_of(results: list[dict[str, Any]]) -> list[tuple[float, bool, str]]:

@@ -308,8 +308,7 @@ def sweep_choice(results: list[dict[str, Any]]) -> dict[str, Any]:
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         if r["ape"] is not None:
-            groups[(r["source"], r["engine"], r["model"], r["gpu"], r["precision"], r["isl"],
-                     r["osl"], r["concurrency"])].append(r)
+            groups[question(r)].append(r)
     hits, ratios, in_top5 = [], [], []
     for rows in groups.values():
         if len(rows) < 2:
@@ -327,6 +326,11 @@ def sweep_choice(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _same_question(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["source"], r["engine"], r["model"], r["gpu"], r["precision"], r["isl"], r["osl"])
+
+
+def question(r: dict[str, Any]) -> tuple[Any, ...]:
+    """One serving question: :func:`_same_question` at one concurrency."""
+    return (*_same_question(r), r["concurrency"])
 
 
 def dominated_by(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -82,19 +82,16 @@ def saved_elements(model: ModelSpec, tp: Num, sp_div: Num) -> tuple[Num, Num]:
     """
     h = model.hidden_size
     a = model.num_attention_heads
-    widths = dict(_matmul_widths(model))
-    names = [n for n, _ in _matmul_widths(model)]
-    saved = [n for i, n in enumerate(names, start=1) if i % 2 == 1]
-    row_parallel = {"wo", "w2", "fc2"}
-    kv_names = {"wk", "wv"}
     mm = 0.0
-    for name in saved:
-        if name in row_parallel:  # the partial sum before its reduce-scatter: full width
+    for i, (name, width) in enumerate(_matmul_widths(model), start=1):
+        if i % 2 == 0:  # recomputed, not saved
+            continue
+        if name in {"wo", "w2", "fc2"}:  # row-parallel: the partial sum before its RS
             mm = mm + float(h)
-        elif name in kv_names:  # K/V heads shard over at most their groups
-            mm = mm + widths[name] / h / np.minimum(tp, model.num_query_groups)
+        elif name in {"wk", "wv"}:  # K/V heads shard over at most their groups
+            mm = mm + width / h / np.minimum(tp, model.num_query_groups)
         else:
-            mm = mm + widths[name] / h / tp
+            mm = mm + width / h / tp
     lse_as_elements = 2.0 * a / tp  # fp32 per head and token = two 16-bit elements
     reduce_scatter = np.where(np.asarray(tp) > 1, 2.0 * h / sp_div, 0.0)
     block_input = h / sp_div

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,15 @@ class OrderConfidence:
         predicted gap is never less sure; the raw bins dip where a bin holds few misses);
         None below the first bin (never: it starts at 0)."""
         share = None
-        for b, right in zip(self.bins, monotone_shares(self.bins), strict=True):
+        for b, right in zip(self.bins, self.monotone, strict=True):
             if gap >= b.gap:
                 share = right
         return share
+
+    @cached_property
+    def monotone(self) -> list[float]:
+        """:func:`monotone_shares` of the bins, computed once."""
+        return monotone_shares(self.bins)
 
     def pairs_below_band(self) -> tuple[int, float]:
         """(pairs, share right) of the bins under the tie band, pooled."""

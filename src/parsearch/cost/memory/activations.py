@@ -221,18 +221,18 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
     for is_moe in kinds:
         if is_moe:
             none = _moe_bytes(model, tokens, deg, gemm_b, imb, frozenset())
-            sel = _moe_bytes(model, tokens, deg, gemm_b, imb, modules)
         else:
             none = _dense_mlp_bytes(model, tokens, deg, gemm_b, frozenset())
-            sel = _dense_mlp_bytes(model, tokens, deg, gemm_b, modules)
         if TORCHTITAN_OP_SAC in modules:  # torchtitan's op-level checkpointing of the block
             require_dense_block(model, modules)
             # matmul outputs are BF16 under torchao Float8 too (its scaled mm returns BF16)
             act, mm = saved_elements(model, deg.tp, deg.sp_div)
-            out[is_moe] = LayerBytes(attn_none + none, tokens * (act + mm) * ACTIVATION_BYTES,
-                                     full)
-            continue
-        out[is_moe] = LayerBytes(attn_none + none, attn_sel + sel, full)
+            sel = tokens * (act + mm) * ACTIVATION_BYTES
+        elif is_moe:
+            sel = attn_sel + _moe_bytes(model, tokens, deg, gemm_b, imb, modules)
+        else:
+            sel = attn_sel + _dense_mlp_bytes(model, tokens, deg, gemm_b, modules)
+        out[is_moe] = LayerBytes(attn_none + none, sel, full)
     return out
 
 
