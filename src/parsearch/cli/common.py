@@ -349,8 +349,10 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     """The :class:`~parsearch.cost.analytic.CostModel` for ``--cluster`` on ``num_gpus`` GPUs."""
     from parsearch.cli.gpu_variant_options import cluster_from_args
     from parsearch.cost.analytic import CostOptions, build_cost_model
-    from parsearch.cost.efficiency import load_efficiency_profile
+    from parsearch.cost.efficiency import efficiency_for_gpu, load_efficiency_profile
     from parsearch.cost.memory import MemoryOptions
+    from parsearch.cost.stack_speed import load_stack_speed, stack_profile
+    from parsearch.cost.stacks import DEFAULT_STACK, get_stack
     from parsearch.topology.summary import fabric_from_spec
 
     if args.moe_imbalance is not None and args.moe_imbalance < 1:
@@ -360,6 +362,9 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     # (tests/test_search.py), without building a graph of every GPU, NIC and switch
     fabric = fabric_from_spec(cluster, num_gpus)
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
+    stack_name = get_stack(getattr(args, "stack", None) or DEFAULT_STACK).name
+    if load_stack_speed(stack_name) is not None:  # its kernels, not the profile's
+        profile = stack_profile(stack_name, profile or efficiency_for_gpu(fabric.gpu.name))
     if args.moe_capacity_factor is not None and args.moe_capacity_factor < 1:
         raise SpecError(f"--moe-capacity-factor {args.moe_capacity_factor} must be >= 1 "
                         "(tokens kept per expert, as a multiple of the mean)")
@@ -404,9 +409,21 @@ def stack_note(args: argparse.Namespace) -> str:
     name = getattr(args, "stack", None)
     if not name or name == DEFAULT_STACK:
         return ""
+    from parsearch.cost.stack_speed import load_stack_speed
+
     stack = get_stack(name)
     missing = ", ".join(stack.missing()) or "nothing"
-    return f"  software stack {stack.name} ({stack.source}): without {missing}"
+    note = f"  software stack {stack.name} ({stack.source}): without {missing}"
+    speed = load_stack_speed(stack.name)
+    if speed is not None:
+        rates = ", ".join(f"{gen} {rate.value:g}" for gen, rate in
+                          sorted(speed.attention_rate.items()))
+        note += (f"; attention priced at its own kernel's rate, as a fraction of the "
+                 f"Megatron-Core one ({rates}; cost_models/stacks/{stack.name}.yaml)")
+    if stack.fsdp_only:
+        note += ("; launch settings spell the degrees as Megatron-LM flags (the same "
+                 "degrees go in the stack's own configuration)")
+    return note
 
 
 def _stack_bounded(args: argparse.Namespace, options,  # type: ignore[no-untyped-def]

@@ -74,6 +74,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from parsearch.cost.analytic import estimate
     from parsearch.cost.coverage import uncovered_features
     from parsearch.cost.ep_overlap import pinned_feature_flags
+    from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_training
     from parsearch.launch import launch_for_cluster
     from parsearch.launch.plan import priced_features
     from parsearch.layout.rules import check_layout
@@ -87,6 +88,11 @@ def run_explain(args: argparse.Namespace) -> int:
 
     training = replace(training, micro_batch_sizes=(layout.mbs,),
                        recompute_modes=(layout.recompute,))
+    # the layout's own recompute and sequence parallelism, asked of --stack as a flag would be
+    stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
+    training = stack_training(stack, replace(training, sequence_parallel="on" if layout.sp
+                                             else training.sequence_parallel),
+                              explicit=frozenset({"recompute_modes", "sequence_parallel"}))
     violations = check_layout(model, training, layout)
     if violations:
         raise SpecError(f"layout {layout.key()} is invalid: {violations[0]}"

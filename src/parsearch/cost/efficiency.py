@@ -253,7 +253,7 @@ def parse_efficiency_profile(data: dict[str, Any], where: str) -> EfficiencyProf
         if values["cluster_speed"] == 0.0:
             raise SpecError(f"efficiency profile {where}: cluster_speed must be > 0")
     values["priors"] = _priors(where, data.get("priors") or {})
-    values["uncertainty"] = _bands(where, data.get("uncertainty") or {})
+    values["uncertainty"] = parse_bands(where, data.get("uncertainty") or {})
     if data.get("calibrated_on") is not None:
         values["coverage"] = parse_coverage(data["calibrated_on"], where)
     return EfficiencyProfile(**values)
@@ -276,7 +276,7 @@ def _priors(where: str, raw: Any) -> dict[str, Prior]:
     return out
 
 
-def _bands(where: str, raw: Any) -> dict[str, ErrorBand]:
+def parse_bands(where: str, raw: Any) -> dict[str, ErrorBand]:
     if not isinstance(raw, dict):
         raise SpecError(f"efficiency profile {where}: uncertainty must be a mapping")
     out = {}

@@ -63,6 +63,9 @@ class SoftwareStack:
     #: a separate expert TP (``--expert-tensor-parallel-size``, MoE parallel folding:
     #: Megatron-LM commit 7f22e210cd, 2024-11-23); without it the experts take the model's TP
     expert_tensor_parallel: bool = True
+    #: data parallelism is always fully sharded (PyTorch FSDP2: parameters, gradients and
+    #: optimizer state over the DP ranks), never replicated
+    fsdp_only: bool = False
 
     def missing(self) -> tuple[str, ...]:
         """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
@@ -85,6 +88,8 @@ class SoftwareStack:
                     "expert_tensor_parallel"}
         out = [words for field_name, words in names if not getattr(self, field_name)
                and (self.moe_dispatchers or field_name not in moe_only)]
+        if self.fsdp_only:
+            out.append("data parallelism other than FSDP")
         if not self.moe_dispatchers:
             out.append("MoE layers")
         elif "flex" not in self.moe_dispatchers:
@@ -153,12 +158,35 @@ _MCORE_CURRENT = replace(
     _MCORE_014, name="mcore-current", released="2025-12",
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0)", hybridep=True)
 
-#: The stacks parsearch knows, oldest first; the last is the default.
-STACKS: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MCORE_09, _MCORE_011,
-                                     _MCORE_012, _MCORE_014, _MCORE_CURRENT)
+# torchtitan (Liang et al., arXiv 2410.06511; its benchmark files of 2024-12 and 2025-06):
+# PyTorch-native TP with sequence parallelism and async TP (torch symmetric memory), PP with
+# interleaved schedules, context parallelism (ring attention through SDPA), data
+# parallelism as FSDP2 only, torchao float8 with an FP8 all-gather.  No MoE layers priced,
+# no CUDA graphs, no CPU activation offloading, no BF16 Adam moments.  Its selective
+# checkpointing is op-level (every second matmul saved, parsearch.cost.titan_sac), which has
+# no Megatron-LM launch flag: searched recompute is none or full, the op-level module is
+# priced through the Python API (recompute module ``torchtitan_op_sac``).  Its attention
+# kernel (PyTorch SDPA) runs at cost_models/stacks/torchtitan.yaml's rate.
+_TORCHTITAN = SoftwareStack(
+    name="torchtitan", released="2025-06",
+    source="torchtitan, arXiv 2410.06511 and pytorch/torchtitan benchmarks/ (2024-12, "
+           "2025-06)",
+    context_parallel=True, sequence_parallel=True, selective_recompute=False,
+    distributed_optimizer=True, flash_attention=True, tp_comm_overlap=True,
+    tp_async_grad_comm=True, moe_dispatchers=(), moe_a2a_overlap=False,
+    moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False,
+    recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=True,
+    cpu_offloading=False, expert_tensor_parallel=False, fsdp_only=True)
+
+#: Megatron-LM / Megatron-Core releases, oldest first: each has what the one before had.
+MEGATRON_LINE: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MCORE_09,
+                                            _MCORE_011, _MCORE_012, _MCORE_014, _MCORE_CURRENT)
+#: The stacks parsearch knows: the Megatron line, then the others; the default is the
+#: current Megatron-Core.
+STACKS: tuple[SoftwareStack, ...] = (*MEGATRON_LINE, _TORCHTITAN)
 
 STACKS_BY_NAME: dict[str, SoftwareStack] = {s.name: s for s in STACKS}
-DEFAULT_STACK = STACKS[-1].name
+DEFAULT_STACK = _MCORE_CURRENT.name
 
 
 def get_stack(name: str) -> SoftwareStack:
@@ -212,6 +240,10 @@ def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
         out = replace(out, max_cp=1)
     if not stack.expert_tensor_parallel and not training.experts_follow_tp:
         out = replace(out, experts_follow_tp=True)
+    if stack.fsdp_only and not out.fsdp:
+        # FSDP2 is the stack's only data parallelism (its optimizer state is never
+        # replicated): price it whether or not --fsdp was given
+        out = replace(out, fsdp=True)
     return out
 
 

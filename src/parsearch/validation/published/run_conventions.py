@@ -143,10 +143,11 @@ def release_of(source: str) -> tuple[int, ...] | None:
 #: The software stack each source's runs used (:mod:`parsearch.cost.stacks`): the papers'
 #: Megatron-LM of their year, MoE Parallel Folding's Megatron-Core (recipes of 2025-04-03,
 #: before DeepEP reached a release), NeMo 25.04's Megatron-Core 0.12, and the DGX Cloud
-#: recipes' NeMo 24.09 container (Megatron-Core 0.9: before MoE parallel folding).
+#: recipes' NeMo 24.09 container (Megatron-Core 0.9: before MoE parallel folding), and
+#: torchtitan's own benchmark files.
 _SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm-2022",
                                   FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12",
-                                  DGXC: "mcore-0.9"}
+                                  DGXC: "mcore-0.9", TORCHTITAN: "torchtitan"}
 
 
 def stack_of_source(source: str) -> str:

@@ -21,6 +21,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from parsearch.cost.analytic import CostModel, CostOptions, Estimate, build_cost_model, estimate
+from parsearch.cost.efficiency import efficiency_for_gpu
+from parsearch.cost.stack_speed import load_stack_speed, stack_profile
 from parsearch.errors import ParsearchError
 from parsearch.layout import Layout
 from parsearch.layout.rules import check_layout
@@ -42,6 +44,7 @@ from parsearch.validation.published.run_conventions import (
     MBRIDGE_AB,
     MBRIDGE_CARD,
     MBRIDGE_USER,
+    stack_of_source,
 )
 
 #: Sources that state their data-parallel sharding (so no heavier one is assumed): the
@@ -278,7 +281,12 @@ def run_cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
     """The cost model for ``run`` under ``training``, with its source's accounting."""
     assert run.model_spec is not None
     training, options = recipe_accounting(run, training, options)
-    return build_cost_model(run.model_spec, training, fabric, options=options)
+    # the kernels of the stack that measured it (cost_models/stacks; none: the profiles')
+    stack = stack_of_source(run.source)
+    profile = (stack_profile(stack, efficiency_for_gpu(fabric.gpu.name))
+               if load_stack_speed(stack) is not None else None)
+    return build_cost_model(run.model_spec, training, fabric, profile=profile,
+                            options=options)
 
 
 def memory_saving_candidates(run: PublishedRun) -> list[tuple[TrainingSpec, Layout, str]]:
