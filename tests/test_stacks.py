@@ -240,3 +240,11 @@ def test_a_stack_without_moe_refuses_a_moe_model() -> None:
     assert main(["pareto", "--model", "mixtral-8x7b", "--cluster", "dgx-h100",
                  "--max-gpus", "64", "--global-batch", "256", "--seq-len", "4096",
                  "--stack", "megatron-lm-2021"]) == 2
+
+
+def test_the_stack_option_help_names_every_stack(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        main(["search", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for stack in STACKS:
+        assert stack.name in text, stack.name

@@ -126,8 +126,10 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                        help="largest context-parallel degree to consider (default: no cap)")
     group.add_argument("--stack", default=None, metavar="NAME",
                        help="software stack the job runs: only the layouts and features it "
-                       "has are searched (megatron-lm-2021, megatron-lm-2022, mcore-0.11, "
-                       "mcore-0.12, mcore-0.14, mcore-current; default mcore-current)")
+                       "has are searched, and the kernels it runs are priced "
+                       "(megatron-lm-2021, megatron-lm-2022, mcore-0.9, mcore-0.11, "
+                       "mcore-0.12, mcore-0.14, mcore-current, torchtitan; default "
+                       "mcore-current)")
     group.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
     mem = parser.add_argument_group("memory accounting")
