@@ -214,7 +214,8 @@ def test_unstated_fields_are_listed_as_assumptions(independent: dict[str, Publis
     assert {"micro-batch size not stated: 1", "recompute not stated: none",
             "precision not stated: BF16"} <= set(mega.assumptions)
     assert any(a.startswith("GPU memory not stated") for a in mega.assumptions)
-    assert any("torchtitan SAC" in a for a in independent["i0045"].assumptions)
+    assert any("torchtitan's per-layer checkpointing" in a and "every second block" in a
+               for a in independent["i0045"].assumptions)
 
 
 def test_every_scored_row_gets_a_finite_positive_prediction(

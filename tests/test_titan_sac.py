@@ -98,3 +98,16 @@ def test_torchtitan_op_sac_rows_read_with_it_and_now_fit() -> None:
     assert training_spec(runs["i0030"]).recompute_modules == ("core_attn",)  # full AC row
     row = {r.id: r for r in validate_runs([runs["i0021"]]).rows}["i0021"]
     assert row.fits and row.memory_gib < 94
+
+
+def test_torchtitan_per_layer_checkpointing_recomputes_every_second_block() -> None:
+    runs = {r.id: r for r in load_independent_runs()}
+    layer, op = runs["i0045"], runs["i0046"]  # the same job, "selective (layer)" and "(op)"
+    assert layer.layout.recompute == "full"
+    assert training_spec(layer).recompute_num_layers == layer.model_spec.num_layers // 2
+    assert training_spec(op).recompute_num_layers is None
+    rows = {r.id: r for r in validate_runs([layer, op], deduplicate=False).rows}
+    # measured 2,904 (layer) against 2,973 tokens/s (op): the order is priced too
+    assert (rows["i0045"].predicted_tokens_per_s_per_gpu
+            < rows["i0046"].predicted_tokens_per_s_per_gpu)
+    assert (layer.measured_tokens_per_s_per_gpu or 0) < (op.measured_tokens_per_s_per_gpu or 0)

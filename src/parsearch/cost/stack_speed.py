@@ -122,8 +122,6 @@ def stack_profile(stack_name: str, profile: EfficiencyProfile) -> EfficiencyProf
     if speed is None:
         return profile
     rate = speed.attention_for(profile.name).value
-    if rate == 1.0:
-        return profile
     return replace(
         profile,
         attention_forward_efficiency=profile.attention_forward_efficiency * rate,

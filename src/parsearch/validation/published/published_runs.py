@@ -55,6 +55,7 @@ from parsearch.validation.published.run_conventions import (
 )
 from parsearch.validation.published.run_corrections import corrected
 from parsearch.validation.published.run_layouts import (
+    TITAN_LAYER_SAC_NOTE,
     TITAN_OP_SAC_NOTE,
     build_layout,
     layout_problems,
@@ -462,6 +463,9 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
     sp_mode = "on" if run.layout.sp or run.layout.tp == 1 else "off"
     # torchtitan's op-level checkpointing where the row ran it (run_layouts.py's note)
     titan_sac = any(a.startswith(TITAN_OP_SAC_NOTE) for a in run.assumptions)
+    # torchtitan's per-layer checkpointing, every second block: half the layers in full
+    titan_layers = any(a.startswith(TITAN_LAYER_SAC_NOTE) for a in run.assumptions)
+    assert run.model_spec is not None or not titan_layers
     return TrainingSpec(
         seq_len=run.seq_len,
         global_batch=run.global_batch,
@@ -472,6 +476,8 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
         fsdp=uses_fsdp(run),
         fsdp_strategy=fsdp_strategy_of(run),
         recompute_modules=(TORCHTITAN_OP_SAC,) if titan_sac else ("core_attn",),
+        recompute_num_layers=(run.model_spec.num_layers // 2  # type: ignore[union-attr]
+                              if titan_layers else None),
     )
 
 

@@ -17,6 +17,7 @@ from parsearch.validation.published.run_conventions import FOLD, LLAMA3, MBRIDGE
 
 #: The assumption note of a torchtitan row read with torchtitan's op-level checkpointing.
 TITAN_OP_SAC_NOTE = "recompute priced as torchtitan's op-level selective checkpointing"
+TITAN_LAYER_SAC_NOTE = "recompute priced as torchtitan's per-layer checkpointing"
 
 
 def normalise_precision(raw: str) -> tuple[Precision, str | None]:
@@ -95,10 +96,13 @@ def build_layout(row: Row, tag: str, moe_row: bool) -> tuple[Layout, list[str]]:
         notes.append("recompute not stated: none")
     elif tag == TORCHTITAN and recompute_text.lower().startswith("selective"):
         if "layer" in recompute_text.lower():
-            # torchtitan's per-layer SAC (every N-th block fully checkpointed) has no
-            # priced counterpart yet
-            notes.append(f"recompute {recompute_text!r} (torchtitan SAC) priced as Megatron "
-                         "selective (core attention)")
+            # torchtitan's per-layer SAC checkpoints every N-th block whole; its configs
+            # set N = 2 (train_configs/llama3_*.toml of 2024: selective_ac_option = '2'):
+            # half the blocks recomputed in full, the others keep their activations, which
+            # Megatron's block method over half the layers prices the same
+            notes.append(f"{TITAN_LAYER_SAC_NOTE} ({recompute_text!r}): every second block "
+                         "fully recomputed (selective_ac_option '2'), priced as full "
+                         "recompute of half the layers")
         else:
             # torchtitan's op-level SAC, its configs' default for selective
             # (train_configs/llama3_*.toml: selective_ac_option = 'op')
@@ -115,7 +119,8 @@ def build_layout(row: Row, tag: str, moe_row: bool) -> tuple[Layout, list[str]]:
             vpp=vpp,
             mbs=mbs,
             sp=_sequence_parallel(row, tp, notes),
-            recompute=_recompute(recompute_text),
+            recompute=("full" if any(n.startswith(TITAN_LAYER_SAC_NOTE) for n in notes)
+                       else _recompute(recompute_text)),
         ),
         notes,
     )
