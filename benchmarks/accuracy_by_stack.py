@@ -98,9 +98,7 @@ def _never_fitted_by_stack() -> int:
         return f"({run.source_tag})"
 
     stack_of = {run.id: stack(run) for run in runs}
-    runs_by_stack: dict[str, list[PublishedRun]] = defaultdict(list)
-    for run in runs:
-        runs_by_stack[stack_of[run.id]].append(run)
+    source_of = {stack_of[run.id]: run.source for run in runs}  # one source per label
     per_stack: dict[str, list[float]] = defaultdict(list)
     report = validate_runs(runs)
     for row in (*report.rows, *report.superseded):
@@ -121,7 +119,7 @@ def _never_fitted_by_stack() -> int:
         if stack.startswith("(") and len(values) >= MIN_RUNS:
             ok = values.mean() <= TARGET
             misses += not ok
-            named = stack_of_source(runs_by_stack[stack][0].source)
+            named = stack_of_source(source_of[stack])
             kernels = (f"its kernels from cost_models/stacks/{named}.yaml, cited, not fitted"
                        if load_stack_speed(named) is not None
                        else "priced with the current Megatron-Core's kernels")

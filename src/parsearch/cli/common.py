@@ -351,9 +351,9 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     """The :class:`~parsearch.cost.analytic.CostModel` for ``--cluster`` on ``num_gpus`` GPUs."""
     from parsearch.cli.gpu_variant_options import cluster_from_args
     from parsearch.cost.analytic import CostOptions, build_cost_model
-    from parsearch.cost.efficiency import efficiency_for_gpu, load_efficiency_profile
+    from parsearch.cost.efficiency import load_efficiency_profile
     from parsearch.cost.memory import MemoryOptions
-    from parsearch.cost.stack_speed import load_stack_speed, stack_profile
+    from parsearch.cost.stack_speed import stack_profile_or_default
     from parsearch.cost.stacks import DEFAULT_STACK, get_stack
     from parsearch.topology.summary import fabric_from_spec
 
@@ -364,9 +364,8 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
     # (tests/test_search.py), without building a graph of every GPU, NIC and switch
     fabric = fabric_from_spec(cluster, num_gpus)
     profile = load_efficiency_profile(args.efficiency) if args.efficiency else None
-    stack_name = get_stack(getattr(args, "stack", None) or DEFAULT_STACK).name
-    if load_stack_speed(stack_name) is not None:  # its kernels, not the profile's
-        profile = stack_profile(stack_name, profile or efficiency_for_gpu(fabric.gpu.name))
+    stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
+    profile = stack_profile_or_default(stack.name, profile, fabric.gpu.name)  # its kernels
     if args.moe_capacity_factor is not None and args.moe_capacity_factor < 1:
         raise SpecError(f"--moe-capacity-factor {args.moe_capacity_factor} must be >= 1 "
                         "(tokens kept per expert, as a multiple of the mean)")

@@ -19,7 +19,12 @@ from typing import Any
 
 import yaml
 
-from parsearch.cost.efficiency import EfficiencyProfile, ErrorBand, parse_bands
+from parsearch.cost.efficiency import (
+    EfficiencyProfile,
+    ErrorBand,
+    efficiency_for_gpu,
+    parse_bands,
+)
 from parsearch.errors import SpecError
 from parsearch.resources import data_dir
 
@@ -58,12 +63,8 @@ class StackSpeed:
             ) from None
 
 
-def stack_speed_dir() -> Path:
-    return data_dir("cost_models") / "stacks"
-
-
 def stack_speed_path(stack_name: str) -> Path:
-    return stack_speed_dir() / f"{stack_name}.yaml"
+    return data_dir("cost_models") / "stacks" / f"{stack_name}.yaml"
 
 
 def _rate(where: str, generation: str, raw: Any) -> KernelRate:
@@ -130,3 +131,13 @@ def stack_profile(stack_name: str, profile: EfficiencyProfile) -> EfficiencyProf
         source=f"{profile.source}; attention at {rate:g} of it ({speed.name} kernels, "
                f"{stack_speed_path(stack_name).name})",
     )
+
+
+def stack_profile_or_default(stack_name: str, profile: EfficiencyProfile | None,
+                             gpu_name: str) -> EfficiencyProfile | None:
+    """The profile to price ``stack_name`` with: ``profile`` (``None``: the GPU's default,
+    left to the cost model) where the stack runs the profiles' kernels, else that profile
+    with the stack's kernels (:func:`stack_profile`)."""
+    if load_stack_speed(stack_name) is None:
+        return profile
+    return stack_profile(stack_name, profile or efficiency_for_gpu(gpu_name))

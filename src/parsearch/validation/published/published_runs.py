@@ -465,7 +465,8 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
     titan_sac = any(a.startswith(TITAN_OP_SAC_NOTE) for a in run.assumptions)
     # torchtitan's per-layer checkpointing, every second block: half the layers in full
     titan_layers = any(a.startswith(TITAN_LAYER_SAC_NOTE) for a in run.assumptions)
-    assert run.model_spec is not None or not titan_layers
+    half_the_layers = (run.model_spec.num_layers // 2
+                       if titan_layers and run.model_spec is not None else None)
     return TrainingSpec(
         seq_len=run.seq_len,
         global_batch=run.global_batch,
@@ -476,8 +477,7 @@ def training_spec(run: PublishedRun) -> TrainingSpec:
         fsdp=uses_fsdp(run),
         fsdp_strategy=fsdp_strategy_of(run),
         recompute_modules=(TORCHTITAN_OP_SAC,) if titan_sac else ("core_attn",),
-        recompute_num_layers=(run.model_spec.num_layers // 2  # type: ignore[union-attr]
-                              if titan_layers else None),
+        recompute_num_layers=half_the_layers,
     )
 
 

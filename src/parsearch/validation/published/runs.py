@@ -21,8 +21,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from parsearch.cost.analytic import CostModel, CostOptions, Estimate, build_cost_model, estimate
-from parsearch.cost.efficiency import efficiency_for_gpu
-from parsearch.cost.stack_speed import load_stack_speed, stack_profile
+from parsearch.cost.stack_speed import stack_profile_or_default
 from parsearch.errors import ParsearchError
 from parsearch.layout import Layout
 from parsearch.layout.rules import check_layout
@@ -282,9 +281,7 @@ def run_cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
     assert run.model_spec is not None
     training, options = recipe_accounting(run, training, options)
     # the kernels of the stack that measured it (cost_models/stacks; none: the profiles')
-    stack = stack_of_source(run.source)
-    profile = (stack_profile(stack, efficiency_for_gpu(fabric.gpu.name))
-               if load_stack_speed(stack) is not None else None)
+    profile = stack_profile_or_default(stack_of_source(run.source), None, fabric.gpu.name)
     return build_cost_model(run.model_spec, training, fabric, profile=profile,
                             options=options)
 
