@@ -5,8 +5,10 @@ layers of each model chunk) Megatron-Core copies a layer's saved activations to 
 memory on a side stream during the next layer's forward and prefetches them back
 during the next layer's backward, keeping one offloaded layer in flight
 (``megatron/core/cpu_offload.py``; the memory model holds the same one layer in HBM).
-A copy of ``B`` bytes over the GPU's host link takes ``B / host_link``; the part
-longer than the layer beside it is exposed, forward and backward:
+A copy of ``B`` bytes over the GPU's host link takes ``B / host_link``, ``B`` the layer's saved
+activations less what Transformer Engine's offload leaves in HBM
+(:func:`~parsearch.cost.memory.activations.offload_kept_bytes`); the part longer than the
+layer beside it is exposed, forward and backward:
 
     exposed = max(0, B/host - t_fwd) + max(0, B/host - t_bwd),  t_bwd = 2 t_fwd
 
@@ -30,7 +32,12 @@ from collections.abc import Callable
 import numpy as np
 
 from parsearch.cost.memory import MemoryOptions
-from parsearch.cost.memory.activations import ActDegrees, layer_bytes, stage_layer_bytes
+from parsearch.cost.memory.activations import (
+    ActDegrees,
+    layer_bytes,
+    offload_kept_bytes,
+    stage_layer_bytes,
+)
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile
 
@@ -50,7 +57,11 @@ def offload_exposed(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     k = training.activation_offload_layers
     if k <= 0 or (is_moe and model.moe is None):
         return np.zeros_like(np.asarray(layer_time, dtype=np.float64))
-    saved = layer_bytes(model, training, is_moe, _degrees(cols), memory).of(cols["recompute"])
+    deg = _degrees(cols)
+    # what stays in HBM, on the rows Megatron offloads (no recompute: activation_terms.py)
+    kept = np.where(cols["recompute"] == RECOMPUTE_CODES["none"],
+                    offload_kept_bytes(model, training, is_moe, deg, memory), 0.0)
+    saved = layer_bytes(model, training, is_moe, deg, memory).of(cols["recompute"]) - kept
     host = gpu.host_link_Bps or DEFAULT_HOST_LINK_BPS
     copy = np.asarray(saved, dtype=np.float64) / host
     forward = np.asarray(layer_time, dtype=np.float64) / 3.0
@@ -95,8 +106,9 @@ def offload_saving(model: ModelSpec, training: TrainingSpec, memory: MemoryOptio
 
         saving(K) = n_dense(K) b_dense + n_moe(K) b_moe - max(b of the kinds among them)
 
-    with ``n_kind(K)`` the layers of that kind among the first K and ``b`` a layer's
-    saved activations without recompute (``activations.stage_layer_bytes``).
+    with ``n_kind(K)`` the layers of that kind among the first K and ``b`` what a layer
+    moves to host: its saved activations without recompute (``activations.stage_layer_bytes``)
+    less what stays (``activations.offload_kept_bytes``).
     """
     held, in_flight = _offloaded_bytes(model, training, memory, cols)
     return held - in_flight
@@ -113,12 +125,18 @@ def offload_host_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryO
 def _offloaded_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
                      cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(bytes the first K layers save, the largest of them that stays in HBM in flight)."""
-    kinds = stage_layer_bytes(model, training, _degrees(cols), memory)
+    deg = _degrees(cols)
+    kinds = stage_layer_bytes(model, training, deg, memory)
     none = RECOMPUTE_CODES["none"]
     n = len(np.asarray(cols["tp"]))
-    dense = np.broadcast_to(np.asarray(kinds[False].of(none), dtype=np.float64), (n,))
-    moe = (np.broadcast_to(np.asarray(kinds[True].of(none), dtype=np.float64), (n,))
-           if True in kinds else np.zeros(n))
+
+    def moved(is_moe: bool) -> np.ndarray:  # what an offloaded layer sends to host
+        return np.broadcast_to(np.asarray(
+            kinds[is_moe].of(none) - offload_kept_bytes(model, training, is_moe, deg, memory),
+            dtype=np.float64), (n,))
+
+    dense = moved(False)
+    moe = moved(True) if True in kinds else np.zeros(n)
     top = max_offload_layers(model)
     is_moe = np.array([model.is_moe_layer(i) for i in range(top)], dtype=bool)
     n_moe = np.concatenate([[0], np.cumsum(is_moe)]).astype(np.float64)  # K = 0..L-1

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from parsearch.cost.memory import MemoryOptions
 from parsearch.cost.options import CostOptions
 from parsearch.errors import SpecError
 from parsearch.model.specs import ModelSpec, TrainingSpec
@@ -60,6 +61,11 @@ class SoftwareStack:
     #: CPU activation offloading (``--cpu-offloading``, ``--cpu-offloading-num-layers``:
     #: Megatron-LM commit c59ac8b4d3, 2023-12-14, "CPU Offload initial commit")
     cpu_offloading: bool = True
+    #: ``--cpu-offloading`` moves the dense MLP's SwiGLU input to host: Megatron marks it for
+    #: Transformer Engine's offload from Megatron-Core 0.13 (``cpu_offload_input``, Megatron-LM
+    #: commit 0bbcbb1157, 2025-06-13); before, it stays in HBM
+    #: (:func:`~parsearch.cost.memory.activations.offload_kept_bytes`)
+    offload_moves_mlp_activation_input: bool = True
     #: a separate expert TP (``--expert-tensor-parallel-size``, MoE parallel folding:
     #: Megatron-LM commit 7f22e210cd, 2024-11-23); without it the experts take the model's TP
     expert_tensor_parallel: bool = True
@@ -134,7 +140,8 @@ _MCORE_09 = replace(
     context_parallel=True, distributed_optimizer=True, flash_attention=True,
     tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
     moe_shared_expert_overlap=True, precision_aware_optimizer=False, fp8_param_gather=True,
-    cpu_offloading=True, expert_tensor_parallel=False)
+    cpu_offloading=True, offload_moves_mlp_activation_input=False,
+    expert_tensor_parallel=False)
 _MCORE_011 = replace(
     _MCORE_09, name="mcore-0.11", released="2025-02",
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
@@ -151,7 +158,8 @@ _MCORE_012 = replace(
 _MCORE_014 = replace(
     _MCORE_012, name="mcore-0.14", released="2025-09",
     source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
-    moe_a2a_overlap=True, cuda_graphs=True, recompute_modules=True)
+    moe_a2a_overlap=True, cuda_graphs=True, recompute_modules=True,
+    offload_moves_mlp_activation_input=True)
 # Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the cost
 # model prices.
 _MCORE_CURRENT = replace(
@@ -290,6 +298,11 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
     if not stack.hybridep and options.moe_flex_backend == "auto":
         changes["moe_flex_backend"] = "deepep"
     changes["search_features"] = tuple(f for f in options.search_features if f in searched)
+    memory = changes.get("memory", options.memory)
+    assert isinstance(memory, MemoryOptions)
+    if memory.offload_moves_mlp_activation_input != stack.offload_moves_mlp_activation_input:
+        changes["memory"] = replace(memory, offload_moves_mlp_activation_input=(
+            stack.offload_moves_mlp_activation_input))
     return replace(options, **changes)  # type: ignore[arg-type]
 
 

@@ -17,7 +17,9 @@ Sources (``shared/reference/formulas.md`` §5.3, §5.4):
   ``--recompute-method block``, ``megatron/core/recompute.py``);
 * the first ``TrainingSpec.activation_offload_layers`` layers of each chunk go
   to host memory (Megatron ``--cpu-offloading-num-layers``,
-  ``fine_grained_activation_offload.py``); HBM keeps one such layer in flight;
+  ``fine_grained_activation_offload.py``) but for the tensors Transformer Engine's
+  offload leaves behind (``activations.offload_kept_bytes``), held like a layer's;
+  HBM keeps one such layer in flight;
 * the rest is held once per micro-batch in flight in its chunk
   (:func:`~parsearch.cost.memory.activations.chunk_in_flight`);
 * the MTP block (last chunk of the last rank, MCORE), the KOR22 embedding
@@ -37,6 +39,7 @@ from parsearch.cost.memory.activations import (
     ActDegrees,
     LayerBytes,
     in_flight_chunk_microbatches,
+    offload_kept_bytes,
     stage_layer_bytes,
 )
 from parsearch.cost.memory.cuda_graph_memory import cuda_graph_layer_bytes
@@ -48,14 +51,19 @@ from parsearch.cost.memory.options import (
     gemm_input_bytes,
 )
 from parsearch.cost.stages import StageContent
-from parsearch.model.specs import ModelSpec, TrainingSpec
+from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: Terms held once per micro-batch in flight, in the order a stage sums them: a dense
 #: layer under the layout's recompute mode, a dense layer past the chunk's first
 #: ``recompute_num_layers`` (kept whole with ``full``), the same two for MoE layers,
 #: an MTP layer, the KOR22 embedding inputs.  The first four are the layer kinds.
-HELD_TERMS: tuple[str, ...] = ("dense", "dense_kept", "moe", "moe_kept", "mtp", "embedding")
+HELD_TERMS: tuple[str, ...] = ("dense", "dense_kept", "moe", "moe_kept", "mtp", "embedding",
+                               "dense_offload_kept", "moe_offload_kept")
 LAYER_KINDS = 4
+#: the held term of what an offloaded dense / MoE layer leaves in HBM
+#: (:func:`~parsearch.cost.memory.activations.offload_kept_bytes`)
+OFFLOAD_KEPT = {False: HELD_TERMS.index("dense_offload_kept"),
+                True: HELD_TERMS.index("moe_offload_kept")}
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,7 @@ def stage_terms(model: ModelSpec, content: StageContent, recompute_num_layers: i
             kind = 2 * is_moe + (0 if rec else 1)
             if off:
                 offloaded[kind] += n
+                row[OFFLOAD_KEPT[is_moe]] += n
             else:
                 row[kind] += n
         if content.num_mtp_layers and chunk == content.vpp - 1:
@@ -133,11 +142,13 @@ class TermBytes:
     """Bytes of one copy of each term for some layouts (numbers or arrays).
 
     ``held[j]``: of :data:`HELD_TERMS` ``j`` (``None`` where the model has no
-    such layer); ``output_norm``: the last rank's final-norm and output-layer
-    inputs; ``logits``: one head's fp32 logits.
+    such layer); ``moved[k]``: what an offloaded layer of kind ``k`` (the first
+    :data:`LAYER_KINDS` terms) moves to host; ``output_norm``: the last rank's
+    final-norm and output-layer inputs; ``logits``: one head's fp32 logits.
     """
 
     held: tuple[Num | None, ...]
+    moved: tuple[Num | None, ...]
     output_norm: Num
     logits: Num
 
@@ -183,9 +194,21 @@ def term_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees, code: 
     if options.activation_model == "korthikanti":
         # KOR22 §4.3 as coded in MCORE: token ids 8·s·b + embedding dropout mask s·b·h.
         embedding = (8.0 * s * deg.mbs + s * deg.mbs * h) / deg.cp / deg.sp_div
+    kept: dict[bool, Num] = {}
+    moved: list[Num | None] = [None] * LAYER_KINDS
+    if training.activation_offload_layers:
+        # Megatron offloads only layers without recompute (rule R11); a recomputed row
+        # (outside the rules) moves its whole layer, as before the split
+        none = np.asarray(code) == RECOMPUTE_CODES["none"]
+        for is_moe in recomputed:
+            kept[is_moe] = np.where(
+                none, offload_kept_bytes(model, training, is_moe, deg, options), 0.0)
+            moved[2 * is_moe] = recomputed[is_moe] - kept[is_moe]
+            moved[2 * is_moe + 1] = kept_whole[is_moe] - kept[is_moe]
     return TermBytes(
         held=(recomputed[False], kept_whole[False], recomputed.get(True),
-              kept_whole.get(True), mtp, embedding),
+              kept_whole.get(True), mtp, embedding, kept.get(False), kept.get(True)),
+        moved=tuple(moved),
         # Final-norm and output-layer inputs (KOR22's 4·s·b·h/t) and fp32 logits
         # s·b·V·4/(t·c) per head (formulas.md §5.4).
         output_norm=tokens * 2.0 * h / deg.sp_div * ACTIVATION_BYTES,
@@ -206,7 +229,7 @@ def stage_activations(
     """All activations of one GPU of ``content``'s stage at its peak (bytes).
 
     The held terms times their copies in flight, in :data:`HELD_TERMS` order;
-    then the largest offloaded layer (one is in flight in HBM, being copied);
+    then the largest offloaded layer's moved part (one is in flight in HBM, being copied);
     then the output layer's inputs and logits.  ``layers``: as in
     :func:`term_bytes`.
     """
@@ -223,8 +246,8 @@ def stage_activations(
     largest_offloaded: Num = 0.0
     for kind, count in enumerate(terms.offloaded):
         if count:
-            offloaded = offloaded + count * arrays.held[kind]
-            largest_offloaded = np.maximum(largest_offloaded, arrays.held[kind])
+            offloaded = offloaded + count * arrays.moved[kind]
+            largest_offloaded = np.maximum(largest_offloaded, arrays.moved[kind])
     hbm = hbm + largest_offloaded
     if terms.output_norm:
         hbm = hbm + terms.output_norm * arrays.output_norm

@@ -167,6 +167,43 @@ def _moe_bytes(model: ModelSpec, tokens: Num, deg: ActDegrees, gemm_b: float, im
     return routed + router + shared
 
 
+def offload_kept_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool,
+                       deg: ActDegrees, options: MemoryOptions) -> Num:
+    """Bytes of one offloaded layer (no recompute) that ``--cpu-offloading`` leaves in HBM.
+
+    Megatron-Core runs the layer inside Transformer Engine's offload context, which moves
+    only the saved tensors marked for it (TE ``cpu_offload.py``:
+    ``tensor_need_offloading_checker_activations`` tests ``activation_offloading``).  TE's
+    own modules mark what they save (``mark_activation_offload`` in Linear,
+    LayerNormLinear, DotProductAttention); Megatron's MLP activation function saves its
+    input, the FC1 output (``up * f`` per token), and marks it only in the dense MLP's
+    fused SwiGLU from Megatron-Core 0.13 on (``cpu_offload_input``, Megatron-LM 0bbcbb1157,
+    2025-06-13; ``MemoryOptions.offload_moves_mlp_activation_input``).  The experts never
+    mark theirs (``experts.py`` calls ``(weighted_)bias_swiglu_impl`` without it, 0.11
+    through d98e8a64), nor do the GeLU paths, and the router's fp32 logits are saved by
+    PyTorch ops: those stay in HBM for every offloaded layer.
+    """
+    tokens = deg.mbs * training.seq_len / deg.cp
+    if options.activation_model == "korthikanti":  # KOR22 has no per-tensor split
+        return 0.0 * tokens
+    up = _mlp_up_factor(model)
+    mlp_moved = options.offload_moves_mlp_activation_input and model.mlp_activation == "swiglu"
+
+    def mlp_input(width: float) -> Num:
+        return 0.0 * tokens if mlp_moved else tokens * up * width / deg.tp * ACTIVATION_BYTES
+
+    if not is_moe:
+        return mlp_input(model.ffn_hidden_size)
+    moe = model.moe
+    assert moe is not None
+    imb = _expert_load(model, training, deg, options)
+    routed = tokens / deg.tp * moe.top_k * imb * up * moe.expert_ffn_hidden_size
+    router = tokens * FP32_BYTES * moe.num_experts / deg.tp
+    shared = mlp_input(moe.shared_expert_ffn_hidden_size) if moe.shared_expert_ffn_hidden_size \
+        else 0.0
+    return routed * ACTIVATION_BYTES + router + shared
+
+
 def _korthikanti_layer(model: ModelSpec, deg: ActDegrees, seq_len: int, selective: bool) -> Num:
     """One layer, KOR22 Table 2 (bytes; GPT, MHA, GeLU 4h, dropout, no FlashAttention).
 

@@ -58,6 +58,10 @@ class MemoryOptions:
       layer holds per micro-batch in flight (:mod:`~parsearch.cost.memory.cuda_graph_memory`;
       ``(0, 0)``: no per-layer graphs), as :class:`~parsearch.cost.options.CostOptions`
       sets it from its CUDA-graph switches.
+    * ``offload_moves_mlp_activation_input``: ``--cpu-offloading`` moves the dense MLP's
+      SwiGLU input to host (Megatron-Core >= 0.13 marks it; earlier releases leave it in
+      HBM: :func:`~parsearch.cost.memory.activations.offload_kept_bytes`); set from the
+      software stack (:mod:`parsearch.cost.stacks`).
     """
 
     activation_model: ActivationModel = "flash"
@@ -70,6 +74,7 @@ class MemoryOptions:
     moe_capacity_factor: float | None = None
     moe_pad_to_capacity: bool = False
     cuda_graph_layers: tuple[int, int] = (0, 0)
+    offload_moves_mlp_activation_input: bool = True
 
     def __post_init__(self) -> None:
         if self.activation_model not in ("flash", "korthikanti"):

@@ -302,7 +302,7 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
                                                                       options.extra_in_flight),
                                                          arrays.held, strict=True))
               if copies is not None and per_copy is not None],
-        offload=[Term(cands.offloaded[:, k], per_rep(arrays.held[k]), cands.offloaded[:, k] > 0)
+        offload=[Term(cands.offloaded[:, k], per_rep(arrays.moved[k]), cands.offloaded[:, k] > 0)
                  for k in range(LAYER_KINDS) if cands.offloaded[:, k].any()],
         output=[Term(np.tile(cands.output[:, i], m_count), per_rep(values),
                      cands.output[:, i] > 0)

@@ -1,0 +1,127 @@
+"""What ``--cpu-offloading`` leaves in HBM: the tensors Transformer Engine's offload does not
+move (``activations.offload_kept_bytes``).
+
+Megatron-Core's offload moves only the saved tensors marked for Transformer Engine's offload
+context.  The MLP activation function's input (the FC1 output) is marked in the dense MLP
+from Megatron-Core 0.13 on, never in the experts: an offloaded MoE layer keeps its experts'
+SwiGLU inputs in HBM, and on Megatron-Core <= 0.12 a dense layer keeps its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parsearch.cost.analytic import build_cost_model, estimate
+from parsearch.cost.memory import MemoryOptions
+from parsearch.cost.memory.activations import ActDegrees, layer_bytes, offload_kept_bytes
+from parsearch.cost.memory.options import ACTIVATION_BYTES
+from parsearch.cost.options import CostOptions
+from parsearch.cost.stacks import get_stack, stack_options
+from parsearch.layout import parse_layout_string
+from parsearch.model.presets import get_preset
+from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
+
+MIXTRAL = get_preset("mixtral-8x22b")
+LLAMA = get_preset("llama3-70b")
+NONE = RECOMPUTE_CODES["none"]
+
+
+def _deg(tp: int = 4, cp: int = 2, ep: int = 8, mbs: int = 1) -> ActDegrees:
+    return ActDegrees(tp=float(tp), cp=float(cp), ep=float(ep), etp=1.0, mbs=float(mbs),
+                      sp_div=float(tp))
+
+
+def _training(k: int = 0, seq: int = 16384) -> TrainingSpec:
+    return TrainingSpec(seq_len=seq, global_batch=64, micro_batch_sizes=(1,),
+                        activation_offload_layers=k)
+
+
+def test_dense_swiglu_input_moves_from_mcore_013_and_stays_before() -> None:
+    training, deg = _training(), _deg()
+    assert offload_kept_bytes(LLAMA, training, False, deg, MemoryOptions()) == 0.0
+    old = MemoryOptions(offload_moves_mlp_activation_input=False)
+    tokens = 16384 / 2  # mbs x seq / cp
+    # the FC1 output a SwiGLU saves: gate and up, 2 x ffn / tp elements per token, BF16
+    expected = tokens * 2 * LLAMA.ffn_hidden_size / 4 * ACTIVATION_BYTES
+    assert offload_kept_bytes(LLAMA, training, False, deg, old) == pytest.approx(expected)
+
+
+def test_expert_swiglu_input_and_router_logits_always_stay() -> None:
+    """The experts' SwiGLU input is never marked (Megatron-Core 0.11 through current), nor are
+    the router's fp32 logits: top_k copies of 2 x expert ffn per token per TP rank, plus
+    4 x experts bytes per token per TP rank, under either stack flag."""
+    training, deg = _training(), _deg()
+    moe = MIXTRAL.moe
+    assert moe is not None
+    tokens = 16384 / 2
+    routed = tokens / 4 * moe.top_k * 2 * moe.expert_ffn_hidden_size * ACTIVATION_BYTES
+    router = tokens * 4 * moe.num_experts / 4
+    for flag in (True, False):
+        kept = offload_kept_bytes(MIXTRAL, training, True, deg,
+                                  MemoryOptions(offload_moves_mlp_activation_input=flag))
+        # balanced routing by default: imbalance 1
+        assert kept == pytest.approx(routed + router)
+
+
+@settings(max_examples=30, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2, 4]),
+       mbs=st.sampled_from([1, 2, 4]), seq=st.sampled_from([4096, 8192, 32768]),
+       moe=st.booleans(), moves=st.booleans())
+def test_what_stays_is_part_of_what_the_layer_saves(tp: int, cp: int, mbs: int, seq: int,
+                                                     moe: bool, moves: bool) -> None:
+    training = _training(seq=seq)
+    deg = _deg(tp=tp, cp=cp, mbs=mbs)
+    options = MemoryOptions(offload_moves_mlp_activation_input=moves)
+    kept = offload_kept_bytes(MIXTRAL, training, moe, deg, options)
+    saved = layer_bytes(MIXTRAL, training, moe, deg, options).of(np.asarray(NONE))
+    assert 0.0 <= kept < saved
+
+
+def _options(stack: str | None) -> CostOptions:
+    # no per-layer CUDA graphs: Megatron runs none beside CPU offloading
+    options = CostOptions(cuda_graphs=False)
+    return options if stack is None else stack_options(get_stack(stack), options)
+
+
+def _activations(k: int, stack: str | None = None) -> float:
+    training = _training(k)
+    fabric = build_fabric(load_cluster("dgx-h100"), 64)
+    cm = build_cost_model(MIXTRAL, training, fabric, options=_options(stack))
+    layout = parse_layout_string("tp=4,pp=1,cp=2,ep=8,sp=true,mbs=1,recompute=none", 64)
+    return float(estimate(cm, layout).memory_bytes["activations"])
+
+
+def test_each_offloaded_moe_layer_frees_what_it_moves_not_what_it_saves() -> None:
+    """From the second offloaded layer on (the first is the one in flight), each further
+    offloaded layer frees its saved activations less what stays in HBM."""
+    training, deg = _training(), _deg()
+    options = _options(None).memory
+    saved = float(layer_bytes(MIXTRAL, training, True, deg, options).of(np.asarray(NONE)))
+    kept = float(offload_kept_bytes(MIXTRAL, training, True, deg, options))
+    freed = _activations(10) - _activations(11)
+    assert freed == pytest.approx(saved - kept, rel=1e-9)
+    assert freed < 0.5 * saved  # the experts' SwiGLU inputs are most of a Mixtral layer
+
+
+def test_the_stack_sets_whether_the_dense_swiglu_input_moves() -> None:
+    old = stack_options(get_stack("mcore-0.11"), CostOptions())
+    new = stack_options(get_stack("mcore-current"), CostOptions())
+    assert not old.memory.offload_moves_mlp_activation_input
+    assert new.memory.offload_moves_mlp_activation_input
+    # and back: the newer stack restores what the older one turned off
+    again = stack_options(get_stack("mcore-current"), replace(old, search_features=()))
+    assert again.memory.offload_moves_mlp_activation_input
+
+
+def test_without_offload_nothing_changes_with_the_stack_flag() -> None:
+    assert _activations(0, "mcore-0.11") == _activations(0, "mcore-current")
+    # with offload the older stack keeps the (dense-free) Mixtral's shared parts alike:
+    # Mixtral has no dense or shared-expert MLP, so only the MoE residue stays either way
+    assert _activations(20, "mcore-0.11") == pytest.approx(_activations(20, "mcore-current"))
