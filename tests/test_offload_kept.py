@@ -9,6 +9,7 @@ SwiGLU inputs in HBM, and on Megatron-Core <= 0.12 a dense layer keeps its own.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -27,6 +28,7 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
+from tests.cli_helpers import run_cli
 
 MIXTRAL = get_preset("mixtral-8x22b")
 LLAMA = get_preset("llama3-70b")
@@ -125,3 +127,19 @@ def test_without_offload_nothing_changes_with_the_stack_flag() -> None:
     # with offload the older stack keeps the (dense-free) Mixtral's shared parts alike:
     # Mixtral has no dense or shared-expert MLP, so only the MoE residue stays either way
     assert _activations(20, "mcore-0.11") == pytest.approx(_activations(20, "mcore-current"))
+
+
+def test_explain_says_what_the_offloaded_layers_keep() -> None:
+    common = ("explain", "--cluster", "dgx-h100", "--gpus", "64", "--global-batch", "64",
+              "--seq-len", "16384", "--format", "json", "--activation-offload-layers", "40")
+    moe = run_cli(*common, "--model", "mixtral-8x22b",
+                  "--layout", "tp=4,pp=1,cp=2,ep=8,sp=true,mbs=1,recompute=none")
+    assert moe.code == 0, moe.err
+    flags = json.loads(moe.out)["flags"]
+    kept = [f for f in flags if "keeps part of its activations in HBM" in f]
+    assert len(kept) == 1 and "MoE" in kept[0] and "40 offloaded layers" in kept[0]
+    # a dense SwiGLU model on the current stack moves its whole MLP: nothing to say
+    dense = run_cli(*common, "--model", "llama3-70b",
+                    "--layout", "tp=8,pp=1,sp=true,mbs=1,recompute=none")
+    assert dense.code == 0, dense.err
+    assert not [f for f in json.loads(dense.out)["flags"] if "keeps part" in f]

@@ -107,6 +107,7 @@ def run_explain(args: argparse.Namespace) -> int:
     document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
     document["flags"] += _host_memory_flags(cm, layout)
     document["flags"] += pinned_feature_flags(model, cm.options, layout)
+    document["flags"] += _offload_residue_flags(cm, layout, result.options or cm.options)
     # what the number assumes, from the same plan the launch settings are written from
     priced = result.options or cm.options  # with searched features: the ones chosen
     plan = launch_for_cluster(model, training, layout, cm.fabric.cluster, options=priced,
@@ -152,6 +153,27 @@ def _host_memory_flags(cm: Any, layout: Any) -> list[str]:
             f"per GPU; cluster {cm.fabric.cluster.name} has {cap / 1e9:.0f} GB per GPU "
             "(host_memory_GB over its GPUs per node): offload fewer layers "
             "(--activation-offload-layers) or use a smaller micro-batch"]
+
+
+def _offload_residue_flags(cm: Any, layout: Any, priced: Any) -> list[str]:
+    """What the offloaded layers leave in HBM, where that is not nothing: the tensors
+    Transformer Engine's offload does not move (``offload_kept_bytes``)."""
+    from parsearch.cost.analytic import layout_columns
+    from parsearch.cost.offload import kept_bytes_per_layer
+
+    k = priced.activation_offload_layers or cm.training.activation_offload_layers
+    if not k or layout.pp != 1 or layout.recompute != "none":
+        return []
+    kept = kept_bytes_per_layer(cm.model, cm.training, priced.memory, layout_columns([layout]))
+    parts = [f"{'MoE' if is_moe else 'dense'} {float(b[0]) / 2**30:.2f} GiB"
+             for is_moe, b in kept.items() if float(b[0]) > 0]
+    if not parts:
+        return []
+    return [f"each of the {k} offloaded layers keeps part of its activations in HBM "
+            f"({', '.join(parts)} per layer): Transformer Engine's offload moves only the "
+            "tensors marked for it, and Megatron's MLP activation function (the experts' "
+            "always, the dense MLP's before Megatron-Core 0.13) and the router's logits "
+            "are not"]
 
 
 def _print_explain(model: str, cluster: str, d: dict[str, Any]) -> None:

@@ -197,6 +197,18 @@ def host_bytes_needed(model: ModelSpec, training: TrainingSpec, memory: MemoryOp
     return np.where(offload_allowed(cols), held[:, min(k, held.shape[1] - 1)], 0.0)
 
 
+def kept_bytes_per_layer(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                         cols: dict[str, np.ndarray]) -> dict[bool, np.ndarray]:
+    """Per layer kind (``True``: MoE) and row, what one offloaded layer leaves in HBM
+    (:func:`~parsearch.cost.memory.activations.offload_kept_bytes`)."""
+    deg = _degrees(cols)
+    kinds = (False, True) if model.moe is not None else (False,)
+    n = len(np.asarray(cols["tp"]))
+    return {is_moe: np.broadcast_to(np.asarray(
+        offload_kept_bytes(model, training, is_moe, deg, memory), dtype=np.float64), (n,))
+        for is_moe in kinds}
+
+
 def host_memory_fits(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
                      cols: dict[str, np.ndarray], host_bytes_per_gpu: float | None) -> np.ndarray:
     """Per row, whether the offloaded activations (:func:`host_bytes_needed`) fit the host
