@@ -86,7 +86,10 @@ NOT_LAUNCH_SETTINGS = {
     "memory": "memory-accounting knobs (fp8_param_gather is enumerated above)",
     "micro_batch_sizes": "candidate set; the layout's mbs is launched",
     "recompute_modes": "candidate set; the layout's recompute is launched",
-    "pipeline_split": "candidate mode; the layout's split is launched as a layout string",
+    "pipeline_split": "candidate mode; the layout's split is launched as a layout string, "
+                      "or as Megatron-Core <= 0.12's first/last-stage or accounting flags",
+    "min_interleaved_pp": "candidate constraint of a stack before 2024-05-31 (vpp > 1 only "
+                          "with pp > 2); the layout's pp and vpp are launched",
     "sequence_parallel": "candidate mode; the layout's sp is launched",
     "max_vpp": "candidate cap; the layout's vpp is launched",
     "max_cp": "candidate cap (or a stack without CP); the layout's cp is launched",

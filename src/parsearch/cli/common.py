@@ -114,9 +114,11 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
     group.add_argument("--recompute", type=choice_list(RECOMPUTE_MODES),
                        default=RECOMPUTE_MODES, metavar="LIST",
                        help="recompute candidates among none,selective,full (default all)")
-    group.add_argument("--pipeline-split", choices=PIPELINE_SPLITS, default="uneven",
+    group.add_argument("--pipeline-split", choices=PIPELINE_SPLITS, default=None,
                        help="even: pp*vpp divides the layers; uneven (default) also allows "
-                       "uneven stages")
+                       "uneven stages (Megatron layout strings); first-last: the splits "
+                       "Megatron-Core <= 0.12 builds (every rank's layers divide by vpp; "
+                       "the default of --stack mcore-0.9 to mcore-0.12)")
     group.add_argument("--sequence-parallel", choices=SEQUENCE_PARALLEL_MODES, default="both",
                        help="both (default): sp on and off where tp>1; on: sp exactly when "
                        "tp>1; off: never")
@@ -307,7 +309,8 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
     explicit = frozenset(name for name, given in (
         ("sequence_parallel", args.sequence_parallel != "both"),
         ("recompute_modes", tuple(args.recompute) != tuple(RECOMPUTE_MODES)),
-        ("max_cp", getattr(args, "max_cp", None) is not None)) if given)
+        ("max_cp", getattr(args, "max_cp", None) is not None),
+        ("pipeline_split", args.pipeline_split is not None)) if given)
     return stack_training(stack, _training_as_given(args), explicit=explicit)
 
 
@@ -318,7 +321,7 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
         micro_batch_sizes=tuple(args.micro_batch_sizes),
         precision=args.precision,
         recompute_modes=tuple(args.recompute),
-        pipeline_split=args.pipeline_split,
+        pipeline_split=args.pipeline_split or "uneven",
         distributed_optimizer=args.distributed_optimizer,
         weight_bytes=args.weight_bytes,
         grad_bytes=args.grad_bytes,

@@ -66,6 +66,15 @@ class SoftwareStack:
     #: commit 0bbcbb1157, 2025-06-13); before, it stays in HBM
     #: (:func:`~parsearch.cost.memory.activations.offload_kept_bytes`)
     offload_moves_mlp_activation_input: bool = True
+    #: how it splits layers over pipeline stages (``TrainingSpec.pipeline_split``):
+    #: ``uneven`` with ``--pipeline-model-parallel-layout`` (Megatron-Core 0.13.0 on),
+    #: ``first-last`` for Megatron-Core 0.9-0.12 (:mod:`parsearch.layout.rank_split`),
+    #: ``even`` for Megatron-LM 2021-2022 (``num_layers`` divisible by pp and by the layers
+    #: per virtual stage: Megatron-LM v2.5 ``arguments.py``, ``transformer.py``)
+    pipeline_split: str = "uneven"
+    #: the least pp an interleaved schedule runs with (3 before Megatron-LM 3ee489d9ea,
+    #: 2024-05-31, "Enable virtual pipelining and P2P communication overlap at PP=2")
+    min_interleaved_pp: int = 2
     #: a separate expert TP (``--expert-tensor-parallel-size``, MoE parallel folding:
     #: Megatron-LM commit 7f22e210cd, 2024-11-23); without it the experts take the model's TP
     expert_tensor_parallel: bool = True
@@ -118,7 +127,7 @@ _MEGATRON_2021 = SoftwareStack(
     tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
     moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False,
     recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=False,
-    cpu_offloading=False)
+    cpu_offloading=False, pipeline_split="even", min_interleaved_pp=3)
 # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective recompute (§4.2,
 # §5); still no fused attention, no context parallelism, and its memory analysis (§4.1)
 # keeps the optimizer state unsharded.
@@ -141,7 +150,7 @@ _MCORE_09 = replace(
     tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
     moe_shared_expert_overlap=True, precision_aware_optimizer=False, fp8_param_gather=True,
     cpu_offloading=True, offload_moves_mlp_activation_input=False,
-    expert_tensor_parallel=False)
+    expert_tensor_parallel=False, pipeline_split="first-last", min_interleaved_pp=2)
 _MCORE_011 = replace(
     _MCORE_09, name="mcore-0.11", released="2025-02",
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.9.0-0.12.0)",
@@ -159,7 +168,7 @@ _MCORE_014 = replace(
     _MCORE_012, name="mcore-0.14", released="2025-09",
     source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
     moe_a2a_overlap=True, cuda_graphs=True, recompute_modules=True,
-    offload_moves_mlp_activation_input=True)
+    offload_moves_mlp_activation_input=True, pipeline_split="uneven")
 # Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the cost
 # model prices.
 _MCORE_CURRENT = replace(
@@ -248,10 +257,33 @@ def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
         out = replace(out, max_cp=1)
     if not stack.expert_tensor_parallel and not training.experts_follow_tp:
         out = replace(out, experts_follow_tp=True)
+    out = _pipeline_rules(stack, out, explicit)
     if stack.fsdp_only and not out.fsdp:
         # FSDP2 is the stack's only data parallelism (its optimizer state is never
         # replicated): price it whether or not --fsdp was given
         out = replace(out, fsdp=True)
+    return out
+
+
+#: each split mode's layer splits include those of the modes after it
+_SPLIT_ORDER = ("uneven", "first-last", "even")
+
+
+def _pipeline_rules(stack: SoftwareStack, training: TrainingSpec,
+                    explicit: frozenset[str]) -> TrainingSpec:
+    """The pipeline splits and interleaving ``stack`` builds: a looser split narrowed
+    quietly, or refused where the user asked for it; a layout string refused."""
+    out = training
+    if _SPLIT_ORDER.index(training.pipeline_split) < _SPLIT_ORDER.index(stack.pipeline_split):
+        if "pipeline_split" in explicit:
+            raise _refuse(stack, f"the {training.pipeline_split} pipeline split",
+                          f"use --pipeline-split {stack.pipeline_split}")
+        out = replace(out, pipeline_split=stack.pipeline_split)  # type: ignore[arg-type]
+    if training.pipeline_layout is not None and stack.pipeline_split != "uneven":
+        raise _refuse(stack, "pipeline layout strings (--pipeline-model-parallel-layout)",
+                      f"drop the layout and use --pipeline-split {stack.pipeline_split}")
+    if out.min_interleaved_pp < stack.min_interleaved_pp:
+        out = replace(out, min_interleaved_pp=stack.min_interleaved_pp)
     return out
 
 

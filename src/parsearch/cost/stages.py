@@ -67,6 +67,7 @@ import numpy as np
 from parsearch.cost.token_flops import model_flops_per_token
 from parsearch.errors import SpecError
 from parsearch.layout.pipeline import layout_layer_counts
+from parsearch.layout.rank_split import rank_split
 from parsearch.model.pipeline_layout import format_pipeline_layout
 from parsearch.model.specs import PIPELINE_SPLITS, ModelSpec, TrainingSpec, require_choice
 
@@ -142,6 +143,13 @@ def _check_degrees(num_layers: int, pp: int, vpp: int, split: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"pipeline split: {name} must be a positive integer, got {value!r}")
     stages = pp * vpp
+    if split == "first-last" and rank_split(num_layers, pp, vpp) is None:
+        raise SpecError(
+            f"R8 pipeline split: Megatron-Core <= 0.12 builds no split of num_layers="
+            f"{num_layers} over pp={pp} with vpp={vpp}: every rank's layers must divide by "
+            "vpp (L/pp each, the embedding or loss counted as a layer, or other counts on "
+            "the first and last rank); use a pp*vpp that fits or --pipeline-split uneven "
+            "with a Megatron-Core that takes layout strings")
     if split == "even" and num_layers % stages:
         raise SpecError(
             f"R8 pipeline split: even split needs num_layers % (pp*vpp) == 0; "
@@ -192,6 +200,10 @@ def virtual_stage_layer_counts(
     _check_degrees(num_layers, pp, vpp, split)
     if split not in PIPELINE_SPLITS:
         return layout_layer_counts(split)
+    if split == "first-last":  # checked above; the balance of layers alone (no head)
+        found = rank_split(num_layers, pp, vpp)
+        assert found is not None
+        return found.virtual_stage_counts(pp, vpp)
     stages = pp * vpp
     base, extra = divmod(num_layers, stages)
     counts = [base] * stages
@@ -267,6 +279,13 @@ def effective_split(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int)
         return layout
     split = training.pipeline_split
     layers = model.num_layers
+    if split == "first-last" and stages > 1:
+        # Megatron-Core <= 0.12: the form that balances the ranks' work, head included
+        found = rank_split(layers, pp, vpp, loss_stage_layers(model, training.seq_len))
+        if found is not None:
+            return format_pipeline_layout(found.virtual_stage_counts(pp, vpp),
+                                          model.mtp_layers)
+        return split
     if split != "uneven" or stages < 2 or not all((layers + a) % stages for a in (0, 1, 2)):
         return split
     return _balanced_split(layers, stages, loss_stage_layers(model, training.seq_len),

@@ -147,14 +147,17 @@ def _precision_overrides(plan: LaunchPlan, groups: dict[str, set[str]]) -> dict[
 def _pipeline_overrides(plan: LaunchPlan) -> dict[str, Any]:
     lay = plan.layout
     vpp = lay.vpp if lay.vpp > 1 else None
+    split = plan.rank_split  # Megatron-Core <= 0.12's split flags, where priced so
+    first_last = split is not None and split.first_last
     return {
         "model.pipeline_model_parallel_layout": plan.pipeline_layout,
         "model.virtual_pipeline_model_parallel_size": vpp,
         # rejected with a layout string, and they change an even split's stages
-        "model.account_for_embedding_in_pipeline_split": False,
-        "model.account_for_loss_in_pipeline_split": False,
-        "model.num_layers_in_first_pipeline_stage": None,
-        "model.num_layers_in_last_pipeline_stage": None,
+        "model.account_for_embedding_in_pipeline_split": bool(split and
+                                                              split.account_embedding),
+        "model.account_for_loss_in_pipeline_split": bool(split and split.account_loss),
+        "model.num_layers_in_first_pipeline_stage": split.first if first_last else None,
+        "model.num_layers_in_last_pipeline_stage": split.last if first_last else None,
     }
 
 

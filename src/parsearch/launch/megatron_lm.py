@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from parsearch.cost.communication import FLEX_DISPATCH_SMS
 from parsearch.launch.plan import LaunchPlan
+from parsearch.layout.rank_split import RankSplit
 from parsearch.model.specs import ModelSpec
 
 
@@ -62,6 +63,21 @@ def model_args(model: ModelSpec) -> list[str]:
     return args
 
 
+def _rank_split_args(split: RankSplit, vpp: int) -> list[str]:
+    """Megatron-Core <= 0.12's flags for a split (``parsearch.layout.rank_split``): other
+    counts on the first/last rank, or the embedding/loss counted as layers (core_v0.11.0
+    ``arguments.py``: uneven stages need ``--num-virtual-stages-per-pipeline-rank``)."""
+    if split.first_last:
+        args = ["--decoder-first-pipeline-num-layers", str(split.first),
+                "--decoder-last-pipeline-num-layers", str(split.last)]
+        return args + (["--num-virtual-stages-per-pipeline-rank", str(vpp)] if vpp > 1 else [])
+    args = ["--account-for-embedding-in-pipeline-split"] if split.account_embedding else []
+    args += ["--account-for-loss-in-pipeline-split"] if split.account_loss else []
+    if vpp > 1:  # layers (embedding and loss included) per model chunk
+        args += ["--num-layers-per-virtual-pipeline-stage", str(split.middle // vpp)]
+    return args
+
+
 def _parallel_args(plan: LaunchPlan) -> list[str]:
     lay = plan.layout
     args = ["--tensor-model-parallel-size", str(lay.tp),
@@ -73,6 +89,8 @@ def _parallel_args(plan: LaunchPlan) -> list[str]:
     if plan.pipeline_layout is not None:
         # the layout fixes the virtual stages too; Megatron derives vpp from it
         args += ["--pipeline-model-parallel-layout", plan.pipeline_layout]
+    elif plan.rank_split is not None:
+        args += _rank_split_args(plan.rank_split, lay.vpp)
     elif lay.vpp > 1 and plan.layers_per_virtual_stage is not None:
         args += ["--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_virtual_stage)]
     if lay.sp:

@@ -22,6 +22,7 @@ import numpy as np
 
 from parsearch.errors import Violation
 from parsearch.layout import Layout
+from parsearch.layout.rank_split import rank_split
 from parsearch.model.specs import RECOMPUTE_CODES, RECOMPUTE_MODES, ModelSpec, TrainingSpec
 
 Columns = Mapping[str, np.ndarray]
@@ -50,6 +51,7 @@ class RuleContext:
     max_cp: int | None = None
     activation_offload_layers: int = 0
     experts_follow_tp: bool = False
+    min_interleaved_pp: int = 2
 
     @property
     def is_moe(self) -> bool:
@@ -78,6 +80,7 @@ def rule_context(model: ModelSpec, training: TrainingSpec, num_gpus: int) -> Rul
         max_cp=training.max_cp,
         activation_offload_layers=training.activation_offload_layers,
         experts_follow_tp=training.experts_follow_tp,
+        min_interleaved_pp=training.min_interleaved_pp,
     )
 
 
@@ -249,6 +252,13 @@ def _r8_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
     stages = np.asarray(c["pp"]) * c["vpp"]
     if ctx.pipeline_split == "even":
         return _divides(stages, ctx.num_layers)
+    if ctx.pipeline_split == "first-last":  # the splits Megatron-Core <= 0.12 builds
+        pp, vpp = np.asarray(c["pp"]), np.asarray(c["vpp"])
+        pairs, inverse = np.unique(np.stack([pp.ravel(), vpp.ravel()]), axis=1,
+                                   return_inverse=True)
+        ok = np.array([rank_split(ctx.num_layers, int(p), int(v)) is not None
+                       if p >= 1 and v >= 1 else False for p, v in pairs.T], dtype=bool)
+        return ok[inverse.ravel()].reshape(pp.shape)
     # layout-space R8 uneven: the embedding and the loss may each take a virtual stage of
     # their own (Megatron account_for_embedding/loss_in_pipeline_split), so pp*vpp <= L+2.
     return stages <= ctx.num_layers + 2
@@ -263,6 +273,16 @@ def _r8_message(ctx: RuleContext, c: Columns) -> str:
             f"{ctx.model_name} with --pipeline-split even; valid pp (vpp={vpp}): {valid}; "
             "or use --pipeline-split uneven"
         )
+    if ctx.pipeline_split == "first-last":
+        valid = _valid_values(ctx.num_layers,
+                              lambda p: rank_split(ctx.num_layers, p, vpp) is not None)
+        return (
+            f"pp={pp} with vpp={vpp}: Megatron-Core <= 0.12 builds no split of num_layers="
+            f"{ctx.num_layers} of model {ctx.model_name} (every rank's layers must divide "
+            f"by vpp: L/pp each, the embedding or loss counted as a layer, or other counts "
+            f"on the first and last rank); valid pp (vpp={vpp}): {valid}; or use "
+            "--pipeline-split uneven with a Megatron-Core that takes layout strings"
+        )
     limit = ctx.num_layers + 2
     valid = _valid_values(limit, lambda p: p * vpp <= limit)
     return (
@@ -275,14 +295,20 @@ def _r8_message(ctx: RuleContext, c: Columns) -> str:
 
 def _r9_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
     # NAR21 §2.2.2: interleaving needs pp > 1 and m a multiple of pp
+    # (Megatron-LM before 3ee489d9ea, 2024-05-31: pp > 2, ``TrainingSpec.min_interleaved_pp``)
     vpp, pp, m = np.asarray(c["vpp"]), np.asarray(c["pp"]), np.asarray(c["m"])
-    return (vpp == 1) | ((pp > 1) & (m > 0) & (m % np.where(pp > 0, pp, 1) == 0))
+    return (vpp == 1) | ((pp >= max(ctx.min_interleaved_pp, 2)) & (m > 0)
+                         & (m % np.where(pp > 0, pp, 1) == 0))
 
 
 def _r9_message(ctx: RuleContext, c: Columns) -> str:
     vpp, pp, m = int(c["vpp"]), int(c["pp"]), int(c["m"])
     if pp == 1:
         return f"vpp={vpp} needs pp > 1 (interleaving splits pipeline stages)"
+    if pp < ctx.min_interleaved_pp:
+        return (f"vpp={vpp} needs pp >= {ctx.min_interleaved_pp} on this software stack "
+                "(Megatron-LM before 2024-05-31: \"pipeline-model-parallel size should be "
+                "greater than 2 with interleaved schedule\"); use vpp=1 or a larger pp")
     return f"vpp={vpp} needs the micro-batch count m={m} to be a multiple of pp={pp}"
 
 

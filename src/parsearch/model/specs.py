@@ -19,13 +19,15 @@ MlpActivation = Literal["swiglu", "gelu", "squared_relu"]
 NormKind = Literal["rmsnorm", "layernorm"]
 Precision = Literal["bf16", "fp8", "fp4"]
 Recompute = Literal["none", "selective", "full"]
-PipelineSplit = Literal["even", "uneven"]
+PipelineSplit = Literal["even", "uneven", "first-last"]
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp8", "fp4")
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 #: Integer code of each recompute mode in numpy columns of layouts.
 RECOMPUTE_CODES: dict[str, int] = {mode: code for code, mode in enumerate(RECOMPUTE_MODES)}
-PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven")
+#: how layers are split over pipeline stages (layout-space R8; ``first-last``: the splits
+#: Megatron-Core <= 0.12 builds, :mod:`parsearch.layout.rank_split`)
+PIPELINE_SPLITS: tuple[str, ...] = ("even", "uneven", "first-last")
 SequenceParallelMode = Literal["both", "on", "off"]
 SEQUENCE_PARALLEL_MODES: tuple[str, ...] = ("both", "on", "off")
 #: Megatron-FSDP ``--data-parallel-sharding-strategy`` values parsearch prices
@@ -443,6 +445,9 @@ class TrainingSpec:
     #: the experts take the model's TP (etp == tp): Megatron-Core before MoE parallel
     #: folding (NVIDIA/Megatron-LM 7f22e210cd, 2024-11-23) had no separate expert TP
     experts_follow_tp: bool = False
+    #: the least pp an interleaved schedule (vpp > 1) runs with: 2, or 3 on Megatron-LM
+    #: before commit 3ee489d9ea (2024-05-31), whose ``arguments.py`` asserted pp > 2
+    min_interleaved_pp: int = 2
 
     def __post_init__(self) -> None:
         owner = "training"
@@ -466,6 +471,7 @@ class TrainingSpec:
         require_choice(owner, "sequence_parallel", self.sequence_parallel, SEQUENCE_PARALLEL_MODES)
         require_choice(owner, "precision", self.precision, PRECISIONS)
         require_choice(owner, "pipeline_split", self.pipeline_split, PIPELINE_SPLITS)
+        require_positive_int(owner, "min_interleaved_pp", self.min_interleaved_pp)
         require_choice(owner, "fsdp_strategy", self.fsdp_strategy, FSDP_STRATEGIES)
         for name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
             value = getattr(self, name)
