@@ -77,7 +77,7 @@ def test_interleaving_that_no_rank_count_divides_is_refused() -> None:
     assert "R8" in rules
     current = TrainingSpec(seq_len=4096, global_batch=1024)
     assert "R8" not in [v.rule for v in check_layout(model, current, layout)]
-    with pytest.raises(SpecError, match="Megatron-Core <= 0.12"):
+    with pytest.raises(SpecError, match=r"Megatron-Core <= 0\.12"):
         virtual_stage_layer_counts(28, 2, 9, "first-last")
 
 
