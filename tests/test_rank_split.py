@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from parsearch.cost.analytic import build_cost_model, estimate
 from parsearch.cost.stacks import get_stack, stack_training
 from parsearch.cost.stages import effective_split, loss_stage_layers, virtual_stage_layer_counts
 from parsearch.errors import SpecError
@@ -19,6 +20,8 @@ from parsearch.layout.rank_split import rank_split
 from parsearch.layout.rules import check_layout
 from parsearch.model.presets import get_preset
 from parsearch.model.specs import TrainingSpec
+from parsearch.topology.cluster import load_cluster
+from parsearch.topology.fabric import build_fabric
 
 
 def _megatron_builds(counts: tuple[int, ...], pp: int, vpp: int) -> bool:
@@ -140,3 +143,21 @@ def test_interleaving_at_pp_2_is_refused_on_the_2021_stack() -> None:
     assert not [v for v in check_layout(model, training,
                                         parse_layout_string("tp=8,pp=4,vpp=2", 64))
                 if v.rule == "R9"]
+
+
+def test_before_folding_the_expert_ranks_are_data_parallel_ranks() -> None:
+    """Megatron-Core 0.9 builds EP groups from DP ranks, ``tp * cp`` ranks apart: Grok-1's
+    tp2 cp4 ep4 keeps its all-to-all inside a node with folding and spreads it over four
+    nodes without; and an ep that does not divide dp is refused (R12)."""
+    model = get_preset("grok-1")
+    layout = parse_layout_string("tp=2,cp=4,pp=8,vpp=8,ep=4,etp=2,sp=true", 512)
+    times = {}
+    for follow in (False, True):
+        training = TrainingSpec(seq_len=8192, global_batch=1024, experts_follow_tp=follow)
+        cm = build_cost_model(model, training, build_fabric(load_cluster("dgx-h100"), 512))
+        times[follow] = estimate(cm, layout).time_s["ep_comm"]
+    assert times[True] > 2.0 * times[False] > 0.0
+    pre_folding = TrainingSpec(seq_len=8192, global_batch=1024, experts_follow_tp=True)
+    bad = parse_layout_string("tp=4,cp=2,pp=8,ep=8,etp=4,sp=true", 256)  # dp 4, ep 8
+    assert any(v.rule == "R12" and "does not divide dp" in str(v)
+               for v in check_layout(model, pre_folding, bad))

@@ -271,7 +271,7 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
     # the base options count: a pinned overlap is priced only where the layout runs it
     price_of = _price_rows(training, cols, (cm.options, *cm.variants))
     pcols = cols if price_of is None else {k: v[price_of[0]] for k, v in cols.items()}
-    groups = process_groups(fabric, pcols)
+    groups = process_groups(fabric, pcols, training.experts_follow_tp)
     shares = recompute_shares(model, training, pcols["recompute"], pp=pcols["pp"],
                               vpp=pcols["vpp"], tp=pcols["tp"], sp=pcols["sp"])
     prices: dict[str, dict[str, np.ndarray]] = {}

@@ -39,10 +39,13 @@ from parsearch.topology.placement import group_strides
 _NO_RECOMPUTE = LayerShares(*(np.zeros(()) for _ in range(6)))
 
 
-def process_groups(fabric: Fabric, cols: dict[str, np.ndarray]) -> Groups:
-    """Where each layout's TP, CP, PP, EP, ETP, DP and EDP groups sit, and their links."""
+def process_groups(fabric: Fabric, cols: dict[str, np.ndarray],
+                   experts_follow_tp: bool = False) -> Groups:
+    """Where each layout's TP, CP, PP, EP, ETP, DP and EDP groups sit, and their links
+    (``experts_follow_tp``: a stack before MoE parallel folding, whose EP ranks are DP
+    ranks: :func:`~parsearch.topology.placement.group_strides`)."""
     strides = group_strides(cols["tp"], cols["cp"], cols["pp"], cols["ep"], cols["etp"],
-                            fabric.num_gpus)
+                            fabric.num_gpus, experts_fold=not experts_follow_tp)
     nvlink_latency = fabric.cluster.nvlink_latency_s
     out = {}
     for kind, (stride, size) in strides.items():

@@ -391,15 +391,21 @@ def _r12_holds(ctx: RuleContext, c: Columns) -> np.ndarray:
     # A software stack before MoE parallel folding (Megatron-LM 7f22e210cd, 2024-11-23;
     # --stack mcore-0.9) shards the experts over the model's TP: etp = tp.  A rule of its
     # own so that it prunes on the small (tp, etp) grid, before the later axes.
+    # Its EP ranks are DP ranks too: ep divides dp (core_v0.9.0 parallel_state.py,
+    # "data_parallel_size ... is not divisible by expert_model_parallel_size").
     tp, etp = np.asarray(c["tp"]), np.asarray(c["etp"])
     if ctx.experts_follow_tp and ctx.is_moe:
-        return etp == tp
+        ep, dp = np.asarray(c["ep"]), np.asarray(c["dp"])
+        return (etp == tp) & (ep > 0) & (dp % np.where(ep > 0, ep, 1) == 0)
     return np.ones(np.broadcast(tp, etp).shape, dtype=bool)
 
 
 def _r12_message(ctx: RuleContext, c: Columns) -> str:
-    return (f"etp={int(c['etp'])} differs from tp={int(c['tp'])}: the --stack predates MoE "
-            "parallel folding, so the experts take the model's TP")
+    if int(c["etp"]) != int(c["tp"]):
+        return (f"etp={int(c['etp'])} differs from tp={int(c['tp'])}: the --stack predates "
+                "MoE parallel folding, so the experts take the model's TP")
+    return (f"ep={int(c['ep'])} does not divide dp={int(c['dp'])}: the --stack predates MoE "
+            "parallel folding, so the expert-parallel ranks are data-parallel ranks")
 
 
 @dataclass(frozen=True)
@@ -433,7 +439,7 @@ RULES: tuple[Rule, ...] = (
     _rule("R10", "batch-divisibility", "m mbs dp", _r10_holds, _r10_message),
     _rule("R11", "candidate-sets", "mbs recompute sp tp vpp cp pp", _r11_holds,
           _r11_message),
-    _rule("R12", "stack-expert-tp", "tp etp", _r12_holds, _r12_message),
+    _rule("R12", "stack-expert-tp", "tp etp ep dp", _r12_holds, _r12_message),
 )
 
 RULES_BY_ID: dict[str, Rule] = {rule.rule_id: rule for rule in RULES}

@@ -171,7 +171,7 @@ def unit_time_floor(cm: CostModel, cols: dict[str, np.ndarray]) -> dict[str, np.
     # feature set
     shares = recompute_shares(cm.model, cm.training, none, pp=cols["pp"], vpp=cols["vpp"],
                               tp=cols["tp"], sp=cols["sp"])
-    groups = process_groups(cm.fabric, cols)
+    groups = process_groups(cm.fabric, cols, cm.training.experts_follow_tp)
     if cm.variants:
         cache: dict[tuple[object, ...], Any] = {}  # compute differs by dispatcher only
         # with no compute beside it nothing is hidden, so the overlaps leave the floor as

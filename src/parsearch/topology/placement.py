@@ -158,7 +158,8 @@ def group_ranks(layout: ParallelDegrees, kind: str, order: str = DEFAULT_ORDER) 
     return group_rank_array(layout, kind, order).tolist()
 
 
-def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any) -> dict[str, tuple]:
+def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any,
+                  experts_fold: bool = True) -> dict[str, tuple]:
     """``(stride, size)`` of each group kind for the default order ``tp-cp-ep-dp-pp``.
 
     Works on ints or numpy arrays (elementwise), so a vectorized cost model can
@@ -168,6 +169,15 @@ def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any) -
     (8, 8)
     >>> group_strides(tp=8, cp=2, pp=4, ep=16, etp=1, num_gpus=256)["edp"]
     (16, 4)
+
+    ``experts_fold=False``: Megatron-Core before MoE parallel folding (Megatron-LM
+    7f22e210cd, 2024-11-23; ``TrainingSpec.experts_follow_tp``) carves the expert-parallel
+    ranks out of the data-parallel ones (core_v0.9.0 ``parallel_state.py``: "data_parallel_size
+    is not divisible by expert_model_parallel_size"; its ``RankGenerator`` orders them
+    ``tp-cp-ep-dp/ep-pp``), so an EP group's members sit ``tp * cp`` ranks apart:
+
+    >>> group_strides(tp=4, cp=2, pp=8, ep=8, etp=4, num_gpus=512, experts_fold=False)["ep"]
+    (8, 8)
     """
     dp = num_gpus // (tp * cp * pp)
     edp = num_gpus // (etp * ep * pp)
@@ -175,7 +185,7 @@ def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any) -
         "tp": (tp * 0 + 1, tp),
         "cp": (tp, cp),
         "dp": (tp, cp * dp),  # dp-cp: cp and dp are adjacent in the order
-        "ep": (etp, ep),
+        "ep": (etp, ep) if experts_fold else (tp * cp, ep),
         "etp": (etp * 0 + 1, etp),
         "edp": (etp * ep, edp),
         "pp": (num_gpus // pp, pp),

@@ -22,6 +22,7 @@ from scipy.stats import spearmanr
 
 from parsearch.cost.analytic import CostModel, CostOptions, Estimate, build_cost_model, estimate
 from parsearch.cost.stack_speed import stack_profile_or_default
+from parsearch.cost.stacks import get_stack
 from parsearch.errors import ParsearchError
 from parsearch.layout import Layout
 from parsearch.layout.rules import check_layout
@@ -280,8 +281,12 @@ def run_cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
     """The cost model for ``run`` under ``training``, with its source's accounting."""
     assert run.model_spec is not None
     training, options = recipe_accounting(run, training, options)
+    stack = stack_of_source(run.source)
+    if run.model_spec.moe is not None and not get_stack(stack).expert_tensor_parallel:
+        # before MoE parallel folding the EP ranks were DP ranks (placement.group_strides)
+        training = replace(training, experts_follow_tp=True)
     # the kernels of the stack that measured it (cost_models/stacks; none: the profiles')
-    profile = stack_profile_or_default(stack_of_source(run.source), None, fabric.gpu.name)
+    profile = stack_profile_or_default(stack, None, fabric.gpu.name)
     return build_cost_model(run.model_spec, training, fabric, profile=profile,
                             options=options)
 
