@@ -161,3 +161,24 @@ def test_before_folding_the_expert_ranks_are_data_parallel_ranks() -> None:
     bad = parse_layout_string("tp=4,cp=2,pp=8,ep=8,etp=4,sp=true", 256)  # dp 4, ep 8
     assert any(v.rule == "R12" and "does not divide dp" in str(v)
                for v in check_layout(model, pre_folding, bad))
+
+
+@pytest.mark.parametrize("preset", ["qwen2-57b-a14b", "mixtral-8x22b", "llama3-70b"])
+def test_every_layout_a_first_last_search_offers_is_one_it_can_price(preset: str) -> None:
+    """The layout space under ``first-last`` holds only ``(pp, vpp)`` pairs whose split
+    Megatron-Core 0.11 builds, and the priced split of each has every layer once."""
+    from parsearch.layout.space import enumerate_layouts
+
+    model = get_preset(preset)
+    training = stack_training(get_stack("mcore-0.11"),
+                              TrainingSpec(seq_len=4096, global_batch=1024))
+    table = enumerate_layouts(model, training, 256)
+    pairs = {(int(p), int(v)) for p, v in zip(table.columns["pp"], table.columns["vpp"],
+                                              strict=True)}
+    assert any(v > 1 for _, v in pairs)
+    for pp, vpp in pairs:
+        assert rank_split(model.num_layers, pp, vpp) is not None, (pp, vpp)
+        split = effective_split(model, training, pp, vpp)
+        counts = (virtual_stage_layer_counts(model.num_layers, pp, vpp, split)
+                  if split in ("even", "first-last") else layout_layer_counts(split))
+        assert len(counts) == pp * vpp and sum(counts) == model.num_layers
