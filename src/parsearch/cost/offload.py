@@ -125,15 +125,14 @@ def offload_host_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryO
 def _offloaded_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
                      cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(bytes the first K layers save, the largest of them that stays in HBM in flight)."""
-    deg = _degrees(cols)
-    kinds = stage_layer_bytes(model, training, deg, memory)
+    kinds = stage_layer_bytes(model, training, _degrees(cols), memory)
+    kept = kept_bytes_per_layer(model, training, memory, cols)
     none = RECOMPUTE_CODES["none"]
     n = len(np.asarray(cols["tp"]))
 
     def moved(is_moe: bool) -> np.ndarray:  # what an offloaded layer sends to host
-        return np.broadcast_to(np.asarray(
-            kinds[is_moe].of(none) - offload_kept_bytes(model, training, is_moe, deg, memory),
-            dtype=np.float64), (n,))
+        return np.broadcast_to(np.asarray(kinds[is_moe].of(none), dtype=np.float64),
+                               (n,)) - kept[is_moe]
 
     dense = moved(False)
     moe = moved(True) if True in kinds else np.zeros(n)

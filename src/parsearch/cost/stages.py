@@ -67,7 +67,7 @@ import numpy as np
 from parsearch.cost.token_flops import model_flops_per_token
 from parsearch.errors import SpecError
 from parsearch.layout.pipeline import layout_layer_counts
-from parsearch.layout.rank_split import rank_split
+from parsearch.layout.rank_split import RankSplit, rank_split
 from parsearch.model.pipeline_layout import format_pipeline_layout
 from parsearch.model.specs import PIPELINE_SPLITS, ModelSpec, TrainingSpec, require_choice
 
@@ -280,8 +280,7 @@ def effective_split(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int)
     split = training.pipeline_split
     layers = model.num_layers
     if split == "first-last" and stages > 1:
-        # Megatron-Core <= 0.12: the form that balances the ranks' work, head included
-        found = rank_split(layers, pp, vpp, loss_stage_layers(model, training.seq_len))
+        found = priced_rank_split(model, training, pp, vpp)
         if found is not None:
             return format_pipeline_layout(found.virtual_stage_counts(pp, vpp),
                                           model.mtp_layers)
@@ -290,6 +289,15 @@ def effective_split(model: ModelSpec, training: TrainingSpec, pp: int, vpp: int)
         return split
     return _balanced_split(layers, stages, loss_stage_layers(model, training.seq_len),
                            model.mtp_layers) or split
+
+
+def priced_rank_split(model: ModelSpec, training: TrainingSpec, pp: int,
+                      vpp: int) -> RankSplit | None:
+    """Under ``first-last`` (Megatron-Core <= 0.12), the split priced and launched: the
+    form that balances the ranks' work, output layer and loss included; else ``None``."""
+    if training.pipeline_split != "first-last" or pp < 2:
+        return None
+    return rank_split(model.num_layers, pp, vpp, loss_stage_layers(model, training.seq_len))
 
 
 @lru_cache(maxsize=4096)

@@ -25,10 +25,10 @@ from parsearch.cost.ep_overlap import layout_a2a_schedulable, shared_expert_over
 from parsearch.cost.memory_features import effective_training
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
-from parsearch.cost.stages import effective_split, loss_stage_layers, virtual_stage_layer_counts
+from parsearch.cost.stages import effective_split, priced_rank_split, virtual_stage_layer_counts
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
-from parsearch.layout.rank_split import RankSplit, rank_split
+from parsearch.layout.rank_split import RankSplit
 from parsearch.model.pipeline_layout import format_pipeline_layout
 from parsearch.model.specs import TORCHTITAN_OP_SAC, ModelSpec, TrainingSpec
 
@@ -120,14 +120,6 @@ def _pipeline(model: ModelSpec, training: TrainingSpec, lay: Layout
         return split, None
     text = pipeline_layout_string(model, lay.pp, lay.vpp, split)
     return (text, None) if text else (None, model.num_layers // (lay.pp * lay.vpp))
-
-
-def _rank_split(model: ModelSpec, training: TrainingSpec, lay: Layout) -> RankSplit | None:
-    """The Megatron-Core <= 0.12 split the cost model priced (``effective_split``'s)."""
-    if training.pipeline_split != "first-last" or lay.pp == 1:
-        return None
-    return rank_split(model.num_layers, lay.pp, lay.vpp,
-                      loss_stage_layers(model, training.seq_len))
 
 
 def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
@@ -424,7 +416,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
     return LaunchPlan(
         layout=lay, seq_len=training.seq_len, global_batch=training.global_batch, is_moe=moe,
         pipeline_layout=pipeline, layers_per_virtual_stage=per_stage,
-        rank_split=_rank_split(model, training, lay),
+        rank_split=priced_rank_split(model, training, lay.pp, lay.vpp),
         recompute_granularity=granularity, recompute_method=method,
         recompute_num_layers=rec_layers, recompute_modules=modules,
         precision=training.precision,
