@@ -164,14 +164,16 @@ def _offload_residue_flags(cm: Any, layout: Any, priced: Any) -> list[str]:
     k = priced.activation_offload_layers or cm.training.activation_offload_layers
     if not k or layout.pp != 1 or layout.recompute != "none":
         return []
+    if priced.memory.offload_moves_every_saved_tensor:
+        return []  # TE >= 2.10 keeps only tensors under 256k elements (1 MiB at fp32)
     kept = kept_bytes_per_layer(cm.model, cm.training, priced.memory, layout_columns([layout]))
     parts = [f"{'MoE' if is_moe else 'dense'} {float(b[0]) / 2**30:.2f} GiB"
              for is_moe, b in kept.items() if float(b[0]) > 0]
     if not parts:
         return []
     return [f"each of the {k} offloaded layers keeps part of its activations in HBM "
-            f"({', '.join(parts)} per layer): Transformer Engine's offload moves only the "
-            "tensors marked for it, and Megatron's MLP activation function (the experts' "
+            f"({', '.join(parts)} per layer): Transformer Engine before 2.10 offloads only "
+            "the tensors marked for it, and Megatron's MLP activation function (the experts' "
             "always, the dense MLP's before Megatron-Core 0.13) and the router's logits "
             "are not"]
 

@@ -66,6 +66,12 @@ class SoftwareStack:
     #: commit 0bbcbb1157, 2025-06-13); before, it stays in HBM
     #: (:func:`~parsearch.cost.memory.activations.offload_kept_bytes`)
     offload_moves_mlp_activation_input: bool = True
+    #: its Transformer Engine offloads every saved tensor of a layer that is not a parameter
+    #: (TE 2.10 on, :data:`~parsearch.cost.memory.options.TE_OFFLOAD_MIN_ELEMENTS`), not only
+    #: the marked ones: Megatron-Bridge pins TE 2.12 from 0.3.0 (NeMo 26.02) on, and TE 2.9
+    #: in 0.2.0 (NeMo 25.11; Megatron-Bridge ``pyproject.toml`` and ``uv.lock`` at v0.2.0 and
+    #: v0.3.0)
+    offload_moves_every_saved_tensor: bool = False
     #: how it splits layers over pipeline stages (``TrainingSpec.pipeline_split``):
     #: ``uneven`` with ``--pipeline-model-parallel-layout`` (Megatron-Core 0.13.0 on),
     #: ``first-last`` for Megatron-Core 0.9-0.12 (:mod:`parsearch.layout.rank_split`),
@@ -173,7 +179,8 @@ _MCORE_014 = replace(
 # model prices.
 _MCORE_CURRENT = replace(
     _MCORE_014, name="mcore-current", released="2025-12",
-    source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0)", hybridep=True)
+    source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0); Megatron-Bridge 0.3.0 on (TE >= "
+           "2.10 offload)", hybridep=True, offload_moves_every_saved_tensor=True)
 
 # torchtitan (Liang et al., arXiv 2410.06511; its benchmark files of 2024-12 and 2025-06):
 # PyTorch-native TP with sequence parallelism and async TP (torch symmetric memory), PP with
@@ -332,10 +339,18 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
     changes["search_features"] = tuple(f for f in options.search_features if f in searched)
     memory = changes.get("memory", options.memory)
     assert isinstance(memory, MemoryOptions)
-    if memory.offload_moves_mlp_activation_input != stack.offload_moves_mlp_activation_input:
-        changes["memory"] = replace(memory, offload_moves_mlp_activation_input=(
-            stack.offload_moves_mlp_activation_input))
+    offload = stack_offload(stack)
+    if (memory.offload_moves_mlp_activation_input,
+            memory.offload_moves_every_saved_tensor) != offload:
+        changes["memory"] = replace(memory, offload_moves_mlp_activation_input=offload[0],
+                                    offload_moves_every_saved_tensor=offload[1])
     return replace(options, **changes)  # type: ignore[arg-type]
+
+
+def stack_offload(stack: SoftwareStack) -> tuple[bool, bool]:
+    """What ``--cpu-offloading`` moves under ``stack``, as :class:`MemoryOptions` takes it:
+    ``(offload_moves_mlp_activation_input, offload_moves_every_saved_tensor)``."""
+    return stack.offload_moves_mlp_activation_input, stack.offload_moves_every_saved_tensor
 
 
 def _memory_features(stack: SoftwareStack, options: CostOptions, explicit: frozenset[str],

@@ -37,6 +37,7 @@ from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     DEFAULT_MEMORY_OPTIONS,
     FP32_BYTES,
+    TE_OFFLOAD_MIN_ELEMENTS,
     MemoryOptions,
     Num,
     gemm_input_bytes,
@@ -171,8 +172,8 @@ def offload_kept_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool,
                        deg: ActDegrees, options: MemoryOptions) -> Num:
     """Bytes of one offloaded layer (no recompute) that ``--cpu-offloading`` leaves in HBM.
 
-    Megatron-Core runs the layer inside Transformer Engine's offload context, which moves
-    only the saved tensors marked for it (TE ``cpu_offload.py``:
+    Megatron-Core runs the layer inside Transformer Engine's offload context.  Before TE
+    2.10 that context moves only the saved tensors marked for it (TE ``cpu_offload.py``:
     ``tensor_need_offloading_checker_activations`` tests ``activation_offloading``).  TE's
     own modules mark what they save (``mark_activation_offload`` in Linear,
     LayerNormLinear, DotProductAttention); Megatron's MLP activation function saves its
@@ -181,16 +182,29 @@ def offload_kept_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool,
     2025-06-13; ``MemoryOptions.offload_moves_mlp_activation_input``).  The experts never
     mark theirs (``experts.py`` calls ``(weighted_)bias_swiglu_impl`` without it, 0.11
     through d98e8a64), nor do the GeLU paths, and the router's fp32 logits are saved by
-    PyTorch ops: those stay in HBM for every offloaded layer.
+    PyTorch ops: those stay in HBM for every offloaded layer.  From TE 2.10 the offload
+    moves every saved tensor that is not a parameter, marked or not, and keeps only those of
+    fewer than :data:`TE_OFFLOAD_MIN_ELEMENTS` elements
+    (``MemoryOptions.offload_moves_every_saved_tensor``): of these tensors, only a small
+    router's logits stay.
     """
     tokens = deg.mbs * training.seq_len / deg.cp
     if options.activation_model == "korthikanti":  # KOR22 has no per-tensor split
         return 0.0 * tokens
     up = _mlp_up_factor(model)
-    mlp_moved = options.offload_moves_mlp_activation_input and model.mlp_activation == "swiglu"
+    every = options.offload_moves_every_saved_tensor
+    mlp_marked = options.offload_moves_mlp_activation_input and model.mlp_activation == "swiglu"
+
+    def stays(nbytes: Num, element_bytes: float) -> Num:
+        # TE >= 2.10: a saved tensor stays only below its element floor
+        if not every:
+            return nbytes
+        return np.where(nbytes / element_bytes < TE_OFFLOAD_MIN_ELEMENTS, nbytes, 0.0)
 
     def mlp_input(width: float) -> Num:
-        return 0.0 * tokens if mlp_moved else tokens * up * width / deg.tp * ACTIVATION_BYTES
+        if mlp_marked and not every:
+            return 0.0 * tokens
+        return stays(tokens * up * width / deg.tp * ACTIVATION_BYTES, ACTIVATION_BYTES)
 
     if not is_moe:
         return mlp_input(model.ffn_hidden_size)
@@ -201,7 +215,8 @@ def offload_kept_bytes(model: ModelSpec, training: TrainingSpec, is_moe: bool,
     router = tokens * FP32_BYTES * moe.num_experts / deg.tp
     shared = mlp_input(moe.shared_expert_ffn_hidden_size) if moe.shared_expert_ffn_hidden_size \
         else 0.0
-    return routed * ACTIVATION_BYTES + router + shared
+    return (stays(routed * ACTIVATION_BYTES, ACTIVATION_BYTES) + stays(router, FP32_BYTES)
+            + shared)
 
 
 def _korthikanti_layer(model: ModelSpec, deg: ActDegrees, seq_len: int, selective: bool) -> Num:

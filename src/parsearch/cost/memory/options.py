@@ -28,6 +28,11 @@ LOW_PRECISION_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 
 ACTIVATION_BYTES = 2.0  # 16-bit activations (KOR22 §4)
 FP32_BYTES = 4.0
+#: Transformer Engine's rewritten CPU offload (TE 2.10 on: TransformerEngine c52576053,
+#: 2025-11-14, "Activation offloading refactor") leaves in HBM only saved tensors of fewer
+#: elements than this (``cpu_offload.py`` ``_check_if_offload``: ``numel() < 256 * 1024``),
+#: parameters and tensors marked ``mark_not_offload``.
+TE_OFFLOAD_MIN_ELEMENTS = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,10 @@ class MemoryOptions:
       SwiGLU input to host (Megatron-Core >= 0.13 marks it; earlier releases leave it in
       HBM: :func:`~parsearch.cost.memory.activations.offload_kept_bytes`); set from the
       software stack (:mod:`parsearch.cost.stacks`).
+    * ``offload_moves_every_saved_tensor``: Transformer Engine's offload moves every saved
+      tensor of at least :data:`TE_OFFLOAD_MIN_ELEMENTS` elements that is not a parameter
+      (its rewritten offload, TE 2.10 on), where earlier releases move only the tensors
+      marked for it; set from the software stack.
     """
 
     activation_model: ActivationModel = "flash"
@@ -75,6 +84,7 @@ class MemoryOptions:
     moe_pad_to_capacity: bool = False
     cuda_graph_layers: tuple[int, int] = (0, 0)
     offload_moves_mlp_activation_input: bool = True
+    offload_moves_every_saved_tensor: bool = True
 
     def __post_init__(self) -> None:
         if self.activation_model not in ("flash", "korthikanti"):

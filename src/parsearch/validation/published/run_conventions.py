@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from parsearch.cost.stacks import DEFAULT_STACK
+from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_offload
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.model.specs import ModelSpec
@@ -165,6 +165,22 @@ def stack_of_source(source: str) -> str:
     if release is not None and release < (25, 11):
         return "mcore-0.14"
     return DEFAULT_STACK
+
+
+def offload_of_source(source: str) -> tuple[bool, bool]:
+    """What ``--cpu-offloading`` moved in a run of ``source``
+    (:func:`parsearch.cost.stacks.stack_offload`): its stack's, except that Megatron-Bridge
+    0.2.0 (NeMo 25.11) pinned Transformer Engine 2.9, whose offload moves only the tensors
+    marked for it; Bridge 0.3.0 (NeMo 26.02) on pin TE >= 2.10.
+
+    >>> offload_of_source("Megatron-Bridge perf summary (NeMo 25.11 container)")
+    (True, False)
+    """
+    moves_mlp, moves_every = stack_offload(get_stack(stack_of_source(source)))
+    release = release_of(source)
+    if release is not None and release < (26, 2):
+        moves_every = False
+    return moves_mlp, moves_every
 
 
 # --------------------------------------------------------------------------- FLOPs

@@ -44,6 +44,7 @@ from parsearch.validation.published.run_conventions import (
     MBRIDGE_AB,
     MBRIDGE_CARD,
     MBRIDGE_USER,
+    offload_of_source,
     stack_of_source,
 )
 
@@ -282,6 +283,10 @@ def run_cost_model(run: PublishedRun, fabric: Fabric, options: CostOptions,
     assert run.model_spec is not None
     training, options = recipe_accounting(run, training, options)
     stack = stack_of_source(run.source)
+    moves_mlp, moves_every = offload_of_source(run.source)
+    options = replace(options, memory=replace(
+        options.memory, offload_moves_mlp_activation_input=moves_mlp,
+        offload_moves_every_saved_tensor=moves_every))
     if run.model_spec.moe is not None and not get_stack(stack).expert_tensor_parallel:
         # before MoE parallel folding the EP ranks were DP ranks (placement.group_strides)
         training = replace(training, experts_follow_tp=True)
