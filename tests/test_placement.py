@@ -219,3 +219,73 @@ def test_placement_errors(fabrics):
         place(Layout(num_gpus=64, tp=4, pp=2, ep=8), fabric, "tp-pp-cp-ep-dp")
     with pytest.raises(SpecError, match="unknown group kind"):
         group_ranks(Layout(num_gpus=8, tp=8), "xp")
+
+
+_PREFOLD = st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
+                     st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8]),
+                     st.sampled_from([1, 2, 4, 8]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=_PREFOLD)
+def test_before_folding_expert_groups_partition_the_dp_groups(shape) -> None:
+    """Megatron-Core 0.9 (no MoE parallel folding) carves EP out of DP: every EP group and
+    every expert-DP group lies inside one dense DP x CP group, the two together tile it, and
+    the group strides the cost model prices are those of the explicit ranks where a group is
+    a strided set."""
+    tp, cp, pp, ep, dp_over_ep = shape
+    dp = ep * dp_over_ep
+    n = tp * cp * pp * dp
+    lay = Layout(num_gpus=n, tp=tp, cp=cp, pp=pp, ep=ep, etp=tp)
+    dense_dp = {tuple(sorted(g)) for g in group_ranks(lay, "dp")}
+    owner = {r: g for g in dense_dp for r in g}
+    ep_groups = group_rank_array(lay, "ep", experts_fold=False)
+    edp_groups = group_rank_array(lay, "edp", experts_fold=False)
+    assert ep_groups.shape[1] == ep and edp_groups.shape[1] == cp * dp_over_ep
+    for groups in (ep_groups, edp_groups):
+        for g in groups.tolist():
+            assert len({owner[r] for r in g}) == 1
+    # one EP group and one expert-DP group meet in exactly one rank
+    assert all(len(set(a) & set(b)) <= 1 for a in ep_groups.tolist()[:4]
+               for b in edp_groups.tolist())
+    strides = group_strides(tp, cp, pp, ep, tp, n, experts_fold=False)
+    assert strides["ep"] == (tp * cp, ep)
+    if ep > 1:
+        assert np.all(np.diff(ep_groups, axis=1) == tp * cp)
+    if dp_over_ep == 1 and cp > 1:
+        assert strides["edp"][0] == tp
+        assert np.all(np.diff(edp_groups, axis=1) == tp)
+
+
+def test_before_folding_placement_refuses_what_megatron_core_0_9_refuses(fabrics) -> None:
+    fabric = build_fabric(load_cluster("dgx-h100"), 512)
+    lay = Layout(num_gpus=512, tp=4, cp=2, pp=8, ep=8, etp=1)
+    with pytest.raises(SpecError, match="experts take the model's TP"):
+        place(lay, fabric, experts_fold=False)
+    lay = Layout(num_gpus=512, tp=4, cp=2, pp=8, ep=8, etp=4)
+    with pytest.raises(SpecError, match="adjacent"):
+        place(lay, fabric, "tp-cp-ep-pp-dp", experts_fold=False)
+    odd = Layout(num_gpus=384, tp=4, cp=2, pp=8, ep=4, etp=4)  # dp = 6
+    with pytest.raises(SpecError, match="R12"):
+        place(odd, build_fabric(load_cluster("dgx-h100"), 384), experts_fold=False)
+    # the DGX Cloud Grok-1 recipe: its EP members sit on 8 nodes, not 4
+    folded = place(lay, fabric).group("ep")
+    unfolded = place(lay, fabric, experts_fold=False).group("ep")
+    assert (folded.nodes_spanned, unfolded.nodes_spanned) == (4, 8)
+
+
+def test_placement_cli_places_the_stack_it_is_told() -> None:
+    import json
+
+    from tests.cli_helpers import run_cli
+    common = ("placement", "--model", "grok-1", "--cluster", "dgx-h100", "--gpus", "512",
+              "--layout", "tp=4,cp=2,pp=8,ep=8,etp=4", "--format", "json")
+    nodes = {}
+    for stack in ("mcore-current", "mcore-0.9"):
+        out = run_cli(*common, "--stack", stack)
+        assert out.code == 0, out.err
+        groups = {g["kind"]: g for g in json.loads(out.out)["groups"]}
+        nodes[stack] = groups["ep"]["nodes_spanned"]
+    assert nodes == {"mcore-current": 4, "mcore-0.9": 8}
+    bad = run_cli(*common[:-2], "--stack", "mcore-0.9", "--layout", "tp=4,cp=2,pp=8,ep=8,etp=1")
+    assert bad.code != 0 and "etp=4" in bad.err

@@ -14,6 +14,7 @@ from parsearch.cli.common import (
     print_json,
     print_table,
 )
+from parsearch.cost.stacks import DEFAULT_STACK, get_stack
 from parsearch.errors import SpecError
 from parsearch.topology.cluster import ClusterSpec, list_clusters, load_cluster
 from parsearch.topology.fabric import Fabric, build_fabric
@@ -60,6 +61,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            help='e.g. "tp=8,pp=4,cp=1,ep=1,etp=1"')
     placement.add_argument("--rank-order", choices=RANK_ORDERS, default=DEFAULT_ORDER,
                            help=f"Megatron-Core rank order (default {DEFAULT_ORDER})")
+    placement.add_argument("--stack", default=DEFAULT_STACK, metavar="NAME",
+                           help="software stack the job runs: before MoE parallel folding "
+                           "(mcore-0.9 and older) the EP groups are carved out of the "
+                           f"data-parallel ranks (default {DEFAULT_STACK})")
     add_format_option(placement, ("table", "json"))
     placement.set_defaults(handler=run_placement)
 
@@ -178,12 +183,17 @@ def run_placement(args: argparse.Namespace) -> int:
             "expert parallelism needs a MoE model (use ep=1, etp=1)"
         )
     fabric = build_fabric(load_cluster(args.cluster), args.gpus)
-    placement = place(layout, fabric, args.rank_order, expert=model.is_moe)
+    stack = get_stack(args.stack)
+    placement = place(layout, fabric, args.rank_order, expert=model.is_moe,
+                      experts_fold=stack.expert_tensor_parallel)
     if args.format == "json":
         print_json(placement.to_dict())
         return 0
+    folding = "" if stack.expert_tensor_parallel or not model.is_moe else (
+        f", stack {stack.name}: EP groups inside the data-parallel ranks (no MoE parallel "
+        "folding)")
     print(f"{model.name} on {args.gpus} x {fabric.gpu.name} ({fabric.cluster.name}), "
-          f"layout {layout.key()}, rank order {args.rank_order}")
+          f"layout {layout.key()}, rank order {args.rank_order}{folding}")
     print_table(
         ("group", "size", "count", "domains", "nodes", "tier", "GB/s per member"),
         [(g.kind, g.size, g.count, g.nvlink_domains_spanned, g.nodes_spanned, g.tier,

@@ -127,15 +127,53 @@ def _sizes(layout: ParallelDegrees, path: str) -> dict[str, int]:
         )
     if path == "dense":
         return {"tp": layout.tp, "cp": layout.cp, "ep": 1, "dp": layout.dp, "pp": layout.pp}
+    if path == "expert_prefold":
+        # before MoE parallel folding the EP ranks are carved out of the DP ranks
+        # (core_v0.9.0 RankGenerator with independent_ep: the mesh tp, cp, ep, dp/ep, pp)
+        return {"tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "dp": layout.dp // layout.ep,
+                "pp": layout.pp}
     return {"tp": layout.etp, "cp": 1, "ep": layout.ep, "dp": layout.edp, "pp": layout.pp}
 
 
-def group_rank_array(layout: ParallelDegrees, kind: str, order: str = DEFAULT_ORDER) -> np.ndarray:
-    """The groups of ``kind`` as a ``(count, size)`` array (Megatron group order)."""
+def group_rank_array(layout: ParallelDegrees, kind: str, order: str = DEFAULT_ORDER,
+                     experts_fold: bool = True) -> np.ndarray:
+    """The groups of ``kind`` as a ``(count, size)`` array (Megatron group order).
+
+    ``experts_fold=False``: the expert groups as Megatron-Core placed them before MoE
+    parallel folding (:func:`group_strides`): EP inside the data-parallel ranks, the experts
+    on the model's TP group, and the expert data parallelism over what is left of DP x CP.
+
+    >>> from parsearch.layout import parse_layout_string
+    >>> lay = parse_layout_string("tp=4,cp=2,pp=8,ep=8,etp=4", 512)
+    >>> group_rank_array(lay, "ep", experts_fold=False)[0].tolist()
+    [0, 8, 16, 24, 32, 40, 48, 56]
+    """
     if kind not in _KIND_TOKENS:
         raise SpecError(f"unknown group kind {kind!r}; use one of {', '.join(_KIND_TOKENS)}")
     path, masked = _KIND_TOKENS[kind]
+    if path == "expert" and not experts_fold:
+        _require_prefold(layout, order)
+        masked = frozenset({"cp", "dp"}) if kind == "edp" else masked
+        return _groups(layout, "expert_prefold", masked, order)
     return _groups(layout, path, masked, order)
+
+
+def _require_prefold(layout: ParallelDegrees, order: str) -> None:
+    """A layout Megatron-Core before MoE parallel folding builds: the experts on the model's
+    TP (``etp == tp``), EP dividing DP (rule R12) and next to it in the rank order
+    (core_v0.9.0 ``RankGenerator``: "The ep and dp must be adjacent in order")."""
+    if "ep-dp" not in order and "dp-ep" not in order:
+        raise SpecError(f"rank order {order!r}: before MoE parallel folding ep and dp must be "
+                        f"adjacent in the order; use {DEFAULT_ORDER}")
+    if layout.etp != layout.tp:
+        raise SpecError(f"etp={layout.etp} with tp={layout.tp}: before MoE parallel folding "
+                        f"the experts take the model's TP; use etp={layout.tp} or a stack "
+                        "with a separate expert TP (mcore-0.11 or later)")
+    if layout.dp % layout.ep:
+        raise SpecError(f"R12: ep={layout.ep} does not divide dp={layout.dp}; before MoE "
+                        "parallel folding the EP ranks are data-parallel ranks: choose ep "
+                        f"dividing {layout.dp} or a stack with MoE parallel folding "
+                        "(mcore-0.11 or later)")
 
 
 def _groups(layout: ParallelDegrees, path: str, masked: frozenset[str], order: str) -> np.ndarray:
@@ -178,16 +216,24 @@ def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any,
 
     >>> group_strides(tp=4, cp=2, pp=8, ep=8, etp=4, num_gpus=512, experts_fold=False)["ep"]
     (8, 8)
+    >>> group_strides(tp=4, cp=2, pp=8, ep=8, etp=4, num_gpus=512, experts_fold=False)["edp"]
+    (4, 2)
     """
     dp = num_gpus // (tp * cp * pp)
     edp = num_gpus // (etp * ep * pp)
+    # Before folding the expert DP group is the dp-cp ranks modulo EP (core_v0.9.0
+    # ``_DATA_MODULO_EXPERT_PARALLEL_GROUP_WITH_CP``): the CP ranks (stride tp) alone where
+    # DP holds one EP group, else a lattice whose DP part (stride tp * cp * ep) crosses
+    # nodes first, priced at the outer stride.
+    prefold_edp_stride = np.where(dp // np.maximum(ep, 1) == 1, tp, tp * cp * ep) \
+        if isinstance(dp, np.ndarray) else (tp if dp // ep == 1 else tp * cp * ep)
     return {
         "tp": (tp * 0 + 1, tp),
         "cp": (tp, cp),
         "dp": (tp, cp * dp),  # dp-cp: cp and dp are adjacent in the order
         "ep": (etp, ep) if experts_fold else (tp * cp, ep),
         "etp": (etp * 0 + 1, etp),
-        "edp": (etp * ep, edp),
+        "edp": (etp * ep, edp) if experts_fold else (prefold_edp_stride, edp),
         "pp": (num_gpus // pp, pp),
     }
 
@@ -279,13 +325,15 @@ def place(
     order: str = DEFAULT_ORDER,
     *,
     expert: bool | None = None,
+    experts_fold: bool = True,
 ) -> Placement:
     """Place every process group of ``layout`` on ``fabric``.
 
     ``expert`` selects whether the expert-path kinds (ep, etp, edp) are
     reported; by default they are when ``ep * etp > 1``.  Orders under which
     the dense and expert meshes would not share pipeline groups (a Megatron-Core
-    assertion) raise :class:`SpecError`.
+    assertion) raise :class:`SpecError`.  ``experts_fold=False`` places the expert groups
+    as Megatron-Core did before MoE parallel folding (:func:`group_rank_array`).
     """
     if layout.num_gpus != fabric.num_gpus:
         raise SpecError(
@@ -293,7 +341,7 @@ def place(
         )
     if expert is None:
         expert = layout.ep * layout.etp > 1
-    if expert:
+    if expert and experts_fold:
         dense_pp = group_rank_array(layout, "pp", order)
         expert_pp = _groups(layout, "expert", frozenset({"pp"}), order)
         if not np.array_equal(dense_pp, expert_pp):
@@ -304,7 +352,7 @@ def place(
     kinds = GROUP_KINDS if expert else tuple(k for k in GROUP_KINDS if k not in EXPERT_KINDS)
     placed = []
     for kind in kinds:
-        groups = group_rank_array(layout, kind, order)
+        groups = group_rank_array(layout, kind, order, experts_fold=experts_fold)
         stride = _stride_of(groups, layout.num_gpus)
         if stride:
             link = fabric.group_link(stride, groups.shape[1])
