@@ -250,6 +250,11 @@ def test_before_folding_expert_groups_partition_the_dp_groups(shape) -> None:
                for b in edp_groups.tolist())
     strides = group_strides(tp, cp, pp, ep, tp, n, experts_fold=False)
     assert strides["ep"] == (tp * cp, ep)
+    for kind, (stride, size) in strides.items():  # each a partition the fabric can price
+        assert n % (stride * size) == 0, kind
+    if cp == 1 and dp_over_ep > 1:
+        assert strides["edp"][0] == tp * ep
+        assert np.all(np.diff(edp_groups, axis=1) == tp * ep)
     if ep > 1:
         assert np.all(np.diff(ep_groups, axis=1) == tp * cp)
     if dp_over_ep == 1 and cp > 1:

@@ -223,10 +223,10 @@ def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any,
     edp = num_gpus // (etp * ep * pp)
     # Before folding the expert DP group is the dp-cp ranks modulo EP (core_v0.9.0
     # ``_DATA_MODULO_EXPERT_PARALLEL_GROUP_WITH_CP``): the CP ranks (stride tp) alone where
-    # DP holds one EP group, else a lattice whose DP part (stride tp * cp * ep) crosses
-    # nodes first, priced at the outer stride.
-    prefold_edp_stride = np.where(dp // np.maximum(ep, 1) == 1, tp, tp * cp * ep) \
-        if isinstance(dp, np.ndarray) else (tp if dp // ep == 1 else tp * cp * ep)
+    # DP holds one EP group; with CP = 1 the DP ranks modulo EP (stride tp * ep); with both,
+    # a lattice of two strides, priced as the folded stride (tp * ep) that tiles the GPUs.
+    prefold_edp_stride = np.where(dp // np.maximum(ep, 1) == 1, tp, tp * ep) \
+        if isinstance(dp, np.ndarray) else (tp if dp // ep == 1 else tp * ep)
     return {
         "tp": (tp * 0 + 1, tp),
         "cp": (tp, cp),
