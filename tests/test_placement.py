@@ -252,6 +252,11 @@ def test_before_folding_expert_groups_partition_the_dp_groups(shape) -> None:
     assert strides["ep"] == (tp * cp, ep)
     for kind, (stride, size) in strides.items():  # each a partition the fabric can price
         assert n % (stride * size) == 0, kind
+    for etp in (1, 2, 4, 8):  # any expert TP the enumeration offers, a dense model's too
+        if n % (pp * ep * etp) == 0:
+            for kind, (stride, size) in group_strides(tp, cp, pp, ep, etp, n,
+                                                      experts_fold=False).items():
+                assert n % (stride * size) == 0, (kind, etp)
     if cp == 1 and dp_over_ep > 1:
         assert strides["edp"][0] == tp * ep
         assert np.all(np.diff(edp_groups, axis=1) == tp * ep)
@@ -294,3 +299,16 @@ def test_placement_cli_places_the_stack_it_is_told() -> None:
     assert nodes == {"mcore-current": 4, "mcore-0.9": 8}
     bad = run_cli(*common[:-2], "--stack", "mcore-0.9", "--layout", "tp=4,cp=2,pp=8,ep=8,etp=1")
     assert bad.code != 0 and "etp=4" in bad.err
+
+
+@pytest.mark.parametrize(("model", "gpus", "batch"), [("llama3.1-405b", 576, 252),
+                                                      ("grok-1", 512, 1024)])
+def test_a_search_before_folding_prices_every_layout_it_offers(model: str, gpus: int,
+                                                               batch: int) -> None:
+    """Every layout a pre-folding search enumerates (dense ones, with ep = etp = 1, too) has
+    expert groups the fabric can place (a stride the GPUs tile)."""
+    from tests.cli_helpers import run_cli
+    out = run_cli("search", "--model", model, "--cluster", "dgx-h100", "--gpus", str(gpus),
+                  "--global-batch", str(batch), "--seq-len", "8192", "--stack", "mcore-0.9",
+                  "--top", "3", "--format", "json")
+    assert out.code == 0, out.err

@@ -222,11 +222,13 @@ def group_strides(tp: Any, cp: Any, pp: Any, ep: Any, etp: Any, num_gpus: Any,
     dp = num_gpus // (tp * cp * pp)
     edp = num_gpus // (etp * ep * pp)
     # Before folding the expert DP group is the dp-cp ranks modulo EP (core_v0.9.0
-    # ``_DATA_MODULO_EXPERT_PARALLEL_GROUP_WITH_CP``): the CP ranks (stride tp) alone where
-    # DP holds one EP group; with CP = 1 the DP ranks modulo EP (stride tp * ep); with both,
-    # a lattice of two strides, priced as the folded stride (tp * ep) that tiles the GPUs.
-    prefold_edp_stride = np.where(dp // np.maximum(ep, 1) == 1, tp, tp * ep) \
-        if isinstance(dp, np.ndarray) else (tp if dp // ep == 1 else tp * ep)
+    # ``_DATA_MODULO_EXPERT_PARALLEL_GROUP_WITH_CP``), on experts that take the model's TP:
+    # the CP ranks alone (stride tp) where DP holds one EP group; with CP = 1 the DP ranks
+    # modulo EP (stride tp * ep, as folded); with both, a lattice of two strides, priced at
+    # the folded stride, which tiles the GPUs.  A dense model's (ep = etp = 1) stays folded.
+    cp_only = (dp == ep) & (etp == tp) & (ep > 1)
+    prefold_edp_stride = np.where(cp_only, tp, etp * ep) if isinstance(cp_only, np.ndarray) \
+        else (tp if cp_only else etp * ep)
     return {
         "tp": (tp * 0 + 1, tp),
         "cp": (tp, cp),
