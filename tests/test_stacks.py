@@ -77,6 +77,8 @@ def test_layouts_of_a_stack_use_only_what_it_has(name: str) -> None:
         assert not np.any(cols["sp"])
     if not stack.selective_recompute:
         assert not np.any(cols["recompute"] == RECOMPUTE_CODES["selective"])
+    if not stack.interleaved_schedule:
+        assert np.all(cols["vpp"] == 1)
 
 
 @pytest.mark.parametrize("name", STACK_NAMES)
@@ -248,3 +250,31 @@ def test_the_stack_option_help_names_every_stack(capsys) -> None:  # type: ignor
     text = " ".join(capsys.readouterr().out.split())
     for stack in STACKS:
         assert stack.name in text, stack.name
+
+
+def test_megascale_and_bloom_trial_rows_are_searched_on_their_own_stacks() -> None:
+    """MegaScale's baseline is Megatron-LM 285068c810 (2023-01): the distributed optimizer
+    and FlashAttention, no context parallelism; the BLOOM trial ran Megatron-DeepSpeed with
+    ZeRO-1, whose pipeline engine has no interleaved schedule."""
+    from parsearch.validation.published.run_conventions import stack_of_source
+    mega = get_stack(stack_of_source("MegaScale (arXiv 2402.15627) Table 2"))
+    bloom = get_stack(stack_of_source("BigScience BLOOM-176B layout trial"))
+    assert mega.name == "megatron-lm-2023" and bloom.name == "megatron-deepspeed-2022"
+    assert mega.distributed_optimizer and mega.flash_attention and not mega.context_parallel
+    assert bloom.distributed_optimizer and not bloom.interleaved_schedule
+    assert not bloom.sequence_parallel and not bloom.selective_recompute
+
+
+def test_a_stack_without_interleaving_refuses_a_vpp_cap_above_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "384",
+              "--global-batch", "2048", "--seq-len", "2048", "--stack", "megatron-deepspeed-2022"]
+    assert main([*common, "--max-vpp", "4"]) == 2
+    assert "use --max-vpp 1" in capsys.readouterr().err
+    assert main([*common, "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    # no advice the stack cannot take: neither interleaving nor sequence parallelism
+    assert "without interleaving" not in out and "without sequence parallelism" not in out
+    assert main(["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "384",
+                 "--global-batch", "2048", "--seq-len", "2048", "--max-vpp", "1",
+                 "--sequence-parallel", "off", "--format", "json"]) == 0

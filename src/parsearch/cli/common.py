@@ -129,9 +129,9 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
     group.add_argument("--stack", default=None, metavar="NAME",
                        help="software stack the job runs: only the layouts and features it "
                        "has are searched, and the kernels it runs are priced "
-                       "(megatron-lm-2021, megatron-lm-2022, mcore-0.9, mcore-0.11, "
-                       "mcore-0.12, mcore-0.14, mcore-current, torchtitan; default "
-                       "mcore-current)")
+                       "(megatron-lm-2021, megatron-deepspeed-2022, megatron-lm-2022, "
+                       "megatron-lm-2023, mcore-0.9, mcore-0.11, mcore-0.12, mcore-0.14, "
+                       "mcore-current, torchtitan; default mcore-current)")
     group.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
     mem = parser.add_argument_group("memory accounting")
@@ -310,6 +310,7 @@ def training_from_args(args: argparse.Namespace) -> TrainingSpec:
         ("sequence_parallel", args.sequence_parallel != "both"),
         ("recompute_modes", tuple(args.recompute) != tuple(RECOMPUTE_MODES)),
         ("max_cp", getattr(args, "max_cp", None) is not None),
+        ("max_vpp", getattr(args, "max_vpp", None) is not None),
         ("pipeline_split", args.pipeline_split is not None)) if given)
     return stack_training(stack, _training_as_given(args), explicit=explicit)
 

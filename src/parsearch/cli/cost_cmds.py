@@ -104,7 +104,7 @@ def run_explain(args: argparse.Namespace) -> int:
     document["bottleneck"] = result.bottleneck
     document["slowest_stage"] = result.slowest_stage
     document["peak_memory_stage"] = result.peak_memory_stage
-    document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch)
+    document["flags"] = soft_rule_flags(layout, cm.fabric, training.global_batch, training)
     document["flags"] += _host_memory_flags(cm, layout)
     document["flags"] += pinned_feature_flags(model, cm.options, layout)
     document["flags"] += _offload_residue_flags(cm, layout, result.options or cm.options)

@@ -81,6 +81,9 @@ class SoftwareStack:
     #: the least pp an interleaved schedule runs with (3 before Megatron-LM 3ee489d9ea,
     #: 2024-05-31, "Enable virtual pipelining and P2P communication overlap at PP=2")
     min_interleaved_pp: int = 2
+    #: an interleaved (virtual-pipeline) schedule at all (DeepSpeed's pipeline engine runs
+    #: 1F1B over one chunk per stage: deepspeed/runtime/pipe/schedule.py ``TrainSchedule``)
+    interleaved_schedule: bool = True
     #: a separate expert TP (``--expert-tensor-parallel-size``, MoE parallel folding:
     #: Megatron-LM commit 7f22e210cd, 2024-11-23); without it the experts take the model's TP
     expert_tensor_parallel: bool = True
@@ -104,6 +107,7 @@ class SoftwareStack:
                  ("precision_aware_optimizer", "BF16 Adam moments"),
                  ("fp8_param_gather", "FP8 parameter gather"),
                  ("cpu_offloading", "CPU activation offloading"),
+                 ("interleaved_schedule", "the interleaved pipeline schedule"),
                  ("expert_tensor_parallel", "a separate expert TP (MoE parallel folding)"))
         moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep",
                     "expert_tensor_parallel"}
@@ -141,6 +145,15 @@ _MEGATRON_2022 = replace(
     _MEGATRON_2021, name="megatron-lm-2022", released="2022-05",
     source="Korthikanti et al. 2022, arXiv 2205.05198",
     sequence_parallel=True, selective_recompute=True, tp_async_grad_comm=True)
+# Megatron-LM at 285068c810 (2023-01-11), MegaScale's baseline (arXiv 2402.15627 §6.1): KOR22's
+# features plus the distributed optimizer (``--use-distributed-optimizer``, merged 2022-06-08,
+# d07d29df14) and FlashAttention behind ``--use-flash-attn`` (that very merge); still no
+# context parallelism, no Transformer Engine overlap, even pipeline splits and interleaving
+# only at ``pp > 2`` (its ``arguments.py``).
+_MEGATRON_2023 = replace(
+    _MEGATRON_2022, name="megatron-lm-2023", released="2023-01",
+    source="Megatron-LM 285068c810 (2023-01-11), MegaScale's baseline (arXiv 2402.15627)",
+    distributed_optimizer=True, flash_attention=True)
 # Megatron-Core 0.11 (early 2025; MoE Parallel Folding, arXiv 2504.14960, and its ModelZoo
 # recipes of 2025-04-03): context parallelism (0.4.0), the distributed optimizer, fused
 # attention, TE's TP overlap, all-to-all and all-gather dispatchers, the shared-expert
@@ -202,12 +215,24 @@ _TORCHTITAN = SoftwareStack(
     recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=True,
     cpu_offloading=False, expert_tensor_parallel=False, fsdp_only=True)
 
+# Megatron-DeepSpeed as the BigScience BLOOM trial ran it (bigscience tr11-200B-ml.slurm
+# @f658243409, 2022-02-17; INDEPENDENT_RUNS.md): Megatron-LM's TP and fused kernels of 2021,
+# DeepSpeed's pipeline engine (1F1B, no interleaving; layers partitioned evenly by type) and
+# ZeRO stage 1 (optimizer state sharded over DP, priced as the distributed optimizer); no
+# sequence parallelism or selective recompute (KOR22, May 2022), no fused attention, no TE.
+_MEGATRON_DEEPSPEED_2022 = replace(
+    _MEGATRON_2021, name="megatron-deepspeed-2022", released="2022-02",
+    source="bigscience-workshop/Megatron-DeepSpeed with DeepSpeed ZeRO-1 (BLOOM tr11 scripts, "
+           "2022-02)",
+    distributed_optimizer=True, interleaved_schedule=False)
+
 #: Megatron-LM / Megatron-Core releases, oldest first: each has what the one before had.
-MEGATRON_LINE: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MCORE_09,
+MEGATRON_LINE: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MEGATRON_2023,
+                                            _MCORE_09,
                                             _MCORE_011, _MCORE_012, _MCORE_014, _MCORE_CURRENT)
 #: The stacks parsearch knows: the Megatron line, then the others; the default is the
 #: current Megatron-Core.
-STACKS: tuple[SoftwareStack, ...] = (*MEGATRON_LINE, _TORCHTITAN)
+STACKS: tuple[SoftwareStack, ...] = (*MEGATRON_LINE, _TORCHTITAN, _MEGATRON_DEEPSPEED_2022)
 
 STACKS_BY_NAME: dict[str, SoftwareStack] = {s.name: s for s in STACKS}
 DEFAULT_STACK = _MCORE_CURRENT.name
@@ -291,6 +316,10 @@ def _pipeline_rules(stack: SoftwareStack, training: TrainingSpec,
                       f"drop the layout and use --pipeline-split {stack.pipeline_split}")
     if out.min_interleaved_pp < stack.min_interleaved_pp:
         out = replace(out, min_interleaved_pp=stack.min_interleaved_pp)
+    if not stack.interleaved_schedule and (out.max_vpp is None or out.max_vpp > 1):
+        if "max_vpp" in explicit and out.max_vpp is not None and out.max_vpp > 1:
+            raise _refuse(stack, "the interleaved pipeline schedule", "use --max-vpp 1")
+        out = replace(out, max_vpp=1)
     return out
 
 

@@ -22,6 +22,7 @@ recipes' default how to ask for it.
 from __future__ import annotations
 
 from parsearch.layout import Layout
+from parsearch.model.specs import TrainingSpec
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.placement import group_strides
 
@@ -29,8 +30,14 @@ from parsearch.topology.placement import group_strides
 DEEP_PIPELINE = 8
 
 
-def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int) -> list[str]:
+def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int,
+                    training: TrainingSpec | None = None) -> list[str]:
     """One sentence per soft rule ``layout`` breaks on ``fabric`` (empty: none).
+
+    ``training`` (bounded to the software stack, :func:`parsearch.cost.stacks.stack_training`)
+    drops the advice a user cannot take there: no flag for missing interleaving where the
+    stack or ``--max-vpp 1`` rules it out, none for missing sequence parallelism where it
+    is off, and EP groups placed as the stack places them (before MoE parallel folding too).
 
     >>> from parsearch.topology.cluster import load_cluster
     >>> from parsearch.topology.fabric import build_fabric
@@ -40,8 +47,11 @@ def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int) -> list[s
 'm=4 micro-batches for pp=4 stages: the pipeline bubble is as large as the work']
     """
     flags: list[str] = []
+    interleaving = training is None or training.max_vpp is None or training.max_vpp > 1
+    sequence_parallel = training is None or training.sequence_parallel != "off"
     strides = group_strides(layout.tp, layout.cp, layout.pp, layout.ep, layout.etp,
-                            layout.num_gpus)
+                            layout.num_gpus,
+                            experts_fold=training is None or not training.experts_follow_tp)
     for kind in ("tp", "etp"):
         stride, size = strides[kind]
         if size > 1:
@@ -54,13 +64,13 @@ def soft_rule_flags(layout: Layout, fabric: Fabric, global_batch: int) -> list[s
     if layout.pp > 1 and 0 < m <= layout.pp:
         flags.append(f"m={m} micro-batches for pp={layout.pp} stages: the pipeline bubble is "
                      "as large as the work")
-    if layout.pp >= DEEP_PIPELINE and layout.vpp == 1:
+    if layout.pp >= DEEP_PIPELINE and layout.vpp == 1 and interleaving:
         flags.append(f"pp={layout.pp} without interleaving (vpp=1): a deep pipeline pays its "
                      "full bubble")
     stride, size = strides["ep"]
     if size > 1 and fabric.group_link(int(stride), int(size)).tier == "network":
         flags.append(f"ep={size} crosses the network: token all-to-all leaves the NVLink domain")
-    if layout.tp > 1 and not layout.sp:
+    if layout.tp > 1 and not layout.sp and sequence_parallel:
         flags.append(f"tp={layout.tp} without sequence parallelism: norm and dropout "
                      "activations stay whole on every TP rank and TP comm overlap is "
                      "unavailable; Megatron-Bridge recipes run sp=true whenever tp > 1 "

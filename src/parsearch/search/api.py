@@ -140,7 +140,8 @@ def search_layouts(query: Query | None = None, /, *, num_gpus: int, top: int = 1
                     launch=launch_for_cluster(model, training, e.layout, cluster,
                                               options=e.options or cm.options,
                                               gpu=cm.fabric.gpu),
-                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch)
+                    flags=tuple(soft_rule_flags(e.layout, cm.fabric, training.global_batch,
+                                                training)
                                 + pinned_feature_flags(model, cm.options, e.layout)),
                     tied=ties > 1 and in_band[i])
         for i, e in enumerate(estimates))

@@ -146,6 +146,8 @@ def release_of(source: str) -> tuple[int, ...] | None:
 #: recipes' NeMo 24.09 container (Megatron-Core 0.9: before MoE parallel folding), and
 #: torchtitan's own benchmark files.
 _SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm-2022",
+                                  MEGASCALE: "megatron-lm-2023",
+                                  BLOOM_TRIAL: "megatron-deepspeed-2022",
                                   FOLD: "mcore-0.11", NEMO_LONGSEQ: "mcore-0.12",
                                   DGXC: "mcore-0.9", TORCHTITAN: "torchtitan"}
 
