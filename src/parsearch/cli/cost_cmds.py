@@ -159,16 +159,17 @@ def _offload_residue_flags(cm: Any, layout: Any, priced: Any) -> list[str]:
     """What the offloaded layers leave in HBM, where that is not nothing: the tensors
     Transformer Engine's offload does not move (``offload_kept_bytes``)."""
     from parsearch.cost.analytic import layout_columns
+    from parsearch.cost.memory.options import FP32_BYTES, TE_OFFLOAD_MIN_ELEMENTS
     from parsearch.cost.offload import kept_bytes_per_layer
 
     k = priced.activation_offload_layers or cm.training.activation_offload_layers
     if not k or layout.pp != 1 or layout.recompute != "none":
         return []
-    if priced.memory.offload_moves_every_saved_tensor:
-        return []  # TE >= 2.10 keeps only tensors under 256k elements (1 MiB at fp32)
     kept = kept_bytes_per_layer(cm.model, cm.training, priced.memory, layout_columns([layout]))
+    # under a floor of one tensor's worth that TE >= 2.10 would move: nothing worth saying
+    floor = TE_OFFLOAD_MIN_ELEMENTS * FP32_BYTES
     parts = [f"{'MoE' if is_moe else 'dense'} {float(b[0]) / 2**30:.2f} GiB"
-             for is_moe, b in kept.items() if float(b[0]) > 0]
+             for is_moe, b in kept.items() if float(b[0]) >= floor]
     if not parts:
         return []
     return [f"each of the {k} offloaded layers keeps part of its activations in HBM "
