@@ -56,3 +56,28 @@ def test_an_interleaved_step_pays_its_warm_up_rings_once(vpp: int) -> None:
     layout = f"tp=8,pp=4,vpp={vpp},mbs=1"
     once = 2.0 * pp_p2p(64, layout)[0] - pp_p2p(128, layout)[0]
     assert once == pytest.approx(2.0 * (vpp - 1) * 4 * send, rel=1e-6)
+
+
+@pytest.mark.parametrize("vpp", [2, 5])
+def test_interleaved_sends_before_the_p2p_overlap_are_waited_on(vpp: int) -> None:
+    # Megatron-LM before --overlap-p2p-comm (f9283c5a8a, 2023-05-31) waited on every send:
+    # each of the 2 x vpp sends per micro-batch is paid in full, as 1F1B pays its two, and
+    # no warm-up ring is waited on beside them (each stage's own timeline carries its sends).
+    model = get_preset("llama3-70b")
+    fabric = build_fabric(load_cluster("dgx-h100"), 32)
+    training = TrainingSpec(seq_len=8192, global_batch=64, precision="bf16")
+
+    def price(layout: str, overlap: bool):  # type: ignore[no-untyped-def]
+        cm = build_cost_model(model, training, fabric,
+                              options=CostOptions(pp_p2p_overlap=overlap))
+        return estimate(cm, parse_layout_string(layout, 32))
+
+    send = price("tp=8,pp=4,mbs=1", True).time_s["pp_p2p"] / (2.0 * 64)
+    layout = f"tp=8,pp=4,vpp={vpp},mbs=1"
+    waited, overlapped = price(layout, False), price(layout, True)
+    assert waited.time_s["pp_p2p"] == pytest.approx(2.0 * vpp * 64 * send, rel=1e-6)
+    assert waited.step_time_s > overlapped.step_time_s
+    assert sum(waited.time_s.values()) == pytest.approx(waited.step_time_s)
+    # 1F1B waited on its sends already: the switch changes nothing there
+    assert price("tp=8,pp=4,mbs=1", False).step_time_s == pytest.approx(
+        price("tp=8,pp=4,mbs=1", True).step_time_s)

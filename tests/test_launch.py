@@ -62,6 +62,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("unfused attention", {}, {"flash_attention": False}),
     ("pp scatter gather", {}, {"pp_scatter_gather": True}),
     ("tp async grad comm off", {}, {"tp_async_grad_comm": False}),
+    ("p2p overlap off", {}, {"pp_p2p_overlap": False}),
     ("moe imbalance", {}, {"moe_imbalance": 1.3}),
     ("routing balanced", {}, {"routing": "balanced"}),
     ("capacity factor", {}, {"moe_capacity_factor": 1.0}),
@@ -144,6 +145,8 @@ def test_every_priced_option_changes_the_launch(case: tuple[Any, ...],
         case = (*case[:2], layout, case[3])
     if name in ("fp8 output proj", "fused expert mlp"):  # MXFP8-only features: Blackwell
         case = (case[0], "dgx-b200", *case[2:])
+    if name == "p2p overlap off":  # waited sends differ from overlapped ones only with vpp > 1
+        case = (*case[:2], dataclasses.replace(case[2], vpp=2), case[3])
     if name == "offload":
         case = (*case[:2], dataclasses.replace(case[2], pp=1, num_gpus=16), case[3])
     if name == "shared expert overlap" and case is MOE:  # a model with shared experts

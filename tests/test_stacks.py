@@ -278,3 +278,13 @@ def test_a_stack_without_interleaving_refuses_a_vpp_cap_above_one(
     assert main(["search", "--model", "gpt3-175b", "--cluster", "dgx-a100", "--gpus", "384",
                  "--global-batch", "2048", "--seq-len", "2048", "--max-vpp", "1",
                  "--sequence-parallel", "off", "--format", "json"]) == 0
+
+
+def test_interleaved_sends_are_overlapped_only_from_megatron_lm_mid_2023() -> None:
+    """--overlap-p2p-comm arrived in Megatron-LM f9283c5a8a (2023-05-31): the 2021-2023
+    stacks price every interleaved send as waited on, Megatron-Core releases overlap it."""
+    for stack in STACKS:
+        options = stack_options(stack, CostOptions())
+        early = stack.name in ("megatron-lm-2021", "megatron-lm-2022", "megatron-lm-2023",
+                               "megatron-deepspeed-2022")
+        assert options.pp_p2p_overlap is not early, stack.name

@@ -310,7 +310,8 @@ def _score_fastest_features(cm: CostModel, cols: dict[str, np.ndarray], *,
     settings = StageSettings(opt.overlap_grad_reduce, opt.overlap_param_gather, training.fsdp,
                              cm.profile.step_overhead_s, cm.profile.comm_sm_share,
                              fsdp_weights_sharded=training.fsdp_shards_weights,
-                             megatron_buckets=not opt.apex_distributed_adam)
+                             megatron_buckets=not opt.apex_distributed_adam,
+                             overlap_p2p=opt.pp_p2p_overlap)
     del prices, params, groups
     out = {f"time_{k}": np.zeros(n) for k in TIME_KEYS}
     slowest_stage = np.zeros(n, dtype=np.int64)

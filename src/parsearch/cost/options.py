@@ -101,6 +101,13 @@ class CostOptions:
       arrival (Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by default before
       Megatron-Core; NAR21 §4.1).  Only layouts without SP send less (with SP the tensor is
       already split); Megatron-Core dropped it, so the launch settings have no flag for it.
+    * ``pp_p2p_overlap``: an interleaved schedule's pipeline sends run beside the next
+      chunk's compute (``--overlap-p2p-comm``, Megatron-LM commit f9283c5a8a, 2023-05-31, on
+      for interleaved schedules since).  ``False`` prices Megatron-LM before it, whose
+      ``_communicate`` waited on every batched send/receive (``req.wait()``, then
+      ``torch.cuda.synchronize()``: ``megatron/p2p_communication.py`` at 285068c810), so each
+      send is on the step's critical path; MegaScale (arXiv 2402.15627 §3.2) lists the PP
+      send/receive overlap as its own addition over that baseline.
     * ``routing``: ``trained`` (a trained router's expert-load imbalance, growing with EP:
       :mod:`parsearch.cost.routing`) or ``balanced`` (Megatron-Core
       ``--moe-router-force-load-balancing``, a benchmarking switch: every EP rank gets the
@@ -161,6 +168,7 @@ class CostOptions:
     flash_attention: bool = True
     tp_async_grad_comm: bool = True
     pp_scatter_gather: bool = False
+    pp_p2p_overlap: bool = True
     routing: str = "trained"
     moe_imbalance: float | None = None
     moe_capacity_factor: float | None = None

@@ -84,6 +84,10 @@ class SoftwareStack:
     #: an interleaved (virtual-pipeline) schedule at all (DeepSpeed's pipeline engine runs
     #: 1F1B over one chunk per stage: deepspeed/runtime/pipe/schedule.py ``TrainSchedule``)
     interleaved_schedule: bool = True
+    #: interleaved pipeline sends overlapped with compute (``--overlap-p2p-comm``, Megatron-LM
+    #: commit f9283c5a8a, 2023-05-31); before it every send was waited on
+    #: (:attr:`~parsearch.cost.options.CostOptions.pp_p2p_overlap`)
+    p2p_overlap: bool = True
     #: a separate expert TP (``--expert-tensor-parallel-size``, MoE parallel folding:
     #: Megatron-LM commit 7f22e210cd, 2024-11-23); without it the experts take the model's TP
     expert_tensor_parallel: bool = True
@@ -137,7 +141,7 @@ _MEGATRON_2021 = SoftwareStack(
     tp_async_grad_comm=False, moe_dispatchers=(), moe_a2a_overlap=False,
     moe_shared_expert_overlap=False, hybridep=False, cuda_graphs=False,
     recompute_modules=False, precision_aware_optimizer=False, fp8_param_gather=False,
-    cpu_offloading=False, pipeline_split="even", min_interleaved_pp=3)
+    cpu_offloading=False, pipeline_split="even", min_interleaved_pp=3, p2p_overlap=False)
 # KOR22 (arXiv 2205.05198) introduced sequence parallelism and selective recompute (§4.2,
 # §5); still no fused attention, no context parallelism, and its memory analysis (§4.1)
 # keeps the optimizer state unsharded.
@@ -168,6 +172,7 @@ _MCORE_09 = replace(
     context_parallel=True, distributed_optimizer=True, flash_attention=True,
     tp_comm_overlap=True, moe_dispatchers=("alltoall", "allgather"),
     moe_shared_expert_overlap=True, precision_aware_optimizer=False, fp8_param_gather=True,
+    p2p_overlap=True,
     cpu_offloading=True, offload_moves_mlp_activation_input=False,
     expert_tensor_parallel=False, pipeline_split="first-last", min_interleaved_pp=2)
 _MCORE_011 = replace(
@@ -337,7 +342,8 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
                                ("moe_shared_expert_overlap", stack.moe_shared_expert_overlap),
                                ("tp_comm_overlap", stack.tp_comm_overlap),
                                ("flash_attention", stack.flash_attention),
-                               ("tp_async_grad_comm", stack.tp_async_grad_comm)):
+                               ("tp_async_grad_comm", stack.tp_async_grad_comm),
+                               ("pp_p2p_overlap", stack.p2p_overlap)):
         if available:
             continue
         searched.discard(feature)

@@ -218,6 +218,9 @@ class StageSettings:
     #: distributed_data_parallel.py); False: Apex's DistributedFusedAdam, whose buckets
     #: cover every parameter of every stage (NeMo 1.0 ``distributed_fused_adam``)
     megatron_buckets: bool = True
+    #: interleaved sends overlapped with the next chunk's compute (``--overlap-p2p-comm``);
+    #: ``False``: each is waited on, as in 1F1B (CostOptions.pp_p2p_overlap)
+    overlap_p2p: bool = True
 
 
 def interleaved_ring_wait(pp: int, vpp: int, send_s: np.ndarray) -> np.ndarray:
@@ -304,13 +307,15 @@ def score_split(coef: StageCoefficients, pidx: np.ndarray, feats: np.ndarray, vp
     # (communication.py's sm_slowdown): deep interleaving multiplies the sends by vpp.
     p2p_total = 2.0 * float(vpp) * pp_send
     ring_wait = 0.0
-    if vpp > 1:
+    if vpp > 1 and settings.overlap_p2p:
         p2p = (np.maximum(0.0, p2p_total - work)
                + settings.comm_sm_share * np.minimum(p2p_total, work))
         p2p_mean = (count @ p2p) / stages
         stage_time = work + comm + p2p
         ring_wait = interleaved_ring_wait(stages, vpp, pp_send)
     else:
+        # Waited sends (1F1B; interleaving before --overlap-p2p-comm) sit on each stage's
+        # own timeline, so the warm-up ring delivers no later than the stage needs it.
         p2p_mean = p2p_total
         stage_time = work + comm + p2p_total
     out = {f"time_{k}": m * part_means[i] for i, k in enumerate(STAGE_PARTS)}

@@ -170,8 +170,9 @@ def _unpriced_resets(plan: LaunchPlan) -> dict[str, Any]:
     return {
         # what CommOverlapConfig sets for PP (dropped with comm_overlap=null), as priced:
         # p2p hidden behind compute on interleaved schedules (Megatron-LM's default too)
-        "model.overlap_p2p_comm": lay.pp > 1 and lay.vpp > 1,
-        "model.batch_p2p_comm": lay.pp > 1 and lay.vpp == 1,
+        # unless waited sends were priced (pp_p2p_overlap off)
+        "model.overlap_p2p_comm": plan.overlap_p2p,
+        "model.batch_p2p_comm": lay.pp > 1 and not plan.overlap_p2p,
         # the interleaved schedule's micro-batch group; null: pipeline size, as priced
         "model.microbatch_group_size_per_vp_stage": None,
         # deprecated graph switches: TransformerConfig.__post_init__ turns them into

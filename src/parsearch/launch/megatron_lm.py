@@ -93,6 +93,10 @@ def _parallel_args(plan: LaunchPlan) -> list[str]:
         args += _rank_split_args(plan.rank_split, lay.vpp)
     elif lay.vpp > 1 and plan.layers_per_virtual_stage is not None:
         args += ["--num-layers-per-virtual-pipeline-stage", str(plan.layers_per_virtual_stage)]
+    if lay.pp > 1 and lay.vpp > 1 and not plan.overlap_p2p:
+        # waited interleaved sends, as priced (pp_p2p_overlap off: Megatron-LM before
+        # f9283c5a8a); Megatron-LM overlaps them by default for vpp > 1
+        args.append("--no-overlap-p2p-communication")
     if lay.sp:
         args.append("--sequence-parallel")
     args += ["--micro-batch-size", str(lay.mbs), "--global-batch-size", str(plan.global_batch),

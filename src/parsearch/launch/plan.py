@@ -70,6 +70,9 @@ class LaunchPlan:
     #: parameters per gradient bucket the pricing assumed when it is not Megatron-Core's
     #: default (``--ddp-bucket-size``)
     ddp_bucket_size: int | None
+    #: interleaved pipeline sends overlapped with compute (Megatron-LM's default for vpp > 1;
+    #: ``False``: ``--no-overlap-p2p-communication``, as priced with ``pp_p2p_overlap`` off)
+    overlap_p2p: bool
     # features
     tp_comm_overlap: bool
     moe_dispatcher: str | None
@@ -432,6 +435,7 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
                               and (training.distributed_optimizer or training.fsdp)),
         ddp_bucket_size=(opt.ddp_bucket_params if opt.overlap_grad_reduce and lay.dp > 1
                          and not training.fsdp else None),
+        overlap_p2p=lay.pp > 1 and lay.vpp > 1 and opt.pp_p2p_overlap,
         tp_comm_overlap=tp_overlap,
         moe_dispatcher=opt.moe_dispatcher if moe else None,
         flex_backend=backend,

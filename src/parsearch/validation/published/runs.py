@@ -205,7 +205,8 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # 2021-08) and KOR22 (arXiv v1 2022-05-10), whose §6.3 prices its DP overhead as
         # "the gradient all-reduce required between the data parallel groups".  So each
         # DP rank keeps the whole optimizer state and the gradients are all-reduced once
-        # per step (no parameter all-gather).
+        # per step (no parameter all-gather).  Both predate --overlap-p2p-comm (Megatron-LM
+        # f9283c5a8a, 2023-05-31): every interleaved send was waited on.
         # Gradient bytes: NAR21's sc21 CONFIG.sh trains with --fp16 and no
         # --accumulate-allreduce-grads-in-fp32 (Megatron-LM @de7dc40f883c
         # megatron/arguments.py: only --bf16 forces FP32), so its FP16 gradients are kept
@@ -218,7 +219,7 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         return training, replace(options, flash_attention=False, tp_comm_overlap=False,
                                  pp_scatter_gather=True,
                                  tp_async_grad_comm=run.source_tag != "NAR21",
-                                 grad_reduce_bytes=grad_reduce_bytes)
+                                 grad_reduce_bytes=grad_reduce_bytes, pp_p2p_overlap=False)
     if run.source_tag == "MEGASCALE":
         # MegaScale's Megatron-LM baseline (arXiv 2402.15627 §6.1): §3.2 presents the
         # overlap of DP all-gather / reduce-scatter, PP send/receive and TP/SP
@@ -226,8 +227,10 @@ def source_accounting(run: PublishedRun, training: TrainingSpec,
         # the baseline ran them exposed.  §3.3 likewise presents FlashAttention-2 as its
         # own; the baseline's Megatron-LM commit (285068c8, 2023-01-11) has FlashAttention
         # only behind the opt-in --use-flash-attn, so it ran Megatron's unfused attention.
+        # Its interleaved sends were waited on (no --overlap-p2p-comm before f9283c5a8a).
         return training, replace(options, tp_comm_overlap=False, overlap_grad_reduce=False,
-                                 overlap_param_gather=False, flash_attention=False)
+                                 overlap_param_gather=False, flash_attention=False,
+                                 pp_p2p_overlap=False)
     if run.source_tag == BLOOM_TRIAL:
         # The trial's script (bigscience tr11-200B-ml.slurm @f658243409, 2022-02-17;
         # INDEPENDENT_RUNS.md): Megatron-DeepSpeed with DeepSpeed ZeRO-1 and --fp16, so FP16
