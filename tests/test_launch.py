@@ -63,6 +63,7 @@ DELTAS: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("pp scatter gather", {}, {"pp_scatter_gather": True}),
     ("tp async grad comm off", {}, {"tp_async_grad_comm": False}),
     ("p2p overlap off", {}, {"pp_p2p_overlap": False}),
+    ("offload modules", {"offload_modules": ("core_attn", "attn_proj")}, {}),
     ("moe imbalance", {}, {"moe_imbalance": 1.3}),
     ("routing balanced", {}, {"routing": "balanced"}),
     ("capacity factor", {}, {"moe_capacity_factor": 1.0}),

@@ -8,8 +8,8 @@ every memory setting it turns on, read from the recipe as written.  The row's
 column for (optimizer dtypes, the layer-wise distributed Muon optimizer, the model's
 vocabulary and MTP depth) are mapped here onto the existing :class:`TrainingSpec` and
 :class:`ModelSpec` fields.  Settings the cost model has no knob for (paged stash, FP4
-parameter gather, fine-grained offload of listed modules) are recorded in the CSV and not
-priced.
+parameter gather) are recorded in the CSV and not priced; fine-grained offload of listed
+modules goes through ``offload_modules`` (no case turns it on).
 
 A recipe that ran did fit: every case asserts ``est.fits`` against the whole HBM (margin
 0, as ``validate_runs`` judges published runs).  The cases the model does not admit yet

@@ -18,6 +18,7 @@ from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.cost.routing import ROUTING_MODES
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
+from parsearch.model.offload_modules import OFFLOAD_MODULES
 from parsearch.model.specs import (
     FSDP_STRATEGIES,
     MAX_MICRO_BATCH,
@@ -172,6 +173,13 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                      "each model chunk to host memory (Megatron --cpu-offloading-num-layers; "
                      "only pp=1 without recompute); default: chosen per layout, the fewest "
                      "layers that make a pp=1, recompute-none layout fit, 0 where it fits")
+    mem.add_argument("--offload-modules", type=choice_list(OFFLOAD_MODULES), default=None,
+                     metavar="LIST",
+                     help="fine-grained activation offloading (Megatron-Core 0.16+ "
+                     "--fine-grained-activation-offloading --offload-modules): the inputs of "
+                     f"these submodules of every layer go to host memory, among "
+                     f"{','.join(OFFLOAD_MODULES)}; any pp and recompute; not with "
+                     "--activation-offload-layers")
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:
@@ -335,6 +343,7 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
         recompute_num_layers=args.recompute_num_layers,
         recompute_modules=tuple(args.recompute_modules or ("core_attn",)),
         activation_offload_layers=args.activation_offload_layers or 0,
+        offload_modules=tuple(getattr(args, "offload_modules", None) or ()),
     )
 
 

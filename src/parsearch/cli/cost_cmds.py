@@ -142,17 +142,22 @@ def _host_memory_flags(cm: Any, layout: Any) -> list[str]:
     from parsearch.cost.offload import host_bytes_needed
 
     k = cm.training.activation_offload_layers
+    modules = cm.training.offload_modules
     cap = cm.fabric.cluster.host_memory_per_gpu_bytes
-    if not k or cap is None:
+    if not (k or modules) or cap is None:
         return []
     need = float(host_bytes_needed(cm.model, cm.training, cm.options.memory,
                                    layout_columns([layout]))[0])
     if need <= cap:
         return []
-    return [f"the {k} offloaded layers' activations need {need / 1e9:.0f} GB of host memory "
+    what = (f"the offloaded inputs of {', '.join(modules)}" if modules
+            else f"the {k} offloaded layers' activations")
+    fewer = "fewer modules (--offload-modules)" if modules else (
+        "fewer layers (--activation-offload-layers)")
+    return [f"{what} need {need / 1e9:.0f} GB of host memory "
             f"per GPU; cluster {cm.fabric.cluster.name} has {cap / 1e9:.0f} GB per GPU "
-            "(host_memory_GB over its GPUs per node): offload fewer layers "
-            "(--activation-offload-layers) or use a smaller micro-batch"]
+            f"(host_memory_GB over its GPUs per node): offload {fewer} or use a smaller "
+            "micro-batch"]
 
 
 def _offload_residue_flags(cm: Any, layout: Any, priced: Any) -> list[str]:

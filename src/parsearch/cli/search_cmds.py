@@ -209,7 +209,9 @@ def feature_label(plan: Any) -> str:
     parts += [label for on, label in ((plan.moment_dtype == "bf16", "bf16-moments"),
                                       (plan.fp8_param_gather, "fp8-gather"),
                                       (plan.offload_layers > 0,
-                                       f"offload:{plan.offload_layers}")) if on]
+                                       f"offload:{plan.offload_layers}"),
+                                      (bool(plan.offload_modules),
+                                       "offload:" + ",".join(plan.offload_modules))) if on]
     return "+".join(parts) or "-"
 
 

@@ -375,7 +375,7 @@ def memory_scores(cm: CostModel, cols: dict[str, np.ndarray], *,
                         degree_rows=degree_rows)
     out = {f"mem_{k}": np.asarray(getattr(mem, k), dtype=np.float64) for k in MEMORY_KEYS}
     out["fits"] = out["mem_total"] <= usable_memory_bytes(cm.fabric.gpu, cm.options)
-    if cm.training.activation_offload_layers:  # offloaded activations need host memory
+    if cm.training.activation_offload_layers or cm.training.offload_modules:  # host memory
         out["fits"] &= host_memory_fits(cm.model, cm.training, cm.options.memory, cols,
                                         cm.fabric.cluster.host_memory_per_gpu_bytes)
     out["peak_memory_stage"] = np.asarray(mem.peak_stage)

@@ -60,6 +60,7 @@ from parsearch.cost.ep_overlap import (
     stands_in_for_pinned_overlap,
 )
 from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+from parsearch.model.offload_modules import graph_conflict
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: Compute capability from which the flex dispatcher's kernels run (DeepEP: Hopper).
@@ -200,6 +201,9 @@ def graphs_runnable(options: CostOptions, training: TrainingSpec | None,
         return np.ones(n, dtype=bool)
     if training is not None and training.activation_offload_layers:
         return np.zeros(n, dtype=bool)  # "CUDA graphs not supported with CPU offloading."
+    if training is not None and graph_conflict(training.offload_modules, options.cuda_graph_impl,
+                                               options.cuda_graph_scope) is not None:
+        return np.zeros(n, dtype=bool)  # beside fine-grained offloading (offload_modules)
     code = np.asarray(cols["recompute"])
     # "full recompute is only supported with full iteration CUDA graph."
     ok = code != RECOMPUTE_CODES["full"]

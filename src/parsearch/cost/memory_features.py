@@ -147,6 +147,7 @@ def searches_offload(cm: CostModel) -> bool:
                      and "cuda_graphs" not in options.search_features)
     return ("activation_offload_layers" in options.search_features
             and cm.training.activation_offload_layers == 0
+            and not cm.training.offload_modules  # --cpu-offloading excludes it (Megatron-Core)
             and options.activation_offload_layers is None and not graphs_pinned
             and max_offload_layers(cm.model) > 1)
 
@@ -179,7 +180,11 @@ def recompute_chain(model: ModelSpec, training: TrainingSpec, options: CostOptio
         ("shared_experts",) if shared and not (
             options.moe_shared_expert_overlap
             and "moe_shared_expert_overlap" not in options.search_features) else (),
-        (("mlp",) if dense_layers else ()) + (("moe",) if moe is not None else ()),
+        (("mlp",) if dense_layers else ())
+        # the whole-MoE checkpoint leaves no expert input to offload: Megatron-Core refuses
+        # it beside offloaded expert modules (parsearch.model.offload_modules)
+        + (("moe",) if moe is not None and not {"expert_fc1", "moe_act"}
+           & set(training.offload_modules) else ()),
     ]
     chain: list[tuple[str, ...]] = []
     current: tuple[str, ...] = ()

@@ -38,6 +38,7 @@ from parsearch.cost.memory.activations import (
     offload_kept_bytes,
     stage_layer_bytes,
 )
+from parsearch.cost.memory.options import Num
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 from parsearch.topology.hardware import GpuProfile
 
@@ -55,7 +56,11 @@ def offload_exposed(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     Zero without activation offloading.
     """
     k = training.activation_offload_layers
-    if k <= 0 or (is_moe and model.moe is None):
+    if is_moe and model.moe is None:
+        return np.zeros_like(np.asarray(layer_time, dtype=np.float64))
+    if training.offload_modules:
+        return _module_offload_exposed(model, training, gpu, memory, cols, is_moe, layer_time)
+    if k <= 0:
         return np.zeros_like(np.asarray(layer_time, dtype=np.float64))
     deg = _degrees(cols)
     # what stays in HBM, on the rows Megatron offloads (no recompute: activation_terms.py)
@@ -70,6 +75,44 @@ def offload_exposed(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                                     * cols["vpp"].astype(np.float64))
     share = np.minimum(float(k), per_chunk) / np.maximum(per_chunk, 1.0)
     return exposed * share
+
+
+def _module_offload_exposed(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
+                            memory: MemoryOptions, cols: dict[str, np.ndarray], is_moe: bool,
+                            layer_time: np.ndarray) -> np.ndarray:
+    """Seconds per micro-batch a layer waits for fine-grained offload copies.
+
+    Every layer copies its offloaded module inputs (``TrainingSpec.offload_modules``,
+    :mod:`parsearch.cost.memory.module_offload`) to host on Megatron's D2H stream during its
+    forward and back on the H2D stream before its backward
+    (``fine_grained_activation_offload.py``), so the copy hides behind the layer it
+    belongs to, as the layer-level offload's above: exposed = max(0, B/host - t_fwd) +
+    max(0, B/host - t_bwd), now for every layer.
+    """
+    moved, share = module_moved_bytes(model, training, memory, cols, is_moe)
+    copy = np.asarray(moved, dtype=np.float64) / (gpu.host_link_Bps or DEFAULT_HOST_LINK_BPS)
+    forward = np.asarray(layer_time, dtype=np.float64) / 3.0
+    return share * (np.maximum(0.0, copy - forward) + np.maximum(0.0, copy - 2.0 * forward))
+
+
+def module_moved_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                       cols: dict[str, np.ndarray], is_moe: bool) -> tuple[Num, Num]:
+    """Per row, what one layer of this kind moves to host under fine-grained offloading,
+    and the share of a chunk's layers that move it.
+
+    Fully recomputed layers save no module input; with ``--recompute-method block``
+    (``recompute_num_layers`` N) the chunk's layers past the first N keep everything and
+    offload theirs (:mod:`parsearch.cost.memory.activation_terms`).
+    """
+    code = cols["recompute"]
+    layer = layer_bytes(model, training, is_moe, _degrees(cols), memory)
+    full = code == RECOMPUTE_CODES["full"]
+    if training.recompute_num_layers is None:
+        return layer.moved_of(code), np.where(full, 0.0, 1.0)
+    per_chunk = model.num_layers / (cols["pp"].astype(np.float64) * cols["vpp"].astype(np.float64))
+    kept = np.maximum(per_chunk - training.recompute_num_layers, 0.0) / np.maximum(per_chunk, 1.0)
+    return (np.where(full, layer.moved_none, layer.moved_of(code)),
+            np.where(full, kept, 1.0))
 
 
 def _degrees(cols: dict[str, np.ndarray]) -> ActDegrees:
@@ -189,11 +232,30 @@ def host_bytes_needed(model: ModelSpec, training: TrainingSpec, memory: MemoryOp
     offloaded layers take (:func:`offload_host_bytes` at that count); 0 on rows Megatron
     does not offload on (:func:`offload_allowed`) and without offload."""
     n = len(np.asarray(cols["tp"]))
+    if training.offload_modules and n:
+        return _module_host_bytes(model, training, memory, cols)
     k = training.activation_offload_layers
     if k <= 0 or not n:
         return np.zeros(n)
     held = offload_host_bytes(model, training, memory, cols)
     return np.where(offload_allowed(cols), held[:, min(k, held.shape[1] - 1)], 0.0)
+
+
+def _module_host_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,
+                       cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Per row, the host memory per GPU fine-grained offloading fills at most: the larger
+    layer kind's moved bytes, times the stage's layers, times the micro-batches the first
+    stage holds in flight, ``min(m, pp)``, ``(1 + (pp - 1) / (pp vpp))`` times more when
+    interleaved (NAR21 §2.2.2)."""
+    pp = cols["pp"].astype(np.float64)
+    vpp = cols["vpp"].astype(np.float64)
+    kinds = (False, True) if model.moe is not None else (False,)
+    moved = np.maximum.reduce([np.broadcast_to(np.asarray(
+        np.multiply(*module_moved_bytes(model, training, memory, cols, k)), dtype=np.float64),
+        pp.shape) for k in kinds])
+    m = training.global_batch / (cols["mbs"].astype(np.float64) * cols["dp"].astype(np.float64))
+    in_flight = np.minimum(m, pp) * np.where(vpp > 1, 1.0 + (pp - 1.0) / (pp * vpp), 1.0)
+    return moved * model.num_layers / pp * in_flight
 
 
 def kept_bytes_per_layer(model: ModelSpec, training: TrainingSpec, memory: MemoryOptions,

@@ -10,6 +10,7 @@ from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import resolve_fp8_recipe
 from parsearch.errors import SpecError
+from parsearch.model.offload_modules import graph_conflict
 from parsearch.model.specs import TrainingSpec
 from parsearch.topology.hardware import GpuProfile
 
@@ -75,6 +76,10 @@ def check_graph_options(training: TrainingSpec, options: CostOptions) -> CostOpt
         # "CUDA graphs not supported with CPU offloading."
         raise SpecError("per-layer CUDA graphs do not run with CPU activation offloading "
                         "(Megatron-Core refuses the pair): drop --cuda-graphs or the offload")
+    conflict = graph_conflict(training.offload_modules, options.cuda_graph_impl,
+                              options.cuda_graph_scope)
+    if conflict is not None:
+        raise SpecError(conflict)
     if "moe" in options.cuda_graph_scope and not (options.moe_capacity_factor is not None
                                                   and options.moe_pad_to_capacity):
         # "moe cuda graph is only supported with drop-padding MoE."

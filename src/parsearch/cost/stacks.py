@@ -72,6 +72,9 @@ class SoftwareStack:
     #: in 0.2.0 (NeMo 25.11; Megatron-Bridge ``pyproject.toml`` and ``uv.lock`` at v0.2.0 and
     #: v0.3.0)
     offload_moves_every_saved_tensor: bool = False
+    #: fine-grained activation offloading (``--fine-grained-activation-offloading
+    #: --offload-modules``, Megatron-Core 0.16.0: Megatron-LM commit b97184db56, 2026-01-16)
+    fine_grained_offloading: bool = False
     #: how it splits layers over pipeline stages (``TrainingSpec.pipeline_split``):
     #: ``uneven`` with ``--pipeline-model-parallel-layout`` (Megatron-Core 0.13.0 on),
     #: ``first-last`` for Megatron-Core 0.9-0.12 (:mod:`parsearch.layout.rank_split`),
@@ -198,7 +201,8 @@ _MCORE_014 = replace(
 _MCORE_CURRENT = replace(
     _MCORE_014, name="mcore-current", released="2025-12",
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0); Megatron-Bridge 0.3.0 on (TE >= "
-           "2.10 offload)", hybridep=True, offload_moves_every_saved_tensor=True)
+           "2.10 offload); Megatron Core 0.16.0 (fine-grained activation offloading)",
+    hybridep=True, offload_moves_every_saved_tensor=True, fine_grained_offloading=True)
 
 # torchtitan (Liang et al., arXiv 2410.06511; its benchmark files of 2024-12 and 2025-06):
 # PyTorch-native TP with sequence parallelism and async TP (torch symmetric memory), PP with
@@ -288,6 +292,8 @@ def stack_training(stack: SoftwareStack, training: TrainingSpec, *,
         out = replace(out, distributed_optimizer=False)
     if not stack.cpu_offloading and training.activation_offload_layers:
         raise _refuse(stack, "CPU activation offloading", "drop --activation-offload-layers")
+    if not stack.fine_grained_offloading and training.offload_modules:
+        raise _refuse(stack, "fine-grained activation offloading", "drop --offload-modules")
     if not stack.context_parallel and (training.max_cp is None or training.max_cp > 1):
         if "max_cp" in explicit and training.max_cp is not None and training.max_cp > 1:
             raise _refuse(stack, "context parallelism", "use --max-cp 1")

@@ -179,9 +179,13 @@ def _unpriced_resets(plan: LaunchPlan) -> dict[str, Any]:
         # cuda_graph_impl (and refuses them next to it); the Qwen3 GB200 recipe sets one
         "model.enable_cuda_graph": False,
         "model.external_cuda_graph": False,
-        # module-wise activation offload to host (DeepSeek, Nemotron-H recipes); the
-        # cost model prices whole-layer offloading only, and Megatron-Core refuses both
-        "model.fine_grained_activation_offloading": False,
+        # module-wise offload to host as priced (TrainingSpec.offload_modules, or off);
+        # its tuning knobs at Megatron-Core's defaults, which the cost model prices
+        "model.fine_grained_activation_offloading": bool(plan.offload_modules),
+        "model.offload_modules": list(plan.offload_modules),
+        "model.min_offloaded_tensor_size": 1024 * 1024,
+        "model.activation_offload_fraction": 1.0,
+        "model.delta_offload_bytes_across_pp_ranks": 0,
         # deterministic mode (Llama ..._deterministic recipes) also turns the fused
         # cross-entropy off, which the compute model prices (cost/compute.py "output")
         "model.deterministic_mode": False,

@@ -115,6 +115,9 @@ def _memory_args(plan: LaunchPlan) -> list[str]:
             args += ["--recompute-modules", *plan.recompute_modules]
     if plan.offload_layers:
         args += ["--cpu-offloading-num-layers", str(plan.offload_layers)]
+    if plan.offload_modules:
+        args += ["--fine-grained-activation-offloading", "--offload-modules",
+                 *plan.offload_modules]
     if plan.fsdp:
         # Megatron-FSDP optim_grads_params (ZeRO-3) or optim_grads (ZeRO-2); validate_args
         # requires fsdp_dtensor

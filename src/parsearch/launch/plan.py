@@ -27,8 +27,10 @@ from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
 from parsearch.cost.stages import effective_split, priced_rank_split, virtual_stage_layer_counts
 from parsearch.errors import SpecError
+from parsearch.launch.environment import PINNED_ENV, hybridep_topology, launch_env
 from parsearch.layout import Layout
 from parsearch.layout.rank_split import RankSplit
+from parsearch.model.offload_modules import graph_conflict
 from parsearch.model.pipeline_layout import format_pipeline_layout
 from parsearch.model.specs import TORCHTITAN_OP_SAC, ModelSpec, TrainingSpec
 
@@ -97,6 +99,8 @@ class LaunchPlan:
     conflicts: tuple[str, ...]
     # priced settings the Megatron-LM command line cannot express (Bridge can)
     megatron_lm_gaps: tuple[str, ...] = ()
+    # fine-grained activation offloading: module inputs kept on host (--offload-modules)
+    offload_modules: tuple[str, ...] = ()
     # --cuda-graph-impl when cuda_graphs (per-layer transformer_engine / local, or one
     # full_iteration graph)
     cuda_graph_impl: str = "transformer_engine"
@@ -167,6 +171,8 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
         (plan.offload_layers > 0, f"activation offload ({plan.offload_layers} layers"
          + (", chosen by the search: the fewest that fit; pin with --activation-offload-layers"
             if "activation_offload_layers" in plan.chosen_features else "") + ")"),
+        (bool(plan.offload_modules),
+         f"fine-grained activation offload ({', '.join(plan.offload_modules)})"),
         (not plan.flash_attention, "unfused attention"),
         # the uneven split the launch passes (a recipe's layout string, Megatron's
         # accounting or the work-balanced split: cost/stages.py)
@@ -244,88 +250,6 @@ def _optimizer_state(training: TrainingSpec, conflicts: list[str]
     return (grads.get(float(training.grad_bytes)),
             moments.get(float(training.optimizer_bytes)) if training.optimizer == "adam"
             else None)
-
-
-#: Environment every launch pins, as priced (both launchers export it; a Bridge recipe's own
-#: ``env_vars`` are only defaults, ``os.environ.setdefault`` in ``apply_environment_variables``,
-#: ``src/megatron/bridge/training/config.py`` at 067f987d, so the exported value wins):
-#:
-#: * ``NCCL_NVLS_ENABLE=0``: the cost model prices NCCL's ring and tree collectives at the
-#:   cluster file's bus bandwidth (cost/collectives.py), not NVLink SHARP's in-switch
-#:   reduction, and the memory model counts no NVLS buffers (Megatron-LM
-#:   ``megatron/core/transformer/moe/README.md`` at d98e8a64: "Disable NVLS to prevent memory
-#:   overhead"; NCCL enables it by default where the switch has it; Bridge main's
-#:   ``perf_recipes`` write 0 415 times, 1 16 times, in Llama 3 GB300/VR200 recipes).
-#: * ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=1`` (Transformer Engine's default, Megatron-Core
-#:   ``extensions/transformer_engine.py`` reads ``os.getenv(..., "1")`` at d98e8a64): fused
-#:   attention is priced at its non-deterministic backward's efficiency; ``0`` is
-#:   Megatron-LM's deterministic mode (``megatron/training/determinism.py``), which the
-#:   launch also turns off (``model.deterministic_mode``); Bridge's DeepSeek-V3/V4 and
-#:   GPT-OSS ``perf_recipes`` set 0.
-PINNED_ENV: tuple[tuple[str, str], ...] = (("NCCL_NVLS_ENABLE", "0"),
-                                           ("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "1"))
-
-
-def _env(lay: Layout, fsdp: bool, a2a_overlap: bool, capability: float | None, *,
-         fused_expert_mlp: bool = False, flex: str | None = None, nvlink_domain_size: int = 8,
-         gpus_per_node: int = 8) -> tuple[tuple[str, str], ...]:
-    """The environment the priced run needs, for every launcher.
-
-    ``CUDA_DEVICE_MAX_CONNECTIONS`` as Megatron-LM's ``validate_args`` wants it:
-    before Blackwell, TP or CP > 1 requires it to be 1 (kernel order of the
-    overlapped TP collectives); Megatron-FSDP requires it unset or > 1, and EP
-    all-to-all overlap asks for > 1 (``megatron/training/arguments.py``,
-    ``validate_args``; Megatron-Bridge's performance recipes use 32); otherwise 8,
-    CUDA's default, what a Megatron-LM run without the variable gets, written so a
-    recipe's own 1 (which serialises the overlapped collectives behind compute) does not
-    run.  Then :data:`PINNED_ENV`; ``NVTE_CUTEDSL_FUSED_GROUPED_MLP=1`` where the fused
-    expert MLP is priced (Megatron-Core ``TEGroupedMLP`` takes the op-fuser path for a
-    gated MLP only with it, ``transformer/moe/experts.py`` at d98e8a64, default ``"0"``);
-    and HybridEP's topology where it is the priced flex back end (below).
-
-    >>> _env(Layout(num_gpus=16, tp=2, sp=True), False, False, 9.0)[0]
-    ('CUDA_DEVICE_MAX_CONNECTIONS', '1')
-    >>> env = dict(_env(Layout(num_gpus=64, ep=32), False, False, 10.0, flex="hybridep",
-    ...                 nvlink_domain_size=72, gpus_per_node=4))
-    >>> env["CUDA_DEVICE_MAX_CONNECTIONS"], env["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"]
-    ('8', '32')
-    """
-    if fsdp or a2a_overlap:
-        connections = "32"
-    elif (capability is None or capability < 10) and (lay.tp > 1 or lay.cp > 1):
-        connections = "1"
-    else:
-        connections = "8"
-    env = [("CUDA_DEVICE_MAX_CONNECTIONS", connections), *PINNED_ENV]
-    if fused_expert_mlp:
-        env.append(("NVTE_CUTEDSL_FUSED_GROUPED_MLP", "1"))
-    if flex == "hybridep":
-        env += hybridep_topology(lay.ep, nvlink_domain_size, gpus_per_node)
-    return tuple(env)
-
-
-def hybridep_topology(ep: int, nvlink_domain_size: int, gpus_per_node: int
-                      ) -> list[tuple[str, str]]:
-    """HybridEP's topology variables for the priced EP group and NVLink domain.
-
-    Bridge's rule (``apply_target_topology_environment``,
-    ``scripts/performance/utils/utils.py`` at 067f987d): on 8-GPU NVLink domains
-    ``min(ep, 8)`` ranks per domain, ``NVLINK_DOMAIN_SIZE=8``, ``USE_MNNVL=0``; on NVL72
-    ``ep`` ranks (at most 72), 72, ``USE_MNNVL=1``.  Here the domain is the cluster's, and
-    an EP group larger than it keeps the largest divisor of ``ep`` that fits, the ranks of
-    one group that share a domain.  A recipe's values describe its own EP size, which the
-    launch replaces; the cost model prices one network copy per remote domain
-    (cost/communication.py), which is what these variables tell HybridEP.
-
-    >>> [value for _, value in hybridep_topology(16, 8, 8)]
-    ['8', '8', '0']
-    >>> hybridep_topology(128, 72, 4)[0]
-    ('NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN', '64')
-    """
-    ranks = max(d for d in range(1, min(ep, nvlink_domain_size) + 1) if ep % d == 0)
-    return [("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", str(ranks)),
-            ("NVLINK_DOMAIN_SIZE", str(nvlink_domain_size)),
-            ("USE_MNNVL", "1" if nvlink_domain_size > gpus_per_node else "0")]
 
 
 def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
@@ -455,11 +379,13 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         fp8_output_proj=opt.fp8_output_proj and recipe == "mxfp8",
         fused_expert_mlp=fused_mlp,
         offload_layers=offload,
+        offload_modules=training.offload_modules,
         optimizer=training.optimizer,
         main_grads_dtype=main_grads, moment_dtype=moments,
-        env=_env(lay, training.fsdp, a2a_overlap, capability,
+        env=launch_env(lay, training.fsdp, a2a_overlap, capability,
                  fused_expert_mlp=fused_mlp, flex=backend,
-                 nvlink_domain_size=nvlink_domain_size, gpus_per_node=gpus_per_node),
+                 nvlink_domain_size=nvlink_domain_size, gpus_per_node=gpus_per_node,
+                 module_offload=bool(training.offload_modules)),
         conflicts=tuple(conflicts),
         megatron_lm_gaps=tuple(gaps),
         cuda_graph_impl=opt.cuda_graph_impl,
@@ -484,6 +410,10 @@ def _graph_conflicts(opt: CostOptions, training: TrainingSpec, granularity: str 
     if training.activation_offload_layers:
         out.append("per-layer CUDA graphs with CPU activation offloading: Megatron-Core "
                    "refuses the pair (\"CUDA graphs not supported with CPU offloading\")")
+    module_conflict = graph_conflict(training.offload_modules, opt.cuda_graph_impl,
+                                     opt.cuda_graph_scope)
+    if module_conflict is not None:
+        out.append(module_conflict)
     if (granularity == "selective" and "moe" in (modules or ())
             and "moe_router" in opt.cuda_graph_scope
             and opt.cuda_graph_impl == "transformer_engine"):

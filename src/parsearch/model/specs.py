@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from parsearch.errors import SpecError
+from parsearch.model.offload_modules import check_offload_modules
 from parsearch.model.pipeline_layout import parse_pipeline_layout
 
 MlpActivation = Literal["swiglu", "gelu", "squared_relu"]
@@ -413,10 +414,10 @@ class TrainingSpec:
     * ``activation_offload_layers`` — activations of this many transformer
       layers (the first ones) of each model chunk are offloaded to host
       memory (Megatron ``--cpu-offloading --cpu-offloading-num-layers N``,
-      which Megatron allows only with pp=1 and no recompute; the newer
-      ``--fine-grained-activation-offloading --offload-modules ...`` works
-      with both and offloads module inputs, which for all modules is the
-      same bytes).
+      which Megatron allows only with pp=1 and no recompute).
+    * ``offload_modules`` — Megatron-Core's fine-grained activation offloading:
+      the inputs of these submodules (:data:`~parsearch.model.offload_modules.OFFLOAD_MODULES`)
+      of every layer go to host memory, with any pp and recompute.
     * ``pipeline_layout`` — Megatron's ``--pipeline-model-parallel-layout``
       (e.g. ``Et*4|(t*4|)*14tmL``): used for the layouts whose ``pp*vpp``
       equals its number of virtual stages, instead of ``pipeline_split``.
@@ -441,6 +442,9 @@ class TrainingSpec:
     recompute_num_layers: int | None = None
     recompute_modules: tuple[str, ...] = ("core_attn",)
     activation_offload_layers: int = 0
+    #: ``--fine-grained-activation-offloading --offload-modules``: module inputs of every
+    #: layer kept on host (:mod:`parsearch.model.offload_modules`)
+    offload_modules: tuple[str, ...] = ()
     pipeline_layout: str | None = None
     #: the experts take the model's TP (etp == tp): Megatron-Core before MoE parallel
     #: folding (NVIDIA/Megatron-LM 7f22e210cd, 2024-11-23) had no separate expert TP
@@ -522,6 +526,8 @@ class TrainingSpec:
                 f"layers per model chunk whose activations go to host memory); got {value!r}"
             )
         require_non_negative_int(owner, "activation_offload_layers", value)
+        object.__setattr__(self, "offload_modules", check_offload_modules(
+            owner, self.offload_modules, value, self.recompute_modules))
 
     @property
     def fsdp_shards_weights(self) -> bool:

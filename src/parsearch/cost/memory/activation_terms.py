@@ -30,7 +30,7 @@ Sources (``shared/reference/formulas.md`` §5.3, §5.4):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, reduce
 
 import numpy as np
 
@@ -151,6 +151,10 @@ class TermBytes:
     moved: tuple[Num | None, ...]
     output_norm: Num
     logits: Num
+    #: one layer's module inputs that fine-grained offloading moves (the largest kind):
+    #: Megatron keeps the forward's last group of each module on the GPU before the first
+    #: backward (``PipelineOffloadManager.post_warmup_callback``), so the stage holds one
+    module_margin: Num = 0.0
 
 
 def resolve_recompute(kinds: dict[bool, LayerBytes],
@@ -213,6 +217,12 @@ def term_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees, code: 
         # s·b·V·4/(t·c) per head (formulas.md §5.4).
         output_norm=tokens * 2.0 * h / deg.sp_div * ACTIVATION_BYTES,
         logits=tokens * model.vocab_size / deg.tp * FP32_BYTES,
+        module_margin=(reduce(np.maximum, [
+            # block recompute (recompute_num_layers): the chunk's later layers keep
+            # everything and offload their module inputs
+            np.where(np.asarray(code) == FULL, b.moved_none, b.moved_of(np.asarray(code)))
+            if training.recompute_num_layers is not None else b.moved_of(np.asarray(code))
+            for b in kinds.values()]) if training.offload_modules else 0.0),
     )
 
 
@@ -248,7 +258,7 @@ def stage_activations(
         if count:
             offloaded = offloaded + count * arrays.moved[kind]
             largest_offloaded = np.maximum(largest_offloaded, arrays.moved[kind])
-    hbm = hbm + largest_offloaded
+    hbm = hbm + largest_offloaded + arrays.module_margin
     if terms.output_norm:
         hbm = hbm + terms.output_norm * arrays.output_norm
     if terms.logits:

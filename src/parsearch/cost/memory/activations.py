@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parsearch.cost.memory.module_offload import module_offload_bytes
 from parsearch.cost.memory.options import (
     ACTIVATION_BYTES,
     DEFAULT_MEMORY_OPTIONS,
@@ -244,11 +245,20 @@ class LayerBytes:
     none: Num  # everything saved
     selective: Num  # with TrainingSpec.recompute_modules
     full: Num  # layer input only
+    #: what fine-grained offloading (``TrainingSpec.offload_modules``) keeps on host instead,
+    #: without recompute and with the selective modules (full recompute saves no module input)
+    moved_none: Num = 0.0
+    moved_selective: Num = 0.0
 
     def of(self, code: Num) -> Num:
         """Bytes under the recompute code(s) ``code`` (every layer recomputed)."""
         return np.where(code == FULL, self.full, np.where(code == SELECTIVE, self.selective,
                                                           self.none))
+
+    def moved_of(self, code: Num) -> Num:
+        """Bytes the module offload moves to host under the recompute code(s) ``code``."""
+        return np.where(code == FULL, 0.0, np.where(code == SELECTIVE, self.moved_selective,
+                                                    self.moved_none))
 
 
 def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
@@ -266,6 +276,7 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
         return dict.fromkeys(kinds, kor)
     gemm_b = gemm_input_bytes(training.precision)
     imb = _expert_load(model, training, deg, options) if any(kinds) else 1.0
+    offload = frozenset(training.offload_modules)
     # The attention half is the same in dense and MoE layers: computed once per variant.
     attn_none = _attention_bytes(model, tokens, deg, gemm_b, frozenset())
     attn_sel = _attention_bytes(model, tokens, deg, gemm_b, modules)
@@ -275,6 +286,9 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
             none = _moe_bytes(model, tokens, deg, gemm_b, imb, frozenset())
         else:
             none = _dense_mlp_bytes(model, tokens, deg, gemm_b, frozenset())
+        # fine-grained offloading (--offload-modules) keeps those module inputs on host
+        moved_none = module_offload_bytes(model, tokens, deg, gemm_b, imb, frozenset(),
+                                          offload, is_moe)
         if TORCHTITAN_OP_SAC in modules:  # torchtitan's op-level checkpointing of the block
             require_dense_block(model, modules)
             # matmul outputs are BF16 under torchao Float8 too (its scaled mm returns BF16)
@@ -284,7 +298,11 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
             sel = attn_sel + _moe_bytes(model, tokens, deg, gemm_b, imb, modules)
         else:
             sel = attn_sel + _dense_mlp_bytes(model, tokens, deg, gemm_b, modules)
-        out[is_moe] = LayerBytes(attn_none + none, sel, full)
+        moved_sel = (0.0 if TORCHTITAN_OP_SAC in modules else
+                     module_offload_bytes(model, tokens, deg, gemm_b, imb, modules, offload,
+                                          is_moe))
+        out[is_moe] = LayerBytes(attn_none + none - moved_none, sel - moved_sel, full,
+                                 moved_none, moved_sel)
     return out
 
 

@@ -307,7 +307,11 @@ def peak_memory(model: ModelSpec, training: TrainingSpec, options: MemoryOptions
         output=[Term(np.tile(cands.output[:, i], m_count), per_rep(values),
                      cands.output[:, i] > 0)
                 for i, values in enumerate((arrays.output_norm, arrays.logits))
-                if cands.output[:, i].any()],
+                if cands.output[:, i].any()]
+        # fine-grained offloading: one layer's module inputs stay on every stage's GPU
+        # (activation_terms.TermBytes.module_margin)
+        + ([Term(np.ones(m_count * cands.rank.size), per_rep(arrays.module_margin),
+                 np.ones(cands.rank.size, dtype=bool))] if training.offload_modules else []),
         state=state, base_of_rep=base_of_rep, key_offset=key_offset, m_of_rep=m_of_rep,
         rank=cands.rank, other=float(options.framework_overhead_bytes))
     out = carve({name: ((n,), np.dtype(np.int64 if name == "peak_stage" else np.float64))

@@ -41,6 +41,8 @@ class RunSetup:
     recompute_modules: tuple[str, ...]
     cpu_offloading: bool | None
     cpu_offloading_num_layers: int | None
+    #: ``offload_modules`` with ``fine_grained_activation_offloading`` on (empty: off)
+    offload_modules: tuple[str, ...]
     fsdp: bool | None
     #: Megatron-FSDP ``data_parallel_sharding_strategy`` of an FSDP recipe (None: unstated)
     fsdp_sharding: str | None
@@ -162,6 +164,8 @@ def _setup(row: dict[str, str]) -> RunSetup:
         recompute_modules=modules,
         cpu_offloading=_flag(cell.get("cpu_offloading", "")),
         cpu_offloading_num_layers=_int(cell.get("cpu_offloading_num_layers", "")),
+        offload_modules=tuple(m.strip() for m in cell.get("offload_modules", "").replace(
+            ";", " ").replace(",", " ").split() if m.strip()),
         fsdp=_flag(cell.get("fsdp", "")),
         fsdp_sharding=cell.get("fsdp_sharding", "").strip() or None,
         cuda_graphs=(None if not graphs else graphs not in ("none", "false", "no")),
@@ -277,6 +281,8 @@ def apply_setup(setup: RunSetup, training: TrainingSpec, options: CostOptions,
         train["recompute_num_layers"] = setup.recompute_num_layers
     if setup.cpu_offloading and setup.cpu_offloading_num_layers:
         train["activation_offload_layers"] = setup.cpu_offloading_num_layers
+    if setup.offload_modules:  # fine-grained activation offloading (model.offload_modules)
+        train["offload_modules"] = setup.offload_modules
     if setup.pipeline_layout and num_layers is not None:
         try:
             layers = sum(layout_layer_counts(setup.pipeline_layout))
