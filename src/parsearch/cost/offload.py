@@ -1,5 +1,9 @@
 """Exposed time of copying offloaded activations to host memory and back.
 
+Two mechanisms: whole layers (``--cpu-offloading``, below) and module inputs of every layer
+(``--offload-modules``, fine-grained activation offloading: :func:`module_moved_bytes`, the
+same copy-behind-the-layer exposure, and :func:`host_bytes_needed`).
+
 With ``--cpu-offloading`` (``TrainingSpec.activation_offload_layers``: the first K
 layers of each model chunk) Megatron-Core copies a layer's saved activations to host
 memory on a side stream during the next layer's forward and prefetches them back
