@@ -344,3 +344,9 @@ def test_launch_carries_the_offload(modules: tuple[str, ...]) -> None:
     on = "true" if modules else "false"
     assert f"++model.fine_grained_activation_offloading={on}" in launch.bridge_overrides
     assert f"++model.offload_modules=[{','.join(modules)}]" in launch.bridge_overrides
+
+
+def test_expert_modules_on_a_dense_model_are_refused() -> None:
+    spec = TrainingSpec(seq_len=4096, global_batch=8, offload_modules=("core_attn", "moe_act"))
+    with pytest.raises(SpecError, match="llama3-8b has no MoE layers"):
+        build_cost_model(get_preset("llama3-8b"), spec, build_fabric(load_cluster("dgx-h100"), 8))

@@ -72,6 +72,7 @@ from parsearch.cost.unit_prices import (
 from parsearch.errors import SpecError
 from parsearch.layout import Layout
 from parsearch.layout.rules import RECOMPUTE_CODES
+from parsearch.model.offload_modules import EXPERT_OFFLOAD_MODULES
 from parsearch.model.specs import ModelSpec, TrainingSpec
 from parsearch.topology.fabric import Fabric
 from parsearch.topology.hardware import GpuProfile
@@ -125,6 +126,10 @@ def build_cost_model(
                                       (options or CostOptions()).resolved(profile))
     if model.moe is not None:  # the merged schedule exists for MoE layers only
         options = with_schedule_memory(options)
+    experts = sorted(EXPERT_OFFLOAD_MODULES & set(training.offload_modules))
+    if experts and model.moe is None:
+        raise SpecError(f"offload_modules {', '.join(experts)} offload expert inputs, and "
+                        f"{model.name} has no MoE layers: drop them from --offload-modules")
     variants = feature_variants(model, options, fabric.gpu.compute_capability)
     return CostModel(model, training, fabric, profile, options, variants)
 
