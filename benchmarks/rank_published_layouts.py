@@ -39,7 +39,7 @@ from parsearch.validation.published.published_runs import (
     load_independent_runs,
     load_published_runs,
 )
-from parsearch.validation.published.ranking import RankingReport, rank_published_layouts
+from parsearch.validation.published.ranking import GroupRank, RankingReport, rank_published_layouts
 
 TARGET = 0.60
 #: issue 32: the published shape in the top 10 for this share of every bundled job
@@ -94,7 +94,8 @@ def _print_groups(report: RankingReport) -> None:
     for g in report.groups:
         print(f"{g.model[:24]:24} {g.gpu[:14]:14} {g.num_gpus:5} B={g.global_batch:<6} "
               f"{g.published:44} shape {_r(g.shape_rank):>5}/{g.shapes:<5} "
-              f"exact {_r(g.exact_rank):>6}/{g.feasible:<7} gap {_pct(g.gap):>6} best {g.best}")
+              f"exact {_r(g.exact_rank):>6}/{g.feasible:<7} gap {_pct(g.gap):>6} best {g.best}"
+              + (f"  behind: {_behind(g)}" if g.shape_rank is None or g.shape_rank > 10 else ""))
 
 
 def _every_source(options: CostOptions | None, *, by_stack: bool) -> int:
@@ -122,6 +123,13 @@ def _every_source(options: CostOptions | None, *, by_stack: bool) -> int:
     print(f"{status} every bundled job: published shape in the top 10 in {top10} of {total} "
           f"({share:.1%}; target >= {EVERY_SOURCE_TARGET:.0%})")
     return 0 if share >= EVERY_SOURCE_TARGET else 1
+
+
+def _behind(g: GroupRank) -> str:
+    """Why a missed shape trails: its parts above the best's, in shares of the best's step."""
+    if g.shape_rank is None:
+        return "predicted not to fit"
+    return ", ".join(f"{part} +{100 * share:.1f}%" for part, share in g.behind) or "-"
 
 
 def _pct(value: float | None) -> str:

@@ -15,6 +15,10 @@ Two ranks are given:
   published ``(tp, pp, cp, ep, etp, vpp, mbs)`` (recompute and sequence
   parallelism are rarely stated, so any value counts).
 
+Where the published shape is not first, ``behind`` says why in the model's terms: the parts
+of the step (``explain``'s breakdown) where the published shape's best layout spends more
+than parsearch's best, as shares of the best's step, largest first.
+
 The search uses the run's precision, sequence length and batch, Megatron's
 usual sequence parallelism (on whenever tp > 1), every recompute mode, the
 micro-batch sizes 1, 2, 4, 8 plus the published one, and the same memory
@@ -30,8 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from parsearch.cost.analytic import CostOptions
+from parsearch.cost.analytic import CostOptions, estimate
+from parsearch.cost.cost_model import CostModel
 from parsearch.cost.stacks import DEFAULT_STACK, get_stack, stack_options, stack_training
+from parsearch.layout import Layout
 from parsearch.layout.space import enumerate_layouts
 from parsearch.model.specs import RECOMPUTE_MODES
 from parsearch.search.exhaustive import rank_feasible, scan_table, shape_codes
@@ -61,6 +67,8 @@ class GroupRank:
     best: str
     gap: float | None  # 1 - predicted(published shape's best) / predicted(best); None if absent
     is_moe: bool = False
+    #: (part, extra seconds of the published shape's best / the best's step), largest first
+    behind: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -136,15 +144,29 @@ def rank_group(run: PublishedRun, options: CostOptions, *, by_stack: bool = True
     shape = int(np.argmax(shape_match)) + 1 if shape_match.any() else None
     best = table.layout(int(rows[0])).key() if len(rows) else "-"
     gap = None
+    behind: tuple[tuple[str, float], ...] = ()
     if shape is not None:
         tokens = scan.tokens_per_s
         gap = float(1.0 - tokens[diverse[shape - 1]] / tokens[diverse[0]])
+        if shape > 1:
+            behind = _behind(cm, table.layout(int(diverse_rows[0])),
+                             table.layout(int(diverse_rows[shape - 1])))
     return GroupRank(
         model=run.model, gpu=run.gpu, num_gpus=run.num_gpus, global_batch=run.global_batch,
         run_id=run.id, published=run.layout.key(), shape_rank=shape, exact_rank=exact,
         shapes=len(np.unique(codes)), feasible=scan.feasible, best=best, gap=gap,
-        is_moe=run.is_moe,
+        is_moe=run.is_moe, behind=behind,
     )
+
+
+def _behind(cm: CostModel, best: Layout, published: Layout,
+            parts: int = 3) -> tuple[tuple[str, float], ...]:
+    """The parts of the step where ``published`` spends more than ``best`` (each with its
+    features chosen, as the search priced them), as shares of ``best``'s step."""
+    fast, slow = estimate(cm, best), estimate(cm, published)
+    extra = sorted(((k, (slow.time_s[k] - fast.time_s.get(k, 0.0)) / fast.step_time_s)
+                    for k in slow.time_s), key=lambda kv: -kv[1])
+    return tuple((k, round(v, 4)) for k, v in extra if round(v, 4) > 0.0)[:parts]
 
 
 def rank_published_layouts(runs: Iterable[PublishedRun], *,
