@@ -350,3 +350,15 @@ def test_expert_modules_on_a_dense_model_are_refused() -> None:
     spec = TrainingSpec(seq_len=4096, global_batch=8, offload_modules=("core_attn", "moe_act"))
     with pytest.raises(SpecError, match="llama3-8b has no MoE layers"):
         build_cost_model(get_preset("llama3-8b"), spec, build_fabric(load_cluster("dgx-h100"), 8))
+
+
+def test_a_measured_run_can_say_which_modules_it_offloaded() -> None:
+    from parsearch.validation.user.measurements import Defaults, measurement_from_row
+
+    row = {"num_gpus": "8", "layout": "tp=1", "global_batch": "8", "seq_len": "4096",
+           "precision": "bf16", "tokens_per_s_per_gpu": "9000",
+           "offload_modules": "core_attn attn_proj"}
+    m = measurement_from_row(row, "row 2", Defaults(model="llama3-8b", cluster="dgx-h100"))
+    assert m.training["offload_modules"] == ("core_attn", "attn_proj")
+    with pytest.raises(SpecError, match=r"offload_modules has unknown module.*attn_out"):
+        measurement_from_row({**row, "offload_modules": "attn_out"}, "row 2", Defaults())

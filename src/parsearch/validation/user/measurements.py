@@ -35,6 +35,7 @@ from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.errors import ParsearchError, SpecError
 from parsearch.files import is_dir, is_file
 from parsearch.layout import Layout, parse_layout_string
+from parsearch.model.offload_modules import OFFLOAD_MODULES
 from parsearch.model.specs import FSDP_STRATEGIES, PRECISIONS, RECOMPUTE_MODULES
 from parsearch.validation.published.recipes import graph_scope, priced_fp8_recipe
 from parsearch.validation.user.megatron_logs import (
@@ -66,7 +67,7 @@ OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_com
 TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "fsdp_strategy", "distributed_optimizer",
                                      "recompute_num_layers",
                                      "recompute_modules", "pipeline_layout", "grad_bytes",
-                                     "activation_offload_layers")
+                                     "activation_offload_layers", "offload_modules")
 OTHER_COLUMNS: tuple[str, ...] = ("id", "model", "cluster", "notes")
 KNOWN_COLUMNS = frozenset((*REQUIRED_COLUMNS, *MEASURE_COLUMNS, *OPTION_COLUMNS,
                            *TRAINING_COLUMNS, *OTHER_COLUMNS))
@@ -192,6 +193,13 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
                 raise SpecError(f"{where}: recompute_modules has unknown module(s) "
                                 f"{', '.join(bad)}; known: {', '.join(RECOMPUTE_MODULES)}")
             target[name] = modules
+        elif name == "offload_modules":  # fine-grained activation offloading
+            names = tuple(m for m in str(value).replace(",", " ").split() if m)
+            bad = [m for m in names if m not in OFFLOAD_MODULES]
+            if bad:
+                raise SpecError(f"{where}: offload_modules has unknown module(s) "
+                                f"{', '.join(bad)}; known: {', '.join(OFFLOAD_MODULES)}")
+            target[name] = names
         else:
             target[name] = str(value).strip()
     if options.get("cuda_graph_scope") and not options.get("cuda_graphs"):
