@@ -83,6 +83,9 @@ _CHOICE_COLUMNS: dict[str, tuple[str, ...]] = {"moe_dispatcher": MOE_DISPATCHERS
 _FLOAT_COLUMNS = frozenset({"grad_reduce_bytes", "param_gather_bytes", "moe_imbalance",
                             "grad_bytes"})
 _INT_COLUMNS = frozenset({"recompute_num_layers", "activation_offload_layers"})
+#: Columns that list module names, and the names each takes.
+_MODULE_COLUMNS: dict[str, tuple[str, ...]] = {"recompute_modules": RECOMPUTE_MODULES,
+                                               "offload_modules": OFFLOAD_MODULES}
 TABLE_SUFFIXES = frozenset({".csv", ".yaml", ".yml"})
 
 
@@ -158,6 +161,16 @@ def _blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip())
 
 
+def _module_list(where: str, name: str, value: Any, known: tuple[str, ...]) -> tuple[str, ...]:
+    """A blank- or comma-separated list of module names, each one of ``known``."""
+    names = tuple(m for m in str(value).replace(",", " ").split() if m)
+    bad = [m for m in names if m not in known]
+    if bad:
+        raise SpecError(f"{where}: {name} has unknown module(s) {', '.join(bad)}; known: "
+                        f"{', '.join(known)}")
+    return names
+
+
 def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     options: dict[str, Any] = {}
     training: dict[str, Any] = {}
@@ -186,20 +199,8 @@ def _extras(where: str, row: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
                                 f"{', '.join(bad)}; known: {', '.join(CUDA_GRAPH_SCOPES)} "
                                 "(blank: the whole layer)")
             target[name] = scopes
-        elif name == "recompute_modules":
-            modules = tuple(m for m in str(value).replace(",", " ").split() if m)
-            bad = [m for m in modules if m not in RECOMPUTE_MODULES]
-            if bad:
-                raise SpecError(f"{where}: recompute_modules has unknown module(s) "
-                                f"{', '.join(bad)}; known: {', '.join(RECOMPUTE_MODULES)}")
-            target[name] = modules
-        elif name == "offload_modules":  # fine-grained activation offloading
-            names = tuple(m for m in str(value).replace(",", " ").split() if m)
-            bad = [m for m in names if m not in OFFLOAD_MODULES]
-            if bad:
-                raise SpecError(f"{where}: offload_modules has unknown module(s) "
-                                f"{', '.join(bad)}; known: {', '.join(OFFLOAD_MODULES)}")
-            target[name] = names
+        elif name in _MODULE_COLUMNS:  # recompute / fine-grained offload module lists
+            target[name] = _module_list(where, name, value, _MODULE_COLUMNS[name])
         else:
             target[name] = str(value).strip()
     if options.get("cuda_graph_scope") and not options.get("cuda_graphs"):
