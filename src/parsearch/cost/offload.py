@@ -115,8 +115,7 @@ def module_moved_bytes(model: ModelSpec, training: TrainingSpec, memory: MemoryO
         return layer.moved_of(code), np.where(full, 0.0, 1.0)
     per_chunk = model.num_layers / (cols["pp"].astype(np.float64) * cols["vpp"].astype(np.float64))
     kept = np.maximum(per_chunk - training.recompute_num_layers, 0.0) / np.maximum(per_chunk, 1.0)
-    return (np.where(full, layer.moved_none, layer.moved_of(code)),
-            np.where(full, kept, 1.0))
+    return layer.moved_of(code, block=True), np.where(full, kept, 1.0)
 
 
 def _degrees(cols: dict[str, np.ndarray]) -> ActDegrees:

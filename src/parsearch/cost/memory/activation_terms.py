@@ -217,11 +217,10 @@ def term_bytes(model: ModelSpec, training: TrainingSpec, deg: ActDegrees, code: 
         # s·b·V·4/(t·c) per head (formulas.md §5.4).
         output_norm=tokens * 2.0 * h / deg.sp_div * ACTIVATION_BYTES,
         logits=tokens * model.vocab_size / deg.tp * FP32_BYTES,
+        # block recompute (recompute_num_layers): the chunk's later layers keep everything
+        # and offload their module inputs
         module_margin=(reduce(np.maximum, [
-            # block recompute (recompute_num_layers): the chunk's later layers keep
-            # everything and offload their module inputs
-            np.where(np.asarray(code) == FULL, b.moved_none, b.moved_of(np.asarray(code)))
-            if training.recompute_num_layers is not None else b.moved_of(np.asarray(code))
+            b.moved_of(np.asarray(code), block=training.recompute_num_layers is not None)
             for b in kinds.values()]) if training.offload_modules else 0.0),
     )
 

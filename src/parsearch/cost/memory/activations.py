@@ -255,10 +255,12 @@ class LayerBytes:
         return np.where(code == FULL, self.full, np.where(code == SELECTIVE, self.selective,
                                                           self.none))
 
-    def moved_of(self, code: Num) -> Num:
-        """Bytes the module offload moves to host under the recompute code(s) ``code``."""
-        return np.where(code == FULL, 0.0, np.where(code == SELECTIVE, self.moved_selective,
-                                                    self.moved_none))
+    def moved_of(self, code: Num, *, block: bool = False) -> Num:
+        """Bytes the module offload moves to host per layer under the recompute code(s)
+        ``code``; ``block`` (``--recompute-method block``): a ``full`` row's layers kept
+        whole move what a layer without recompute moves."""
+        return np.where(code == FULL, self.moved_none if block else 0.0,
+                        np.where(code == SELECTIVE, self.moved_selective, self.moved_none))
 
 
 def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
@@ -301,8 +303,11 @@ def _layer_variants(model: ModelSpec, training: TrainingSpec, deg: ActDegrees,
         moved_sel = (0.0 if TORCHTITAN_OP_SAC in modules else
                      module_offload_bytes(model, tokens, deg, gemm_b, imb, modules, offload,
                                           is_moe))
-        out[is_moe] = LayerBytes(attn_none + none - moved_none, sel - moved_sel, full,
-                                 moved_none, moved_sel)
+        if offload:  # held bytes less what goes to host (no copies in the plain search)
+            out[is_moe] = LayerBytes(attn_none + none - moved_none, sel - moved_sel, full,
+                                     moved_none, moved_sel)
+        else:
+            out[is_moe] = LayerBytes(attn_none + none, sel, full)
     return out
 
 
