@@ -188,9 +188,10 @@ def test_offload_is_refused_with_recompute_and_pipelines() -> None:
 
 LLAMA_70B = ["--model", "llama3-70b", "--gpus", "64", "--global-batch", "256",
              "--seq-len", "8192", "--precision", "fp8", "--fsdp"]
-#: the numerics pinned, so that offload is the only memory feature that varies (FSDP leaves
-#: BF16 moments out; FP8 gather could otherwise stand in for a few offloaded layers)
-ONLY_OFFLOAD = ["--no-fp8-param-gather"]
+#: the numerics and module offload pinned, so that whole-layer offload is the only memory
+#: feature that varies (FSDP leaves BF16 moments out; FP8 gather could otherwise stand in for
+#: a few offloaded layers, and module offload for all of them)
+ONLY_OFFLOAD = ["--no-fp8-param-gather", "--offload-modules", "none"]
 RECIPE_LAYOUT = ["--layout", "tp=1,pp=1,mbs=2"]
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
 from parsearch.cli.input_checks import finite_float
@@ -93,6 +93,18 @@ def choice_list(choices: Sequence[str]):  # type: ignore[no-untyped-def]
     return parse
 
 
+def offload_module_list(text: str) -> tuple[str, ...]:
+    """argparse type of ``--offload-modules``: a comma-separated subset of the modules, or
+    ``none`` (pinned off: not chosen by the search)."""
+    if text.strip().lower() == "none":
+        return ()
+    parse: Callable[[str], tuple[str, ...]] = choice_list((*OFFLOAD_MODULES,))
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error}, or none") from None
+
+
 def add_model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -173,13 +185,14 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                      "each model chunk to host memory (Megatron --cpu-offloading-num-layers; "
                      "only pp=1 without recompute); default: chosen per layout, the fewest "
                      "layers that make a pp=1, recompute-none layout fit, 0 where it fits")
-    mem.add_argument("--offload-modules", type=choice_list(OFFLOAD_MODULES), default=None,
+    mem.add_argument("--offload-modules", type=offload_module_list, default=None,
                      metavar="LIST",
                      help="fine-grained activation offloading (Megatron-Core 0.16+ "
                      "--fine-grained-activation-offloading --offload-modules): the inputs of "
                      f"these submodules of every layer go to host memory, among "
-                     f"{','.join(OFFLOAD_MODULES)}; any pp and recompute; not with "
-                     "--activation-offload-layers")
+                     f"{','.join(OFFLOAD_MODULES)}, or 'none'; any pp and recompute; not "
+                     "with --activation-offload-layers; default: chosen per layout where the "
+                     "software stack has it, only where memory forces a slower setting")
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:

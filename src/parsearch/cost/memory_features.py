@@ -66,11 +66,12 @@ from parsearch.cost.memory import memory_arrays
 from parsearch.cost.offload import max_offload_layers
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import resolve_fp8_recipe
+from parsearch.model.offload_modules import module_offload_chain, offload_allowed_with
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec, TrainingSpec
 
 #: The searched features this module chooses (besides those of ``feature_search``).
 MEMORY_FEATURES: tuple[str, ...] = ("recompute_modules", "bf16_moments", "fp8_param_gather",
-                                    "activation_offload_layers")
+                                    "activation_offload_layers", "offload_modules")
 #: Numerics-changing features are taken for speed only when they save at least this share of
 #: the step (below it the modelled gain is within the model's resolution).
 NUMERICS_MIN_GAIN = 0.01
@@ -98,6 +99,9 @@ class MemorySetting:
     #: layers whose activations go to host memory (0: none; chosen by
     #: :func:`parsearch.cost.offload_choice.choose_offload`)
     offload_layers: int = 0
+    #: submodules whose inputs go to host memory (fine-grained offloading; chosen by
+    #: :func:`parsearch.cost.offload_choice.choose_module_offload`)
+    offload_modules: tuple[str, ...] = ()
 
     @property
     def numerics(self) -> int:
@@ -128,6 +132,9 @@ def effective_training(training: TrainingSpec, options: CostOptions) -> Training
     if options.recompute_modules is not None and options.recompute_modules != \
             training.recompute_modules:
         changes["recompute_modules"] = options.recompute_modules
+    if options.offload_modules is not None and options.offload_modules != \
+            training.offload_modules:
+        changes["offload_modules"] = options.offload_modules
     if options.bf16_moments and training.optimizer_bytes != ADAM_BF16_MOMENT_STATE_BYTES:
         changes["optimizer_bytes"] = ADAM_BF16_MOMENT_STATE_BYTES
     return replace(training, **changes) if changes else training  # type: ignore[arg-type]
@@ -150,6 +157,18 @@ def searches_offload(cm: CostModel) -> bool:
             and not cm.training.offload_modules  # --cpu-offloading excludes it (Megatron-Core)
             and options.activation_offload_layers is None and not graphs_pinned
             and max_offload_layers(cm.model) > 1)
+
+
+def searches_module_offload(cm: CostModel) -> bool:
+    """Whether ``cm`` chooses the fine-grained offload modules per layout: searched (the
+    stack has it), not pinned (training spec or options), and no whole-layer offload pinned
+    (Megatron-Core runs one of the two, never both; where both are searched each layout
+    takes the faster that fits, :mod:`parsearch.cost.offload_choice`)."""
+    options = cm.options
+    return ("offload_modules" in options.search_features
+            and not cm.training.offload_modules and options.offload_modules is None
+            and cm.training.activation_offload_layers == 0
+            and not options.activation_offload_layers)
 
 
 def recompute_chain(model: ModelSpec, training: TrainingSpec, options: CostOptions,
@@ -233,10 +252,13 @@ def apply_setting(options: CostOptions, setting: MemorySetting) -> CostOptions:
         ("recompute_modules", "recompute_modules" in searched),
         ("bf16_moments", setting.bf16_moments and not options.bf16_moments),
         ("fp8_param_gather", setting.fp8_param_gather and not options.memory.fp8_param_gather),
-        ("activation_offload_layers", setting.offload_layers > 0))
+        ("activation_offload_layers", setting.offload_layers > 0),
+        ("offload_modules", bool(setting.offload_modules)))
         if on and name in searched)
-    offload = ({"activation_offload_layers": setting.offload_layers}
-               if setting.offload_layers > 0 else {})
+    offload: dict[str, object] = ({"activation_offload_layers": setting.offload_layers}
+                                  if setting.offload_layers > 0 else {})
+    if setting.offload_modules:
+        offload["offload_modules"] = setting.offload_modules
     return replace(
         options, **offload,  # type: ignore[arg-type]
         recompute_modules=setting.recompute_modules, bf16_moments=setting.bf16_moments,
@@ -282,8 +304,31 @@ def least_memory(cm: CostModel, *, offload: bool = True) -> CostModel:
     offloaded = most_offloaded(cm) if offload else None
     if offloaded is not None:
         return offloaded
-    settings = memory_settings(cm)
-    return with_setting(cm, settings[-1][-1])
+    least = memory_settings(cm)[-1][-1]
+    if searches_module_offload(cm):  # every module Megatron offloads beside that recompute
+        modules = [m for m in module_offload_chain(cm.model.moe is not None)
+                   if offload_allowed_with(least.recompute_modules, m)]
+        if modules:
+            least = replace(least, offload_modules=modules[-1])
+    return with_setting(cm, least)
+
+
+def least_memory_models(cm: CostModel, *, offload: bool = True) -> tuple[CostModel, ...]:
+    """:func:`least_memory`, and where it could not offload the expert modules (the ``moe``
+    recompute module, which Megatron-Core does not run beside them) the same setting
+    without ``moe`` recompute and with every module offloaded: a row fits under some
+    setting only if it fits under one of these (a filter; take the smaller per row)."""
+    first = least_memory(cm, offload=offload)
+    if cm.model.moe is None or not searches_module_offload(cm) or (
+            offload and most_offloaded(cm) is not None):
+        return (first,)
+    least = memory_settings(cm)[-1][-1]
+    if "moe" not in least.recompute_modules:
+        return (first,)
+    other = replace(least, recompute_modules=tuple(m for m in least.recompute_modules
+                                                   if m != "moe"),
+                    offload_modules=module_offload_chain(True)[-1])
+    return first, with_setting(cm, other)
 
 
 def fastest_bound(cm: CostModel) -> CostModel:
@@ -393,7 +438,8 @@ def score_memory_features(cm: CostModel, cols: dict[str, np.ndarray], with_memor
             best[where[take]] = penalised[take]
             best_fits[where[take]] = fits[take]
             best_numerics[where[take]] = numerics
-    if n and offload_choice is not None and searches_offload(cm):
+    if n and offload_choice is not None and (searches_offload(cm)
+                                             or searches_module_offload(cm)):
         offload_choice(cm, cols, out, best, best_fits, score, hbm)
     return out
 
@@ -451,12 +497,29 @@ def numerics_saving(cm: CostModel, timed: dict[str, np.ndarray]) -> np.ndarray:
     return save
 
 
+def setting_index(cm: CostModel, setting: MemorySetting) -> int:
+    """The ``memory_setting`` index of ``setting``: its place among the flattened settings,
+    plus ``len`` times its offloaded layers, plus ``len x (layers + 1)`` times the 1-based
+    place of its module set in :func:`~parsearch.model.offload_modules.module_offload_chain`
+    (the inverse of :func:`setting_of`)."""
+    flat = [s for combo in memory_settings(cm) for s in combo]
+    base = flat.index(replace(setting, offload_layers=0, offload_modules=()))
+    modules = 0
+    if setting.offload_modules:
+        modules = 1 + module_offload_chain(cm.model.moe is not None).index(
+            setting.offload_modules)
+    return base + len(flat) * (setting.offload_layers
+                               + (cm.model.num_layers + 1) * modules)
+
+
 def setting_of(cm: CostModel, index: int) -> MemorySetting:
-    """The setting ``memory_setting`` ``index`` names (:func:`score_memory_features`; past
-    the flattened settings, the same setting with ``index // len`` layers offloaded)."""
+    """The setting ``memory_setting`` ``index`` names (:func:`setting_index`)."""
     flat = [s for combo in memory_settings(cm) for s in combo]
     setting = flat[index % len(flat)]
-    layers = index // len(flat)
+    modules, layers = divmod(index // len(flat), cm.model.num_layers + 1)
+    if modules:
+        chain = module_offload_chain(cm.model.moe is not None)
+        setting = replace(setting, offload_modules=chain[modules - 1])
     return replace(setting, offload_layers=layers) if layers else setting
 
 
@@ -471,6 +534,7 @@ __all__ = [
     "first_fitting",
     "fp8_param_gather_allowed",
     "least_memory",
+    "least_memory_models",
     "memory_settings",
     "most_offloaded",
     "needs_full_choice",
@@ -480,7 +544,9 @@ __all__ = [
     "recompute_chain",
     "score_memory_features",
     "searches_memory_features",
+    "searches_module_offload",
     "searches_offload",
+    "setting_index",
     "setting_of",
     "with_setting",
 ]

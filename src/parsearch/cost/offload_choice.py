@@ -18,11 +18,17 @@ from parsearch.cost.cost_model import CostModel
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
     MemorySetting,
+    first_fitting,
     memory_settings,
     numerics_penalty,
+    searches_module_offload,
+    searches_offload,
+    setting_index,
     with_setting,
 )
 from parsearch.cost.offload import fewest_fitting_layers, offload_allowed
+from parsearch.model.offload_modules import module_offload_chain, offload_allowed_with
+from parsearch.model.specs import RECOMPUTE_CODES
 
 
 def _total(cm: CostModel, c: dict[str, np.ndarray]) -> np.ndarray:
@@ -35,6 +41,18 @@ def _total(cm: CostModel, c: dict[str, np.ndarray]) -> np.ndarray:
 def choose_offload(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
                    best: np.ndarray, best_fits: np.ndarray,
                    score: Callable[..., dict[str, np.ndarray]], hbm: float) -> None:
+    """Whole-layer offload (:func:`choose_offload_layers`), then fine-grained module offload
+    (:func:`choose_module_offload`), each where searched; a layout keeps the faster that
+    fits."""
+    if searches_offload(cm):
+        choose_offload_layers(cm, cols, out, best, best_fits, score, hbm)
+    if searches_module_offload(cm):
+        choose_module_offload(cm, cols, out, best, best_fits, score, hbm)
+
+
+def choose_offload_layers(cm: CostModel, cols: dict[str, np.ndarray],
+                          out: dict[str, np.ndarray], best: np.ndarray, best_fits: np.ndarray,
+                          score: Callable[..., dict[str, np.ndarray]], hbm: float) -> None:
     """Offloaded layers chosen per layout, updating ``out`` (the choice
     :func:`~parsearch.cost.memory_features.score_memory_features` made among the other
     settings) where a setting with offload wins.
@@ -90,4 +108,113 @@ def choose_offload(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np
             best_fits[where[take]] = True
 
 
-__all__ = ["choose_offload"]
+def choose_module_offload(cm: CostModel, cols: dict[str, np.ndarray],
+                          out: dict[str, np.ndarray], best: np.ndarray, best_fits: np.ndarray,
+                          score: Callable[..., dict[str, np.ndarray]], hbm: float) -> None:
+    """Fine-grained offload modules chosen per layout, updating ``out`` where a setting with
+    them wins (Megatron-Core ``--fine-grained-activation-offloading --offload-modules``).
+
+    Offloading module inputs only adds copy time (hidden behind the layer's compute up to
+    the host link's rate, :mod:`parsearch.cost.offload`) and frees activations, while a
+    recompute module always re-runs its work; so module offload can win only where memory
+    forced something slower: a layout that fits under no setting, needs a longer
+    recompute-module set than the cheapest, or offloads whole layers.  Each such layout gets
+    one candidate recompute set, priced with the fewest modules of
+    :func:`~parsearch.model.offload_modules.module_offload_chain` that fit beside it:
+
+    * where nothing fits (or whole layers are offloaded), the cheapest set that fits with
+      every module offloaded (:func:`first_fitting`), in the first numerics combination
+      reaching it (the fewest numerics features);
+    * where the choice fits, the set one cheaper than its own, in its numerics combination
+      (chosen to fit or for speed; module offload leaves model state and DP traffic as they
+      are): the step that swaps the least re-run work for the fewest bytes to copy.  Cheaper
+      sets copy more, and stop paying once the copies outrun the layer.  Pricing every set
+      from the cheapest to the choice's, in every combination reaching the cheapest, took
+      4.8 s against 2.6 s of CPU for ``search`` DeepSeek-V3 on 1,024 H100s
+      (``benchmarks/bench_search.py``, 2026-12-07) and on 256 H100s found the same best
+      layout, its next four within 2%.
+
+    A set with ``moe`` recompute takes no expert module (Megatron-Core refuses the pair).
+    The candidate is taken where it fits and nothing chosen fits, or where it is faster
+    under the numerics weighing.  Fully recomputed layouts save no module input and are
+    left as they are.
+    """
+    settings = memory_settings(cm)
+    flat = [s for combo in settings for s in combo]
+    chain_len = len(settings[0])
+    index = np.asarray(out["memory_setting"], dtype=np.int64)
+    position = (index % len(flat)) % chain_len
+    layers = index // len(flat)
+    rows = np.nonzero((~best_fits | (position > 0) | (layers > 0))
+                      & (np.asarray(cols["recompute"]) != RECOMPUTE_CODES["full"]))[0]
+    if not len(rows):
+        return
+    sets = module_offload_chain(cm.model.moe is not None)
+    # per row and combination, the cheapest recompute set that fits with every module
+    sub = {k: np.asarray(v)[rows] for k, v in cols.items()}
+    reach = np.full((len(rows), len(settings)), chain_len, dtype=np.int64)
+    for ci, chain in enumerate(settings):
+        most = _with_modules(chain, sets[-1])
+        first = first_fitting(cm, most, sub, hbm)
+        reach[first < len(most), ci] = first[first < len(most)]
+    cheapest = reach.min(axis=1)
+    limit = np.where(best_fits[rows] & (layers[rows] == 0), position[rows], chain_len)
+    open_rows = (cheapest < chain_len) & ((cheapest < limit) | ~best_fits[rows]
+                                          | (layers[rows] > 0))
+    current = (index[rows] % len(flat)) // chain_len
+    fitting = best_fits[rows] & (layers[rows] == 0)
+    # the candidate set and combination (docstring)
+    combo_of = np.where(fitting, current, np.argmax(reach == cheapest[:, None], axis=1))
+    start = np.where(fitting, limit - 1, cheapest)
+    next_k = np.where(open_rows & (start >= reach[np.arange(len(rows)), combo_of]), start, -1)
+    for k in range(chain_len):
+        for ci, chain in enumerate(settings):
+            group = np.nonzero((next_k == k) & (combo_of == ci))[0]
+            todo = np.arange(len(group))
+            # at that recompute set, the fewest modules that fit
+            for modules in sets:
+                if not len(todo) or not offload_allowed_with(chain[k].recompute_modules,
+                                                             modules):
+                    break
+                setting = replace(chain[k], offload_modules=modules)
+                fits = first_fitting(cm, (setting,), {key: v[group[todo]] for key, v
+                                                      in sub.items()}, hbm) == 0
+                if fits.any():
+                    _take(cm, cols, out, best, best_fits, score, setting,
+                          rows[group[todo[fits]]])
+                todo = todo[~fits]
+
+
+def _with_modules(chain: tuple[MemorySetting, ...], modules: tuple[str, ...]
+                  ) -> tuple[MemorySetting, ...]:
+    """``chain`` with ``modules`` offloaded, up to the first set Megatron-Core refuses them
+    beside (the ``moe`` recompute link, the chain's last, with expert modules)."""
+    out: list[MemorySetting] = []
+    for setting in chain:
+        if not offload_allowed_with(setting.recompute_modules, modules):
+            break
+        out.append(replace(setting, offload_modules=modules))
+    return tuple(out)
+
+
+def _take(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
+          best: np.ndarray, best_fits: np.ndarray, score: Callable[..., dict[str, np.ndarray]],
+          setting: MemorySetting, where: np.ndarray) -> np.ndarray:
+    """Price rows ``where`` under ``setting`` and keep it where it fits and nothing chosen
+    does, or where it is faster under the numerics weighing; returns where it was kept."""
+    part = score(with_setting(cm, setting), {key: np.asarray(v)[where] for key, v in cols.items()},
+                 with_memory=True)
+    part["memory_setting"] = np.full(len(where), setting_index(cm, setting), dtype=np.int64)
+    fits = np.asarray(part["fits"], dtype=bool)
+    penalised = (np.asarray(part["step_time_s"], dtype=np.float64)
+                 * numerics_penalty(setting.numerics))
+    take = fits & (~best_fits[where] | (penalised < best[where]))
+    for key, values in part.items():
+        if np.ndim(values) and key in out:
+            out[key][where[take]] = np.asarray(values)[take]
+    best[where[take]] = penalised[take]
+    best_fits[where[take]] = True
+    return take
+
+
+__all__ = ["choose_module_offload", "choose_offload", "choose_offload_layers"]

@@ -23,6 +23,7 @@ from parsearch.cost.memory.cuda_graph_memory import layer_graph_counts
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.cost.routing import ROUTING_MODES
 from parsearch.errors import SpecError
+from parsearch.model.offload_modules import OFFLOAD_MODULES
 
 if TYPE_CHECKING:
     from parsearch.cost.efficiency import EfficiencyProfile
@@ -37,7 +38,7 @@ FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
 SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
                                         "moe_shared_expert_overlap", "cuda_graphs",
                                         "recompute_modules", "bf16_moments", "fp8_param_gather",
-                                        "activation_offload_layers")
+                                        "activation_offload_layers", "offload_modules")
 #: Megatron-Core ``--cuda-graph-impl`` values (besides ``none``) the model prices:
 #: per-layer graphs from Transformer Engine's ``make_graphed_callables`` or Megatron's own
 #: ``CudaGraphManager``, or one graph of the whole forward-backward (``full_iteration``).
@@ -149,6 +150,10 @@ class CostOptions:
     * ``activation_offload_layers``: the layers whose activations go to host memory as the
       search chose them for the layout (``None``: the training spec's); applied to the
       training spec like the memory features (:mod:`parsearch.cost.offload`).
+    * ``offload_modules``: the submodules whose inputs go to host memory (fine-grained
+      activation offloading) as the search chose them for the layout (``None``: the
+      training spec's); applied to the training spec like the memory features
+      (:func:`parsearch.cost.memory_features.module_offload_chain`).
     """
 
     causal: bool = True
@@ -188,12 +193,18 @@ class CostOptions:
     bf16_moments: bool = False
     chosen_features: tuple[str, ...] = ()
     activation_offload_layers: int | None = None
+    offload_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         unknown_features = [f for f in self.search_features if f not in SEARCHABLE_FEATURES]
         if unknown_features:
             raise SpecError(f"search_features: {unknown_features[0]!r} is not a searchable "
                             f"feature; choose from {', '.join(SEARCHABLE_FEATURES)}")
+        if self.offload_modules is not None:
+            bad = [m for m in self.offload_modules if m not in OFFLOAD_MODULES]
+            if bad:
+                raise SpecError(f"offload_modules: {bad[0]!r} is not an offload module; "
+                                f"choose from {', '.join(OFFLOAD_MODULES)}")
         if self.ddp_bucket_params is not None and not (
                 isinstance(self.ddp_bucket_params, int) and self.ddp_bucket_params > 0):
             raise SpecError(f"ddp_bucket_params must be a positive whole number of parameters "

@@ -25,6 +25,15 @@ OFFLOAD_MODULES: tuple[str, ...] = (
 )
 #: modules inside the routed experts (MoE layers only)
 EXPERT_OFFLOAD_MODULES: frozenset[str] = frozenset({"expert_fc1", "moe_act"})
+#: The nested module sets a searched fine-grained offload tries, in this order: the routed
+#: experts' inputs (FC1's and the activation's, the largest per routed token), then
+#: attention's (Megatron-Core's fine-grained offloading guide,
+#: ``docs/user-guide/features/fine_grained_activation_offloading.md`` at d98e8a64, names
+#: ``core_attn attn_proj expert_fc1`` as its example), then the QKV projection's input.  The
+#: norms are left out: their inputs cross a per-layer CUDA graph's boundary
+#: (:func:`graph_conflict`) and a norm fused into the next linear saves none.
+MODULE_OFFLOAD_LINKS: tuple[tuple[str, ...], ...] = (
+    ("expert_fc1", "moe_act"), ("core_attn", "attn_proj"), ("qkv_linear",))
 #: Megatron-Core's ``min_offloaded_tensor_size`` default: tensors of fewer elements stay
 #: in HBM (``TransformerConfig.min_offloaded_tensor_size = 1024 * 1024``)
 MIN_OFFLOADED_ELEMENTS = 1024 * 1024
@@ -93,3 +102,33 @@ def graph_conflict(modules: Sequence[str], impl: str, scope: Sequence[str]) -> s
                 "part of the layer and with only expert_fc1/moe_act offloaded (Megatron-Core); "
                 "use --cuda-graph-impl transformer_engine")
     return None
+
+
+def module_offload_chain(moe: bool) -> tuple[tuple[str, ...], ...]:
+    """The nested module sets a searched fine-grained offload tries
+    (:data:`MODULE_OFFLOAD_LINKS`; the expert modules only in MoE models).
+
+    Along the chain the bytes moved only grow, so the held activations only shrink and the
+    copy time only grows (``tests/test_module_offload_search.py``): per layout and
+    recompute setting the first set that fits is the fastest that fits.
+
+    >>> module_offload_chain(moe=False)
+    (('core_attn', 'attn_proj'), ('core_attn', 'attn_proj', 'qkv_linear'))
+    >>> module_offload_chain(moe=True)[0]
+    ('expert_fc1', 'moe_act')
+    """
+    chain: list[tuple[str, ...]] = []
+    current: tuple[str, ...] = ()
+    for link in MODULE_OFFLOAD_LINKS:
+        kept = tuple(m for m in link if moe or m not in EXPERT_OFFLOAD_MODULES)
+        if kept:
+            current = current + kept
+            chain.append(current)
+    return tuple(chain)
+
+
+def offload_allowed_with(recompute_modules: Sequence[str], modules: Sequence[str]) -> bool:
+    """Whether Megatron-Core offloads ``modules`` beside these selective recompute modules:
+    no expert module while ``moe`` recompute checkpoints the whole MoE layer (the rule
+    :func:`check_offload_modules` enforces)."""
+    return not ("moe" in recompute_modules and EXPERT_OFFLOAD_MODULES & set(modules))

@@ -38,7 +38,7 @@ from parsearch.cost.analytic import (
     wide_columns,
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
-from parsearch.cost.memory_features import least_memory, searches_memory_features
+from parsearch.cost.memory_features import least_memory_models, searches_memory_features
 from parsearch.errors import SpecError
 from parsearch.layout.rules import rule_context
 from parsearch.layout.space import AXIS_ORDER, LayoutTable, axis_candidates
@@ -159,9 +159,11 @@ def scan_table(cm: CostModel, table: LayoutTable, *, considered: int | None = No
         stop = min(start + chunk_rows, len(table))
         chunk = {k: v[start:stop] for k, v in table.columns.items()}
         if rows is None:  # under the setting holding the least (searched memory features)
-            least = least_memory(cm)
-            fits = np.nonzero(fitting_mask(least.model, least.training, least.options.memory,
-                                           hbm, chunk))[0]
+            fit_any = np.zeros(stop - start, dtype=bool)
+            for least in least_memory_models(cm):
+                fit_any |= fitting_mask(least.model, least.training, least.options.memory,
+                                        hbm, chunk)
+            fits = np.nonzero(fit_any)[0]
         else:
             fits = rows[(rows >= start) & (rows < stop)] - start
         if len(fits):

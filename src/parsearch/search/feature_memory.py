@@ -27,7 +27,7 @@ from parsearch.cost.ep_overlap import a2a_overlap_pinned
 from parsearch.cost.feature_search import graph_level, level_may_fit, searches_graphs
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
-    least_memory,
+    least_memory_models,
     memory_settings,
     most_offloaded,
     needs_full_choice,
@@ -65,8 +65,9 @@ def quick_memory_choice(cm: CostModel, cols: dict[str, np.ndarray],
     hbm = usable_memory_bytes(cm.fabric.gpu, cm.options)
     full = np.nonzero(needs_full_choice(cm, timed, total <= hbm))[0]
     if len(full):  # those that fit under no setting (the least-memory one) stay out
-        least = peak_memory(least_memory(cm, offload=False),
-                            {k: v[full] for k, v in cols.items()})
+        sub = {k: v[full] for k, v in cols.items()}
+        least = np.min([peak_memory(m, sub) for m in least_memory_models(cm, offload=False)],
+                       axis=0)
         offloaded = most_offloaded(cm)  # pp=1, recompute none: with the most layers offloaded
         if offloaded is not None:
             rows = np.nonzero((least > hbm) & offload_allowed(
