@@ -8,6 +8,7 @@ choice is named in explain, the search table and the launch settings."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -16,9 +17,9 @@ from hypothesis import strategies as st
 
 from parsearch.cost.analytic import build_cost_model, score_columns, wide_columns
 from parsearch.cost.memory import memory_arrays
+from parsearch.cost.memory_bounds import least_memory_models
 from parsearch.cost.memory_features import (
     MEMORY_FEATURES,
-    least_memory_models,
     memory_settings,
     numerics_penalty,
     searches_module_offload,
@@ -198,7 +199,7 @@ def test_chain_per_model() -> None:
                                                ("core_attn", "attn_proj", "qkv_linear"))
     chain = module_offload_chain(moe=True)
     assert chain[0] == ("expert_fc1", "moe_act")
-    assert all(set(a) < set(b) for a, b in zip(chain, chain[1:], strict=False))
+    assert all(set(a) < set(b) for a, b in pairwise(chain))
     assert not offload_allowed_with(("core_attn", "moe"), chain[0])
     assert offload_allowed_with(("core_attn", "moe"), ("core_attn", "attn_proj"))
 
@@ -238,9 +239,10 @@ def test_pinned_none_never_offloads_modules(dsv3_search: str) -> None:
     assert result.code == 0, result.err
     rows = [line for line in result.out.splitlines() if line[:1].isdigit()]
     assert rows and not any("offload:" in line for line in rows)
-    best = [float(line.split()[11].replace(",", "")) for line in (rows[0],
-            [r for r in dsv3_search.splitlines() if r[:1].isdigit()][0])]
-    assert best[1] > best[0]  # the searched modules beat the best without them
+    searched = next(r for r in dsv3_search.splitlines() if r[:1].isdigit())
+    pinned_best, searched_best = (float(line.split()[11].replace(",", ""))
+                                  for line in (rows[0], searched))
+    assert searched_best > pinned_best  # the searched modules beat the best without them
 
 
 def test_explain_and_launch_name_the_chosen_modules() -> None:

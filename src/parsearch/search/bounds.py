@@ -52,7 +52,7 @@ from parsearch.cost.communication import unit_comm
 from parsearch.cost.compute import UnitCompute, is_moe_unit
 from parsearch.cost.feature_search import graph_rank
 from parsearch.cost.memory import memory_arrays
-from parsearch.cost.memory_features import least_memory
+from parsearch.cost.memory_bounds import least_memory
 from parsearch.cost.recompute import recompute_shares
 from parsearch.cost.stages import effective_split
 from parsearch.cost.unit_prices import (

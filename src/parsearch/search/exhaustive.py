@@ -38,7 +38,8 @@ from parsearch.cost.analytic import (
     wide_columns,
 )
 from parsearch.cost.memory import MemoryOptions, memory_arrays
-from parsearch.cost.memory_features import least_memory_models, searches_memory_features
+from parsearch.cost.memory_bounds import least_memory_models
+from parsearch.cost.memory_features import searches_memory_features
 from parsearch.errors import SpecError
 from parsearch.layout.rules import rule_context
 from parsearch.layout.space import AXIS_ORDER, LayoutTable, axis_candidates

@@ -26,13 +26,8 @@ from parsearch.cost.analytic import (
 from parsearch.cost.ep_overlap import a2a_overlap_pinned
 from parsearch.cost.feature_search import graph_level, level_may_fit, searches_graphs
 from parsearch.cost.memory import memory_arrays
-from parsearch.cost.memory_features import (
-    least_memory_models,
-    memory_settings,
-    most_offloaded,
-    needs_full_choice,
-    with_setting,
-)
+from parsearch.cost.memory_bounds import least_memory_models, most_offloaded
+from parsearch.cost.memory_features import memory_settings, needs_full_choice, with_setting
 from parsearch.cost.offload import offload_allowed
 
 
