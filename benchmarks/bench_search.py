@@ -3,6 +3,8 @@
 Cases (each run in a fresh process, ``--repeats`` times; the median is judged):
 
 * ``search-dsv3``: ``search`` DeepSeek-V3 on 1,024 H100s (batch 8192, seq 4096) < 3 s, < 250 MB;
+* ``search-dsv3-offload``: the same with fine-grained offload modules searched too
+  (``--offload-modules auto``) < 3 s, < 250 MB;
 * ``search-llama``: ``search`` Llama 3 70B on 256 H100s (batch 512, seq 8192) < 5 s;
 * ``pareto-llama``: ``pareto`` Llama 3 70B, 8..16,384 GPUs (whole nodes, exact) < 20 s;
 * ``pareto-dsv3``: ``pareto`` DeepSeek-V3, 64..16,384 GPUs (whole nodes, exact) < 60 s;
@@ -36,6 +38,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TARGETS: dict[str, tuple[float, float | None]] = {  # seconds, MB
     "search-dsv3": (3.0, 250.0),
+    "search-dsv3-offload": (3.0, 250.0),
     "search-llama": (5.0, None),
     "pareto-llama": (20.0, None),
     "pareto-dsv3": (60.0, None),
@@ -45,15 +48,18 @@ TARGETS: dict[str, tuple[float, float | None]] = {  # seconds, MB
 
 def run_case(name: str) -> dict[str, Any]:
     """One case in this process: its answer and what it cost."""
-    from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+    from parsearch.cost.options import DEFAULT_SEARCHED_FEATURES, CostOptions
     from parsearch.model.specs import TrainingSpec
     from parsearch.query import Query
     from parsearch.search import pareto_front, search_layouts
 
     # as the CLI runs them: MoE features chosen with each layout (no effect on dense models)
-    features = CostOptions(search_features=SEARCHABLE_FEATURES)
+    features = CostOptions(search_features=DEFAULT_SEARCHED_FEATURES)
     wall, cpu = time.perf_counter(), time.process_time()
-    if name == "search-dsv3":
+    if name in ("search-dsv3", "search-dsv3-offload"):
+        if name == "search-dsv3-offload":
+            features = CostOptions(search_features=(*DEFAULT_SEARCHED_FEATURES,
+                                                    "offload_modules"))
         r = search_layouts(Query("deepseek-v3", TrainingSpec(seq_len=4096, global_batch=8192),
                                  "dgx-h100", options=features), num_gpus=1024, top=10)
         detail = f"{r.valid:,} valid, {r.examined:,} examined; best {r.best.layout.key()}"

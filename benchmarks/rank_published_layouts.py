@@ -33,7 +33,7 @@ import argparse
 import sys
 import warnings
 
-from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+from parsearch.cost.options import DEFAULT_SEARCHED_FEATURES, CostOptions
 from parsearch.validation.published.published_runs import (
     load_heldout_runs,
     load_independent_runs,
@@ -63,7 +63,8 @@ def main() -> int:
                              "not only what each run's software stack could run")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    options = CostOptions(search_features=SEARCHABLE_FEATURES) if args.search_features else None
+    options = (CostOptions(search_features=DEFAULT_SEARCHED_FEATURES) if args.search_features
+               else None)
     if args.every_source:
         return _every_source(options, by_stack=not args.any_stack)
     if args.independent:

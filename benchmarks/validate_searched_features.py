@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+from parsearch.cost.options import DEFAULT_SEARCHED_FEATURES, CostOptions
 from parsearch.model.specs import ModelSpec
 from parsearch.validation.published.published_runs import (
     PublishedRun,
@@ -58,7 +58,8 @@ def _dgxc_untouched() -> list[PublishedRun]:
 def _both(title: str, runs: list[PublishedRun]) -> list[ValidationRow]:
     """Print recipe-read and searched MAPE of ``runs`` (all, MoE, dense); return searched."""
     read = validate_runs(runs).rows
-    searched = validate_runs(runs, options=CostOptions(search_features=SEARCHABLE_FEATURES)).rows
+    searched = validate_runs(
+        runs, options=CostOptions(search_features=DEFAULT_SEARCHED_FEATURES)).rows
     moe_models = {r.model for r in runs if r.is_moe}
     print(f"{title}, recipe-read vs searched:")
     for kind, pick in (("all", lambda r: True), ("MoE", lambda r: r.model in moe_models),

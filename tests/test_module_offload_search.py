@@ -1,9 +1,10 @@
-"""Fine-grained activation offloading as a searched feature (issue 32): unless pinned
-(``--offload-modules LIST`` or ``none``), a layout whose memory forced a slower setting (no
-fit, a longer recompute-module set, whole layers offloaded) may take a module set of
-``module_offload_chain`` instead, where that fits and is faster; the rules Megatron-Core
-enforces hold, the search's memory filter never drops a layout the choice fits, and the
-choice is named in explain, the search table and the launch settings."""
+"""Fine-grained activation offloading as a searched feature (issue 32), on request
+(``--offload-modules auto``; pinned off by default, ``DEFAULT_SEARCHED_FEATURES``): a layout
+whose memory forced a slower setting (no fit, a longer recompute-module set, whole layers
+offloaded) may take a module set of ``module_offload_chain`` instead, where that fits and is
+faster; the rules Megatron-Core enforces hold, the search's memory filter never drops a
+layout the choice fits, and the choice is named in explain, the search table and the launch
+settings."""
 
 from __future__ import annotations
 
@@ -222,7 +223,7 @@ QUESTION = ("--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "256",
 
 @pytest.fixture(scope="module")
 def dsv3_search() -> str:
-    result = run_cli("search", *QUESTION, "--top", "3")
+    result = run_cli("search", *QUESTION, "--top", "3", "--offload-modules", "auto")
     assert result.code == 0, result.err
     return result.out
 
@@ -234,8 +235,9 @@ def test_search_names_the_chosen_modules(dsv3_search: str) -> None:
     assert rows and "offload:" in rows[0]
 
 
-def test_pinned_none_never_offloads_modules(dsv3_search: str) -> None:
-    result = run_cli("search", *QUESTION, "--top", "3", "--offload-modules", "none")
+@pytest.mark.parametrize("pin", [(), ("--offload-modules", "none")])
+def test_default_and_none_never_offload_modules(dsv3_search: str, pin: tuple[str, ...]) -> None:
+    result = run_cli("search", *QUESTION, "--top", "3", *pin)
     assert result.code == 0, result.err
     rows = [line for line in result.out.splitlines() if line[:1].isdigit()]
     assert rows and not any("offload:" in line for line in rows)
@@ -247,7 +249,7 @@ def test_pinned_none_never_offloads_modules(dsv3_search: str) -> None:
 
 def test_explain_and_launch_name_the_chosen_modules() -> None:
     layout = "tp=2,pp=8,vpp=2,ep=16,mbs=2,recompute=selective,sp=true"
-    result = run_cli("explain", *QUESTION, "--layout", layout)
+    result = run_cli("explain", *QUESTION, "--layout", layout, "--offload-modules", "auto")
     assert result.code == 0, result.err
     assert "fine-grained activation offload (" in result.out
     assert "--offload-modules LIST or none" in result.out
@@ -256,4 +258,5 @@ def test_explain_and_launch_name_the_chosen_modules() -> None:
 def test_bad_module_list_names_the_choices() -> None:
     result = run_cli("search", *QUESTION, "--offload-modules", "bogus")
     assert result.code == 2
-    assert "'bogus'" in result.err and "none" in result.err and "core_attn" in result.err
+    assert "'bogus'" in result.err and "core_attn" in result.err
+    assert "none" in result.err and "auto" in result.err

@@ -11,7 +11,11 @@ from typing import Any, TextIO
 
 from parsearch.cli.input_checks import finite_float
 from parsearch.cost.kernels import CUDA_GRAPH_SCOPES
-from parsearch.cost.options import DEFAULT_MEMORY_MARGIN, SEARCHABLE_FEATURES
+from parsearch.cost.options import (
+    DEFAULT_MEMORY_MARGIN,
+    DEFAULT_SEARCHED_FEATURES,
+    SEARCHABLE_FEATURES,
+)
 from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
@@ -93,16 +97,18 @@ def choice_list(choices: Sequence[str]):  # type: ignore[no-untyped-def]
     return parse
 
 
-def offload_module_list(text: str) -> tuple[str, ...]:
-    """argparse type of ``--offload-modules``: a comma-separated subset of the modules, or
-    ``none`` (pinned off: not chosen by the search)."""
+def offload_module_list(text: str) -> tuple[str, ...] | str:
+    """argparse type of ``--offload-modules``: a comma-separated subset of the modules,
+    ``none`` (pinned off, the default) or ``auto`` (chosen per layout by the search)."""
     if text.strip().lower() == "none":
         return ()
+    if text.strip().lower() == "auto":
+        return "auto"
     parse: Callable[[str], tuple[str, ...]] = choice_list((*OFFLOAD_MODULES,))
     try:
         return parse(text)
     except argparse.ArgumentTypeError as error:
-        raise argparse.ArgumentTypeError(f"{error}, or none") from None
+        raise argparse.ArgumentTypeError(f"{error}, or none, or auto") from None
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
@@ -190,9 +196,10 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                      help="fine-grained activation offloading (Megatron-Core 0.16+ "
                      "--fine-grained-activation-offloading --offload-modules): the inputs of "
                      f"these submodules of every layer go to host memory, among "
-                     f"{','.join(OFFLOAD_MODULES)}, or 'none'; any pp and recompute; not "
-                     "with --activation-offload-layers; default: chosen per layout where the "
-                     "software stack has it, only where memory forces a slower setting")
+                     f"{','.join(OFFLOAD_MODULES)}; any pp and recompute; not with "
+                     "--activation-offload-layers; 'auto': chosen per layout where memory "
+                     "forces a slower setting and it is faster (stacks that have it); "
+                     "default none")
 
 
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:
@@ -356,16 +363,26 @@ def _training_as_given(args: argparse.Namespace) -> TrainingSpec:
         recompute_num_layers=args.recompute_num_layers,
         recompute_modules=tuple(args.recompute_modules or ("core_attn",)),
         activation_offload_layers=args.activation_offload_layers or 0,
-        offload_modules=tuple(getattr(args, "offload_modules", None) or ()),
+        offload_modules=pinned_offload_modules(args),
     )
 
 
+def pinned_offload_modules(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``--offload-modules`` the user pinned (none where unset or ``auto``)."""
+    value = getattr(args, "offload_modules", None)
+    return () if value is None or value == "auto" else tuple(value)
+
+
 def searched_features(args: argparse.Namespace) -> tuple[str, ...]:
-    """The features the user left unset (MoE dispatcher and overlaps, CUDA graphs): chosen
-    per layout by the search (none with ``--no-feature-search``)."""
+    """The features the user left unset (MoE dispatcher and overlaps, CUDA graphs, the
+    memory features): chosen per layout by the search (none with ``--no-feature-search``).
+    Fine-grained offload modules are chosen only on request (``--offload-modules auto``;
+    ``DEFAULT_SEARCHED_FEATURES``)."""
     if getattr(args, "no_feature_search", False):
         return ()
-    return tuple(name for name in SEARCHABLE_FEATURES if getattr(args, name, None) is None
+    return tuple(name for name in SEARCHABLE_FEATURES if (
+        getattr(args, name, None) == "auto" if name not in DEFAULT_SEARCHED_FEATURES
+        else getattr(args, name, None) is None)
                  and not (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ()))
                  # --optimizer-bytes other than 12 states the optimizer state: pinned
                  and not (name == "bf16_moments"

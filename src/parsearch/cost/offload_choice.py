@@ -27,7 +27,11 @@ from parsearch.cost.memory_features import (
     with_setting,
 )
 from parsearch.cost.offload import fewest_fitting_layers, offload_allowed
-from parsearch.model.offload_modules import module_offload_chain, offload_allowed_with
+from parsearch.model.offload_modules import (
+    graph_conflict,
+    module_offload_chain,
+    offload_allowed_with,
+)
 from parsearch.model.specs import RECOMPUTE_CODES
 
 
@@ -127,12 +131,8 @@ def choose_module_offload(cm: CostModel, cols: dict[str, np.ndarray],
       reaching it (the fewest numerics features);
     * where the choice fits, the set one cheaper than its own, in its numerics combination
       (chosen to fit or for speed; module offload leaves model state and DP traffic as they
-      are): the step that swaps the least re-run work for the fewest bytes to copy.  Cheaper
-      sets copy more, and stop paying once the copies outrun the layer.  Pricing every set
-      from the cheapest to the choice's, in every combination reaching the cheapest, took
-      4.8 s against 2.6 s of CPU for ``search`` DeepSeek-V3 on 1,024 H100s
-      (``benchmarks/bench_search.py``, 2026-12-07) and on 256 H100s found the same best
-      layout, its next four within 2%.
+      are), and while that wins one cheaper again: each step swaps re-run work for bytes to
+      copy, and stops paying once the copies outrun the layer.
 
     A set with ``moe`` recompute takes no expert module (Megatron-Core refuses the pair).
     The candidate is taken where it fits and nothing chosen fits, or where it is faster
@@ -150,26 +150,28 @@ def choose_module_offload(cm: CostModel, cols: dict[str, np.ndarray],
     if not len(rows):
         return
     sets = module_offload_chain(cm.model.moe is not None)
-    # per row and combination, the cheapest recompute set that fits with every module
-    sub = {k: np.asarray(v)[rows] for k, v in cols.items()}
-    reach = np.full((len(rows), len(settings)), chain_len, dtype=np.int64)
-    for ci, chain in enumerate(settings):
-        most = _with_modules(chain, sets[-1])
-        first = first_fitting(cm, most, sub, hbm)
-        reach[first < len(most), ci] = first[first < len(most)]
-    cheapest = reach.min(axis=1)
-    limit = np.where(best_fits[rows] & (layers[rows] == 0), position[rows], chain_len)
-    open_rows = (cheapest < chain_len) & ((cheapest < limit) | ~best_fits[rows]
-                                          | (layers[rows] > 0))
     current = (index[rows] % len(flat)) // chain_len
     fitting = best_fits[rows] & (layers[rows] == 0)
-    # the candidate set and combination (docstring)
-    combo_of = np.where(fitting, current, np.argmax(reach == cheapest[:, None], axis=1))
-    start = np.where(fitting, limit - 1, cheapest)
-    next_k = np.where(open_rows & (start >= reach[np.arange(len(rows)), combo_of]), start, -1)
-    for k in range(chain_len):
+    # the candidate set and combination (docstring): where the choice fits, one set cheaper
+    # in its combination; elsewhere the cheapest set that fits with every module offloaded
+    combo_of = current.copy()
+    next_k = np.where(fitting, position[rows] - 1, -1)
+    loose = np.nonzero(~fitting)[0]
+    if len(loose):
+        sub = {k: np.asarray(v)[rows[loose]] for k, v in cols.items()}
+        reach = np.full((len(loose), len(settings)), chain_len, dtype=np.int64)
+        for ci, chain in enumerate(settings):
+            most = _with_modules(chain, sets[-1])
+            first = first_fitting(cm, most, sub, hbm)
+            reach[first < len(most), ci] = first[first < len(most)]
+        cheapest = reach.min(axis=1)
+        combo_of[loose] = np.argmax(reach == cheapest[:, None], axis=1)
+        next_k[loose] = np.where(cheapest < chain_len, cheapest, -1)
+    sub = {k: np.asarray(v)[rows] for k, v in cols.items()}
+    for k in range(chain_len - 1, -1, -1):
         for ci, chain in enumerate(settings):
             group = np.nonzero((next_k == k) & (combo_of == ci))[0]
+            taken = np.zeros(len(group), dtype=bool)
             todo = np.arange(len(group))
             # at that recompute set, the fewest modules that fit
             for modules in sets:
@@ -180,9 +182,12 @@ def choose_module_offload(cm: CostModel, cols: dict[str, np.ndarray],
                 fits = first_fitting(cm, (setting,), {key: v[group[todo]] for key, v
                                                       in sub.items()}, hbm) == 0
                 if fits.any():
-                    _take(cm, cols, out, best, best_fits, score, setting,
-                          rows[group[todo[fits]]])
+                    at = rows[group[todo[fits]]]
+                    _take(cm, cols, out, best, best_fits, score, setting, at)
+                    taken[todo[fits]] = out["memory_setting"][at] == setting_index(cm, setting)
                 todo = todo[~fits]
+            # a fitting layout whose step won goes one set cheaper again
+            next_k[group] = np.where(taken & fitting[group] & (k > 0), k - 1, -1)
 
 
 def _with_modules(chain: tuple[MemorySetting, ...], modules: tuple[str, ...]
@@ -199,22 +204,56 @@ def _with_modules(chain: tuple[MemorySetting, ...], modules: tuple[str, ...]
 
 def _take(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
           best: np.ndarray, best_fits: np.ndarray, score: Callable[..., dict[str, np.ndarray]],
-          setting: MemorySetting, where: np.ndarray) -> np.ndarray:
+          setting: MemorySetting, where: np.ndarray) -> None:
     """Price rows ``where`` under ``setting`` and keep it where it fits and nothing chosen
-    does, or where it is faster under the numerics weighing; returns where it was kept."""
-    part = score(with_setting(cm, setting), {key: np.asarray(v)[where] for key, v in cols.items()},
-                 with_memory=True)
-    part["memory_setting"] = np.full(len(where), setting_index(cm, setting), dtype=np.int64)
+    does, or where it is faster under the numerics weighing.
+
+    Each row is priced with the features it was priced with (dispatcher, overlaps, CUDA
+    graphs: ``feature_variant``) where they run beside the offloaded modules, instead of
+    choosing them again: module offload changes what each layer holds and copies, not what
+    those features cost, and one feature set is a twentieth of the pricing of a MoE
+    layout's every set.  A row with no fitting choice that does not fit under that set
+    chooses its features as any layout does (a leaner set may fit)."""
+    priced = with_setting(cm, setting)
+    variant = (np.asarray(out["feature_variant"])[where]
+               if "feature_variant" in out and priced.variants else None)
+    rest = np.arange(len(where))
+    if variant is not None:
+        for v in np.unique(variant):
+            options = priced.variants[int(v)]
+            if options.cuda_graphs and graph_conflict(
+                    setting.offload_modules, options.cuda_graph_impl, options.cuda_graph_scope):
+                continue
+            local = np.nonzero(variant == v)[0]
+            fixed = replace(priced, options=replace(options, search_features=()), variants=())
+            fits = _keep(cm, cols, out, best, best_fits, score, setting, fixed, where[local],
+                         int(v))
+            # a layout with nothing fitting may fit under a leaner feature set: it chooses
+            rest = np.setdiff1d(rest, local[fits | best_fits[where[local]]])
+    if len(rest):
+        _keep(cm, cols, out, best, best_fits, score, setting, priced, where[rest], None)
+
+
+def _keep(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
+          best: np.ndarray, best_fits: np.ndarray, score: Callable[..., dict[str, np.ndarray]],
+          setting: MemorySetting, priced: CostModel, at: np.ndarray,
+          variant: int | None) -> np.ndarray:
+    """Price rows ``at`` with ``priced`` (``variant``: the one feature set it prices) and
+    keep the setting where :func:`_take` would; returns where it fits."""
+    part = score(priced, {key: np.asarray(c)[at] for key, c in cols.items()}, with_memory=True)
+    part["memory_setting"] = np.full(len(at), setting_index(cm, setting), dtype=np.int64)
+    if variant is not None:
+        part["feature_variant"] = np.full(len(at), variant, dtype=np.int64)
     fits = np.asarray(part["fits"], dtype=bool)
     penalised = (np.asarray(part["step_time_s"], dtype=np.float64)
                  * numerics_penalty(setting.numerics))
-    take = fits & (~best_fits[where] | (penalised < best[where]))
+    take = fits & (~best_fits[at] | (penalised < best[at]))
     for key, values in part.items():
         if np.ndim(values) and key in out:
-            out[key][where[take]] = np.asarray(values)[take]
-    best[where[take]] = penalised[take]
-    best_fits[where[take]] = True
-    return take
+            out[key][at[take]] = np.asarray(values)[take]
+    best[at[take]] = penalised[take]
+    best_fits[at[take]] = True
+    return fits
 
 
 __all__ = ["choose_module_offload", "choose_offload", "choose_offload_layers"]

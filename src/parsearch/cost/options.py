@@ -39,6 +39,13 @@ SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
                                         "moe_shared_expert_overlap", "cuda_graphs",
                                         "recompute_modules", "bf16_moments", "fp8_param_gather",
                                         "activation_offload_layers", "offload_modules")
+#: The features searched where the user leaves them unset (``parsearch search`` without the
+#: flag).  Fine-grained offload modules are searched only on request (``--offload-modules
+#: auto``): their host-side cost per offload group outside a CUDA graph, which Megatron-Core's
+#: guide names but does not size, is not priced, and with them searched by default the
+#: published shapes fell in the searched ranking (docs/accuracy.md, 2026-12-07).
+DEFAULT_SEARCHED_FEATURES: tuple[str, ...] = tuple(
+    f for f in SEARCHABLE_FEATURES if f != "offload_modules")
 #: Megatron-Core ``--cuda-graph-impl`` values (besides ``none``) the model prices:
 #: per-layer graphs from Transformer Engine's ``make_graphed_callables`` or Megatron's own
 #: ``CudaGraphManager``, or one graph of the whole forward-backward (``full_iteration``).

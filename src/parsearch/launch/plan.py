@@ -173,9 +173,9 @@ def priced_features(plan: LaunchPlan) -> tuple[str, ...]:
             if "activation_offload_layers" in plan.chosen_features else "") + ")"),
         (bool(plan.offload_modules),
          f"fine-grained activation offload ({', '.join(plan.offload_modules)}"
-         + ("; chosen by the search where memory forced more recompute or nothing fit; pin "
-            "with --offload-modules LIST or none" if "offload_modules" in plan.chosen_features
-            else "") + ")"),
+         + ("; chosen by the search (--offload-modules auto) where memory forced more "
+            "recompute or nothing fit; pin with --offload-modules LIST or none"
+            if "offload_modules" in plan.chosen_features else "") + ")"),
         (not plan.flash_attention, "unfused attention"),
         # the uneven split the launch passes (a recipe's layout string, Megatron's
         # accounting or the work-balanced split: cost/stages.py)

@@ -56,10 +56,10 @@ class CellSolver:
     def query(self, cell: Cell) -> Query:
         """The question of ``cell``, as ``parsearch search`` asks it by default (MoE
         features chosen with each layout)."""
-        from parsearch.cost.options import SEARCHABLE_FEATURES, CostOptions
+        from parsearch.cost.options import DEFAULT_SEARCHED_FEATURES, CostOptions
 
         return Query(self.model(cell.model), self.training(cell), self.cluster(cell.cluster),
-                     options=CostOptions(search_features=SEARCHABLE_FEATURES))
+                     options=CostOptions(search_features=DEFAULT_SEARCHED_FEATURES))
 
     def check(self) -> None:
         """Resolve every model and cluster now: a bad name fails before any work starts."""
