@@ -150,7 +150,7 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                        "has are searched, and the kernels it runs are priced "
                        "(megatron-lm-2021, megatron-deepspeed-2022, megatron-lm-2022, "
                        "megatron-lm-2023, mcore-0.9, mcore-0.11, mcore-0.12, mcore-0.14, "
-                       "mcore-current, torchtitan; default mcore-current)")
+                       "mcore-0.15, mcore-current, torchtitan; default mcore-current)")
     group.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
     mem = parser.add_argument_group("memory accounting")

@@ -211,9 +211,9 @@ def _take(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray]
     Each row is priced with the features it was priced with (dispatcher, overlaps, CUDA
     graphs: ``feature_variant``) where they run beside the offloaded modules, instead of
     choosing them again: module offload changes what each layer holds and copies, not what
-    those features cost, and one feature set is a twentieth of the pricing of a MoE
-    layout's every set.  A row with no fitting choice that does not fit under that set
-    chooses its features as any layout does (a leaner set may fit)."""
+    those features cost, and DeepSeek-V3's layouts have 21 feature sets to price.  A row
+    with no fitting choice that does not fit under its set chooses its features as any
+    layout does (a leaner set may fit)."""
     priced = with_setting(cm, setting)
     variant = (np.asarray(out["feature_variant"])[where]
                if "feature_variant" in out and priced.variants else None)

@@ -196,13 +196,23 @@ _MCORE_014 = replace(
     source="Megatron-Bridge CHANGELOG.md 0.1.0rc3 (EP A2A communication overlap)",
     moe_a2a_overlap=True, cuda_graphs=True, recompute_modules=True,
     offload_moves_mlp_activation_input=True, pipeline_split="uneven")
-# Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher"; everything the cost
-# model prices.
+# Megatron-Core 0.15.0: "Add HybridEP backend to Flex Dispatcher".  Megatron-Bridge 0.2.x (NeMo
+# 25.11) pins Megatron-LM 0d8e0714 (2025-11-17), which has HybridEP and not the fine-grained
+# activation offloading of b97184db56 (2026-01-15), and Transformer Engine 2.9, whose CPU
+# offload moves only the tensors marked for it.
+_MCORE_015 = replace(
+    _MCORE_014, name="mcore-0.15", released="2025-11",
+    source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0); Megatron-Bridge 0.2.0 "
+           "3rdparty/Megatron-LM @ 0d8e0714 (NeMo 25.11)",
+    hybridep=True)
+# Megatron-Bridge 0.3.0 (NeMo 26.02) on: Megatron-LM b0cc2706 (Megatron Core 0.16, with
+# fine-grained activation offloading) and Transformer Engine >= 2.10 (its CPU offload moves
+# every saved tensor); everything the cost model prices.
 _MCORE_CURRENT = replace(
-    _MCORE_014, name="mcore-current", released="2025-12",
-    source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0); Megatron-Bridge 0.3.0 on (TE >= "
-           "2.10 offload); Megatron Core 0.16.0 (fine-grained activation offloading)",
-    hybridep=True, offload_moves_every_saved_tensor=True, fine_grained_offloading=True)
+    _MCORE_015, name="mcore-current", released="2026-02",
+    source="Megatron-Bridge 0.3.0 3rdparty/Megatron-LM @ b0cc2706 (NeMo 26.02; Megatron Core "
+           "0.16: fine-grained activation offloading) and TE >= 2.10 offload",
+    offload_moves_every_saved_tensor=True, fine_grained_offloading=True)
 
 # torchtitan (Liang et al., arXiv 2410.06511; its benchmark files of 2024-12 and 2025-06):
 # PyTorch-native TP with sequence parallelism and async TP (torch symmetric memory), PP with
@@ -238,7 +248,8 @@ _MEGATRON_DEEPSPEED_2022 = replace(
 #: Megatron-LM / Megatron-Core releases, oldest first: each has what the one before had.
 MEGATRON_LINE: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MEGATRON_2023,
                                             _MCORE_09,
-                                            _MCORE_011, _MCORE_012, _MCORE_014, _MCORE_CURRENT)
+                                            _MCORE_011, _MCORE_012, _MCORE_014, _MCORE_015,
+                                            _MCORE_CURRENT)
 #: The stacks parsearch knows: the Megatron line, then the others; the default is the
 #: current Megatron-Core.
 STACKS: tuple[SoftwareStack, ...] = (*MEGATRON_LINE, _TORCHTITAN, _MEGATRON_DEEPSPEED_2022)

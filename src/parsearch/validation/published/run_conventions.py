@@ -154,11 +154,13 @@ _SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm
 
 def stack_of_source(source: str) -> str:
     """The software stack a run of ``source`` was measured with: by source, and for
-    Megatron-Bridge's tables by NeMo container (25.09 shipped Megatron-Core 0.14, later
-    ones 0.15+).
+    Megatron-Bridge's tables by NeMo container (25.09 shipped Megatron-Core 0.14, 25.11
+    Megatron-Bridge 0.2 with Megatron-Core 0.15, 26.02 on Megatron-Bridge 0.3+ with 0.16).
 
     >>> stack_of_source("Megatron-Bridge perf summary (NeMo 25.09 container)")
     'mcore-0.14'
+    >>> stack_of_source("Megatron-Bridge perf summary (NeMo 25.11 container)")
+    'mcore-0.15'
     """
     tag = source_tag(source)
     if tag in _SOURCE_STACKS:
@@ -166,23 +168,21 @@ def stack_of_source(source: str) -> str:
     release = release_of(source)
     if release is not None and release < (25, 11):
         return "mcore-0.14"
+    if release is not None and release < (26, 2):
+        return "mcore-0.15"
     return DEFAULT_STACK
 
 
 def offload_of_source(source: str) -> tuple[bool, bool]:
     """What ``--cpu-offloading`` moved in a run of ``source``
-    (:func:`parsearch.cost.stacks.stack_offload`): its stack's, except that Megatron-Bridge
-    0.2.0 (NeMo 25.11) pinned Transformer Engine 2.9, whose offload moves only the tensors
-    marked for it; Bridge 0.3.0 (NeMo 26.02) on pin TE >= 2.10.
+    (:func:`parsearch.cost.stacks.stack_offload`): its stack's.  Megatron-Bridge 0.2.0 (NeMo
+    25.11, ``mcore-0.15``) pinned Transformer Engine 2.9, whose offload moves only the tensors
+    marked for it; Bridge 0.3.0 (NeMo 26.02, ``mcore-current``) on pin TE >= 2.10.
 
     >>> offload_of_source("Megatron-Bridge perf summary (NeMo 25.11 container)")
     (True, False)
     """
-    moves_mlp, moves_every = stack_offload(get_stack(stack_of_source(source)))
-    release = release_of(source)
-    if release is not None and release < (26, 2):
-        moves_every = False
-    return moves_mlp, moves_every
+    return stack_offload(get_stack(stack_of_source(source)))
 
 
 # --------------------------------------------------------------------------- FLOPs
