@@ -13,8 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.analytic import build_cost_model, score_columns, wide_columns
-from parsearch.cost.memory import memory_arrays
+from parsearch.cost.analytic import build_cost_model, score_columns
 from parsearch.cost.memory_features import (
     MEMORY_FEATURES,
     NUMERICS_MIN_GAIN,
@@ -34,20 +33,12 @@ from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
-from tests.scan_checks import assert_bounded_scan_matches_full
+from tests.scan_checks import assert_bounded_scan_matches_full, peak_memory_total
 from tests.strategies import NO_OVERHEAD, SLOW, small_models, small_trainings
 
 
 def _columns(table, rows):  # type: ignore[no-untyped-def]
     return {k: np.asarray(v)[rows] for k, v in table.columns.items()}
-
-
-def _memory(cm, cols):  # type: ignore[no-untyped-def]
-    c = wide_columns(cols)
-    mem = memory_arrays(cm.model, cm.training, c["tp"], c["cp"], c["pp"], c["ep"], c["etp"],
-                        c["vpp"], c["mbs"], c["dp"], c["edp"], c["recompute"], c["sp"],
-                        cm.options.memory)
-    return np.asarray(mem.total, dtype=np.float64).reshape(-1)
 
 
 @st.composite
@@ -69,7 +60,7 @@ def cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     rows = np.arange(min(len(table), 40))
     cols = _columns(table, rows)
     flat = [s for combo in memory_settings(cm) for s in combo]
-    per_setting = np.stack([_memory(with_setting(cm, s), cols) for s in flat])
+    per_setting = np.stack([peak_memory_total(with_setting(cm, s), cols) for s in flat])
     low, high = float(per_setting.min()), float(per_setting.max())
     target = low + draw(st.floats(0.0, 1.0)) * (high - low)
     hbm = fabric.gpu.hbm_bytes
@@ -92,7 +83,7 @@ def test_memory_never_grows_and_time_never_shrinks_along_the_chain(case) -> None
     assume(selective.any())
     cols = {k: v[selective] for k, v in cols.items()}
     for combo in memory_settings(cm):
-        memory = [_memory(with_setting(cm, s), cols) for s in combo]
+        memory = [peak_memory_total(with_setting(cm, s), cols) for s in combo]
         steps = [np.asarray(_priced(cm, s, cols)["step_time_s"]) for s in combo]
         for a, b in pairwise(memory):
             assert np.all(b <= a * (1 + 1e-12) + 1e-6)

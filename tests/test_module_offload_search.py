@@ -16,8 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from parsearch.cost.analytic import build_cost_model, score_columns, wide_columns
-from parsearch.cost.memory import memory_arrays
+from parsearch.cost.analytic import build_cost_model, score_columns
 from parsearch.cost.memory_bounds import least_memory_models
 from parsearch.cost.memory_features import (
     MEMORY_FEATURES,
@@ -41,19 +40,11 @@ from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
 from tests.cli_helpers import run_cli
-from tests.scan_checks import assert_bounded_scan_matches_full
+from tests.scan_checks import assert_bounded_scan_matches_full, peak_memory_total
 from tests.strategies import NO_OVERHEAD, SLOW
 
 FULL = RECOMPUTE_CODES["full"]
 WITHOUT = tuple(f for f in MEMORY_FEATURES if f != "offload_modules")
-
-
-def _memory(cm, cols):  # type: ignore[no-untyped-def]
-    c = wide_columns(cols)
-    mem = memory_arrays(cm.model, cm.training, c["tp"], c["cp"], c["pp"], c["ep"], c["etp"],
-                        c["vpp"], c["mbs"], c["dp"], c["edp"], c["recompute"], c["sp"],
-                        cm.options.memory)
-    return np.asarray(mem.total, dtype=np.float64).reshape(-1)
 
 
 @st.composite
@@ -79,8 +70,8 @@ def cases(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     rows = np.sort(rng.choice(len(table), size=min(len(table), 48), replace=False))
     cols = {k: np.asarray(v)[rows] for k, v in table.columns.items()}
-    least = np.min([_memory(m, cols) for m in least_memory_models(cm)], axis=0)
-    most = _memory(cm, cols)
+    least = np.min([peak_memory_total(m, cols) for m in least_memory_models(cm)], axis=0)
+    most = peak_memory_total(cm, cols)
     assume(float(most.max()) > float(least.min()))
     target = float(least.min()) + draw(st.floats(0.0, 1.0)) * float(most.max() - least.min())
     margin = min(max(1.0 - target / fabric.gpu.hbm_bytes, 0.0), 0.999999999)
@@ -121,7 +112,7 @@ def test_chosen_modules_obey_megatrons_rules_and_fit(case) -> None:  # type: ign
                     and "moe" in setting.recompute_modules)
         assert bool(scores["fits"][i])
         row = {k: v[i:i + 1] for k, v in cols.items()}
-        assert _memory(with_setting(cm, setting), row)[0] <= hbm
+        assert peak_memory_total(with_setting(cm, setting), row)[0] <= hbm
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=SLOW)
@@ -153,12 +144,12 @@ def test_memory_shrinks_and_time_grows_along_the_module_chain(case) -> None:  # 
     cols = {k: v[cols["recompute"] != FULL] for k, v in cols.items()}
     assume(len(cols["tp"]) > 0)
     base = memory_settings(cm)[0][0]
-    previous_memory = _memory(with_setting(cm, base), cols)
+    previous_memory = peak_memory_total(with_setting(cm, base), cols)
     previous_time = np.asarray(score_columns(with_setting(cm, base), cols,
                                              with_memory=False)["step_time_s"])
     for modules in module_offload_chain(cm.model.moe is not None):
         priced = with_setting(cm, replace(base, offload_modules=modules))
-        memory = _memory(priced, cols)
+        memory = peak_memory_total(priced, cols)
         time = np.asarray(score_columns(priced, cols, with_memory=False)["step_time_s"])
         assert np.all(memory <= previous_memory + 1e-6)
         assert np.all(time >= previous_time * (1 - 1e-12))
@@ -171,7 +162,7 @@ def test_the_search_filter_keeps_every_layout_the_choice_fits(case) -> None:  # 
     cm, cols = case
     scores = score_columns(cm, cols)
     fits = np.asarray(scores["fits"], dtype=bool)
-    least = np.min([_memory(m, cols) for m in least_memory_models(cm)], axis=0)
+    least = np.min([peak_memory_total(m, cols) for m in least_memory_models(cm)], axis=0)
     assert np.all(least[fits] <= np.asarray(scores["mem_total"])[fits] * (1 + 1e-9) + 1.0)
 
 

@@ -101,15 +101,7 @@ def choose_offload_layers(cm: CostModel, cols: dict[str, np.ndarray],
                          {key: v[where] for key, v in cols.items()}, with_memory=True)
             part["memory_setting"] = np.full(len(where), flat.index(base) + len(flat) * int(k),
                                              dtype=np.int64)
-            fits = np.asarray(part["fits"], dtype=bool)
-            penalised = np.asarray(part["step_time_s"], dtype=np.float64) * numerics_penalty(
-                base.numerics)
-            take = fits & (~best_fits[where] | (penalised < best[where]))
-            for key, values in part.items():
-                if np.ndim(values) and key in out:
-                    out[key][where[take]] = np.asarray(values)[take]
-            best[where[take]] = penalised[take]
-            best_fits[where[take]] = True
+            _merge(out, best, best_fits, part, where, base.numerics)
 
 
 def choose_module_offload(cm: CostModel, cols: dict[str, np.ndarray],
@@ -244,9 +236,16 @@ def _keep(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray]
     part["memory_setting"] = np.full(len(at), setting_index(cm, setting), dtype=np.int64)
     if variant is not None:
         part["feature_variant"] = np.full(len(at), variant, dtype=np.int64)
+    return _merge(out, best, best_fits, part, at, setting.numerics)
+
+
+def _merge(out: dict[str, np.ndarray], best: np.ndarray, best_fits: np.ndarray,
+           part: dict[str, np.ndarray], at: np.ndarray, numerics: int) -> np.ndarray:
+    """Write ``part`` (rows ``at`` priced under one setting with ``numerics`` numerics
+    features) into ``out`` where it fits and nothing chosen does, or where it is faster
+    under the numerics weighing; returns where it fits."""
     fits = np.asarray(part["fits"], dtype=bool)
-    penalised = (np.asarray(part["step_time_s"], dtype=np.float64)
-                 * numerics_penalty(setting.numerics))
+    penalised = np.asarray(part["step_time_s"], dtype=np.float64) * numerics_penalty(numerics)
     take = fits & (~best_fits[at] | (penalised < best[at]))
     for key, values in part.items():
         if np.ndim(values) and key in out:
