@@ -253,6 +253,11 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
         print("offload:K: activations of the first K layers go to host memory (Megatron "
               "--cpu-offloading-num-layers K; pp=1 without recompute only); chosen per layout, "
               "the fewest layers that make it fit, unless --activation-offload-layers is given")
+    if any(e.launch is not None and e.launch.plan.offload_modules for e in result.entries):
+        print("offload:MODULES: the inputs of those submodules of every layer go to host "
+              "memory (Megatron-Core --fine-grained-activation-offloading --offload-modules); "
+              "as given, or with --offload-modules auto chosen per layout where memory forced "
+              "more recompute or nothing fit and it is faster")
     if precision != "bf16":
         print(f"mfu%: model FLOPs over the GPU's dense BF16 peak; {precision} GEMMs run at a "
               "higher peak, so it can pass what a BF16 run could reach.")
