@@ -39,7 +39,7 @@ from parsearch.model.presets import get_preset
 from parsearch.model.specs import RECOMPUTE_CODES, TrainingSpec
 from parsearch.topology.cluster import load_cluster
 from parsearch.topology.fabric import build_fabric
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import assert_one_line_error, run_cli
 from tests.scan_checks import assert_bounded_scan_matches_full, peak_memory_total
 from tests.strategies import NO_OVERHEAD, SLOW
 
@@ -251,3 +251,10 @@ def test_bad_module_list_names_the_choices() -> None:
     assert result.code == 2
     assert "'bogus'" in result.err and "core_attn" in result.err
     assert "none" in result.err and "auto" in result.err
+
+
+def test_auto_on_a_stack_without_it_is_refused() -> None:
+    result = run_cli("search", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "8",
+                     "--global-batch", "64", "--seq-len", "4096", "--stack", "mcore-0.15",
+                     "--offload-modules", "auto")
+    assert_one_line_error(result, "--offload-modules auto", "mcore-0.15", "mcore-current")

@@ -483,6 +483,10 @@ def _stack_bounded(args: argparse.Namespace, options,  # type: ignore[no-untyped
 
     stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
     require_model_support(stack, model)
+    if getattr(args, "offload_modules", None) == "auto" and not stack.fine_grained_offloading:
+        raise SpecError(f"--offload-modules auto: --stack {stack.name} does not have "
+                        "fine-grained activation offloading (Megatron-Core 0.16, NeMo 26.02 "
+                        "on); drop the flag or use --stack mcore-current")
     explicit = frozenset(name for name in (*SEARCHABLE_FEATURES, "moe_flex_backend")
                          if getattr(args, name, None) not in (None, "auto")
                          or (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ())))
