@@ -29,7 +29,10 @@ A fourth, ``activation_offload_layers`` (CPU activation offloading, Megatron
 (``pp = 1``, no recompute, :func:`parsearch.cost.offload.offload_allowed`), only where
 the layout does not fit without it, and then at the fewest layers that make it fit (its
 exposed copy time only grows with the layers, :mod:`parsearch.cost.offload`), solved from
-the layer bytes instead of a scan.
+the layer bytes instead of a scan.  A fifth, ``offload_modules`` (fine-grained activation
+offloading, Megatron-Core 0.16 ``--offload-modules``), is chosen after it where asked for
+(not in :data:`~parsearch.cost.options.DEFAULT_SEARCHED_FEATURES`;
+:func:`parsearch.cost.offload_choice.choose_module_offload`).
 
 BF16 moments and FP8 gather change the numerics, so they are taken only where a layout
 needs them to fit, or where they make it faster by at least :data:`NUMERICS_MIN_GAIN`
@@ -442,8 +445,8 @@ def numerics_saving(cm: CostModel, timed: dict[str, np.ndarray]) -> np.ndarray:
 
 def setting_index(cm: CostModel, setting: MemorySetting) -> int:
     """The ``memory_setting`` index of ``setting``: its place among the flattened settings,
-    plus ``len`` times its offloaded layers, plus ``len x (layers + 1)`` times the 1-based
-    place of its module set in :func:`~parsearch.model.offload_modules.module_offload_chain`
+    plus ``len`` times its offloaded layers, plus ``len x (num_layers + 1)`` times the
+    1-based place of its module set in :func:`~parsearch.model.offload_modules.module_offload_chain`
     (the inverse of :func:`setting_of`)."""
     flat = [s for combo in memory_settings(cm) for s in combo]
     base = flat.index(replace(setting, offload_layers=0, offload_modules=()))
