@@ -483,12 +483,11 @@ def _stack_bounded(args: argparse.Namespace, options,  # type: ignore[no-untyped
 
     stack = get_stack(getattr(args, "stack", None) or DEFAULT_STACK)
     require_model_support(stack, model)
-    if getattr(args, "offload_modules", None) == "auto" and not stack.fine_grained_offloading:
-        raise SpecError(f"--offload-modules auto: --stack {stack.name} does not have "
-                        "fine-grained activation offloading (Megatron-Core 0.16, NeMo 26.02 "
-                        "on); drop the flag or use --stack mcore-current")
+    # asked for: a value other than auto, or auto for a feature searched only on request
+    on_request = set(SEARCHABLE_FEATURES) - set(DEFAULT_SEARCHED_FEATURES)
     explicit = frozenset(name for name in (*SEARCHABLE_FEATURES, "moe_flex_backend")
                          if getattr(args, name, None) not in (None, "auto")
+                         or (name in on_request and getattr(args, name, None) == "auto")
                          or (name == "cuda_graphs" and getattr(args, "cuda_graph_scope", ())))
     return stack_options(stack, options, explicit=explicit)
 

@@ -174,9 +174,8 @@ def choose_module_offload(cm: CostModel, cols: dict[str, np.ndarray],
                 fits = first_fitting(cm, (setting,), {key: v[group[todo]] for key, v
                                                       in sub.items()}, hbm) == 0
                 if fits.any():
-                    at = rows[group[todo[fits]]]
-                    _take(cm, cols, out, best, best_fits, score, setting, at)
-                    taken[todo[fits]] = out["memory_setting"][at] == setting_index(cm, setting)
+                    taken[todo[fits]] = _take(cm, cols, out, best, best_fits, score, setting,
+                                              rows[group[todo[fits]]])
                 todo = todo[~fits]
             # a fitting layout whose step won goes one set cheaper again
             next_k[group] = np.where(taken & fitting[group] & (k > 0), k - 1, -1)
@@ -196,9 +195,9 @@ def _with_modules(chain: tuple[MemorySetting, ...], modules: tuple[str, ...]
 
 def _take(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
           best: np.ndarray, best_fits: np.ndarray, score: Callable[..., dict[str, np.ndarray]],
-          setting: MemorySetting, where: np.ndarray) -> None:
+          setting: MemorySetting, where: np.ndarray) -> np.ndarray:
     """Price rows ``where`` under ``setting`` and keep it where it fits and nothing chosen
-    does, or where it is faster under the numerics weighing.
+    does, or where it is faster under the numerics weighing; returns where it was kept.
 
     Each row is priced with the features it was priced with (dispatcher, overlaps, CUDA
     graphs: ``feature_variant``) where they run beside the offloaded modules, instead of
@@ -207,9 +206,11 @@ def _take(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray]
     with no fitting choice that does not fit under its set chooses its features as any
     layout does (a leaner set may fit)."""
     priced = with_setting(cm, setting)
+    index = setting_index(cm, setting)
     variant = (np.asarray(out["feature_variant"])[where]
                if "feature_variant" in out and priced.variants else None)
     rest = np.arange(len(where))
+    taken = np.zeros(len(where), dtype=bool)
     if variant is not None:
         for v in np.unique(variant):
             options = priced.variants[int(v)]
@@ -218,32 +219,36 @@ def _take(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray]
                 continue
             local = np.nonzero(variant == v)[0]
             fixed = replace(priced, options=replace(options, search_features=()), variants=())
-            fits = _keep(cm, cols, out, best, best_fits, score, setting, fixed, where[local],
-                         int(v))
+            fits, taken[local] = _keep(cols, out, best, best_fits, score, setting, index, fixed,
+                                       where[local], int(v))
             # a layout with nothing fitting may fit under a leaner feature set: it chooses
             rest = np.setdiff1d(rest, local[fits | best_fits[where[local]]])
     if len(rest):
-        _keep(cm, cols, out, best, best_fits, score, setting, priced, where[rest], None)
+        _, taken[rest] = _keep(cols, out, best, best_fits, score, setting, index, priced,
+                               where[rest], None)
+    return taken
 
 
-def _keep(cm: CostModel, cols: dict[str, np.ndarray], out: dict[str, np.ndarray],
-          best: np.ndarray, best_fits: np.ndarray, score: Callable[..., dict[str, np.ndarray]],
-          setting: MemorySetting, priced: CostModel, at: np.ndarray,
-          variant: int | None) -> np.ndarray:
-    """Price rows ``at`` with ``priced`` (``variant``: the one feature set it prices) and
-    keep the setting where :func:`_take` would; returns where it fits."""
+def _keep(cols: dict[str, np.ndarray], out: dict[str, np.ndarray], best: np.ndarray,
+          best_fits: np.ndarray, score: Callable[..., dict[str, np.ndarray]],
+          setting: MemorySetting, index: int, priced: CostModel, at: np.ndarray,
+          variant: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Price rows ``at`` with ``priced`` (``setting``, ``memory_setting`` ``index``;
+    ``variant``: the one feature set it prices) and keep it where :func:`_take` would;
+    returns where it fits and where it was kept."""
     part = score(priced, {key: np.asarray(c)[at] for key, c in cols.items()}, with_memory=True)
-    part["memory_setting"] = np.full(len(at), setting_index(cm, setting), dtype=np.int64)
+    part["memory_setting"] = np.full(len(at), index, dtype=np.int64)
     if variant is not None:
         part["feature_variant"] = np.full(len(at), variant, dtype=np.int64)
     return _merge(out, best, best_fits, part, at, setting.numerics)
 
 
 def _merge(out: dict[str, np.ndarray], best: np.ndarray, best_fits: np.ndarray,
-           part: dict[str, np.ndarray], at: np.ndarray, numerics: int) -> np.ndarray:
+           part: dict[str, np.ndarray], at: np.ndarray,
+           numerics: int) -> tuple[np.ndarray, np.ndarray]:
     """Write ``part`` (rows ``at`` priced under one setting with ``numerics`` numerics
     features) into ``out`` where it fits and nothing chosen does, or where it is faster
-    under the numerics weighing; returns where it fits."""
+    under the numerics weighing; returns where it fits and where it was written."""
     fits = np.asarray(part["fits"], dtype=bool)
     penalised = np.asarray(part["step_time_s"], dtype=np.float64) * numerics_penalty(numerics)
     take = fits & (~best_fits[at] | (penalised < best[at]))
@@ -252,7 +257,7 @@ def _merge(out: dict[str, np.ndarray], best: np.ndarray, best_fits: np.ndarray,
             out[key][at[take]] = np.asarray(values)[take]
     best[at[take]] = penalised[take]
     best_fits[at[take]] = True
-    return fits
+    return fits, take
 
 
 __all__ = ["choose_module_offload", "choose_offload", "choose_offload_layers"]

@@ -424,8 +424,10 @@ def _memory_features(stack: SoftwareStack, options: CostOptions, explicit: froze
         ("activation_offload_layers", stack.cpu_offloading,
          bool(options.activation_offload_layers), "CPU activation offloading",
          "drop --activation-offload-layers", {"activation_offload_layers": None}),
-        ("offload_modules", stack.fine_grained_offloading, bool(options.offload_modules),
-         "fine-grained activation offloading", "drop --offload-modules",
+        ("offload_modules", stack.fine_grained_offloading,
+         bool(options.offload_modules) or "offload_modules" in options.search_features,
+         "fine-grained activation offloading",
+         "drop --offload-modules auto, or use --stack mcore-current",
          {"offload_modules": None}),
     )
     for feature, available, on, words, fix, off in checks:
