@@ -75,6 +75,22 @@ max(40M, 1M x DP) parameters, so the total stays near 2 x (params / 1M) hops (78
 of machines markedly slow, §5.1) would slow the 6,144-GPU point far more than the 768-GPU
 one, where the measurement has it 2.4% faster, and at the size of Sinha et al. SC'22's
 spread they add 0.4-0.7 points; neither is priced.
+
+Checked again 2026-12-07 (session 35), as what-ifs on the scored model, neither shipped:
+NCCL picks the protocol of each call by its own cost (``src/graph/tuning.cc`` @5067397c:
+LL128 ring hops 4.0 us on the network and 1.9 us on NVLink against Simple's 14 and 3.4, at
+0.92 of Simple's bus bandwidth), so the per-bucket reductions of large DP groups would run
+LL128.  Taking the cheaper protocol per bucket: 20 of 24 (both Nemotron-4 15B series go flat,
+Llama 3.1 70B FP8 priced 1.3% for 3.3%).  Adding a slowest-GPU term, the step stretched by
+``sigma x E[max of N standard normals]`` (per-GPU speed spread sigma 1-2%, the range Sinha
+et al. SC'22's 8% cluster-wide variation implies), with or without LL128: 19-21 of 24 (it
+over-prices Nemotron-4 15B and 340B and GPT-530B once it reaches the DGXC declines).  The
+``twins`` lines show why no scale-out term meets both misses: a scale-out cost does not
+depend on the GEMMs' precision, yet Llama 3.1 405B's FP8 series adds 1.11 s per step from
+576 to 2,304 GPUs where its BF16 twin (same layout, cluster and counts) adds 0.42 s; and
+Nemotron-4 15B's twins add 0.10 s (FP8) and 0.13 s (BF16) as measured, 0.19 s and 0.13 s as
+priced: the model hides less of the bucket latency behind FP8's shorter backward than the
+run did, so its overlap window, not its latency, is what the FP8 miss points at.
 """
 
 from __future__ import annotations
@@ -143,6 +159,9 @@ def main() -> int:
                       for ids in by_count.values() for i in ids}
     failures = derived_failures = 0
     checked = derived_checked = 0
+    # series of one job and layout that differ only in precision (BF16 / FP8 twins)
+    twins: dict[tuple[object, ...], list[tuple[str, list[int], list[float], list[float]]]] = (
+        defaultdict(list))
     for key, by_count in sorted(series.items(), key=lambda kv: str(kv[0])):
         if len(by_count) < 2:
             continue
@@ -173,6 +192,11 @@ def main() -> int:
             failures += not ok
         tag, model, gpu, tp, pp, cp, ep, vpp, mbs = key[:9]
         scheme, batch = key[-2:]
+        if not derived:
+            twins[(*key[:10], scheme, batch)].append(
+                (str(key[10]), counts, [_step_seconds(by_id[i], m) for i, m in
+                                        zip(ids, measured, strict=True)],
+                 [_step_seconds(by_id[i], p) for i, p in zip(ids, predicted, strict=True)]))
         mark = ("ok  " if ok else "MISS") if not derived else ("ok* " if ok else "MIS*")
         print(f"{mark} {tag:16} {model[:20]:20} {gpu[:14]:14} "
               f"tp{tp} pp{pp} cp{cp} ep{ep} vpp{vpp} mbs{mbs} {scheme}={batch:g}: "
@@ -190,6 +214,7 @@ def main() -> int:
                         for i, m, p in zip(ids, measured, predicted, strict=True)]
             print("       step residual (measured - predicted s): "
                   + "  ".join(f"{n}: {r:+.2f}" for n, r in zip(counts, residual, strict=True)))
+    _print_twins(twins)
     print(f"(*) derived, reported apart: {derived_checked - derived_failures} of "
           f"{derived_checked} fixed-batch-per-GPU pairings built from rows of two published "
           f"fixed-batch series within the same bound")
@@ -197,6 +222,27 @@ def main() -> int:
     print(f"{status}: {checked - failures} of {checked} DP-scaling series as published within "
           f"a factor {RATIO_BOUND} of the measured spread")
     return 0 if failures == 0 else 1
+
+
+def _print_twins(twins: dict[tuple[object, ...],
+                               list[tuple[str, list[int], list[float], list[float]]]]) -> None:
+    """Precision twins: the step seconds each series adds from its first GPU count to its
+    last, measured and predicted.  A scale-out cost (DP traffic and its latency, stragglers)
+    depends on the layout, the bytes and the node count, not on the GEMMs' precision, so
+    twins whose measured additions differ several-fold carry more than scale-out in one of
+    them (an FP8 run's shorter compute hides less, which the predicted column shows)."""
+    for key, members in sorted(twins.items(), key=lambda kv: str(kv[0])):
+        shared = sorted(set.intersection(*(set(m[1]) for m in members)))
+        if len(members) < 2 or len(shared) < 2:
+            continue
+        first, last = shared[0], shared[-1]
+        parts = []
+        for precision, counts, measured, predicted in members:
+            i, j = counts.index(first), counts.index(last)
+            parts.append(f"{precision} {measured[j] - measured[i]:+.2f} s "
+                         f"(predicted {predicted[j] - predicted[i]:+.2f} s)")
+        print(f"twins {key[0]} {str(key[1])[:20]} GPUs {first}->{last}, step added: "
+              + "; ".join(parts))
 
 
 if __name__ == "__main__":
