@@ -82,9 +82,10 @@ LL128 ring hops 4.0 us on the network and 1.9 us on NVLink against Simple's 14 a
 0.92 of Simple's bus bandwidth), so the per-bucket reductions of large DP groups would run
 LL128.  Taking the cheaper protocol per bucket: 20 of 24 (both Nemotron-4 15B series go flat,
 Llama 3.1 70B FP8 priced 1.3% for 3.3%).  Adding a slowest-GPU term, the step stretched by
-``sigma x E[max of N standard normals]`` (per-GPU speed spread sigma 1-2%, the range Sinha
-et al. SC'22's 8% cluster-wide variation implies), with or without LL128: 19-21 of 24 (it
-over-prices Nemotron-4 15B and 340B and GPT-530B once it reaches the DGXC declines).  The
+``sigma x E[max of N standard normals]`` (per-GPU speed spread sigma 1-2%, assumed: Sinha
+et al. SC'22 give an 8% average variation across a cluster's GPUs, not its distribution),
+with or without LL128: 19-21 of 24 (it over-prices Nemotron-4 15B FP8, 340B or GPT-530B
+before it reaches the gradual DGXC declines).  The
 ``twins`` lines show why no scale-out term meets both misses: a scale-out cost does not
 depend on the GEMMs' precision, yet Llama 3.1 405B's FP8 series adds 1.11 s per step from
 576 to 2,304 GPUs where its BF16 twin (same layout, cluster and counts) adds 0.42 s; and
