@@ -173,6 +173,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--concurrency over the replicas, else the most the KV cache holds)")
     parser.add_argument("--top", type=positive_int, default=10, metavar="K",
                         help="layouts to list (default 10)")
+    parser.add_argument("--diverse", action=argparse.BooleanOptionalAction, default=True,
+                        help="one row per instance shape (tp, attention DP, pp, ep; with "
+                        "--mode disaggregated the prefill shape too) at its best batch "
+                        "(default); --no-diverse lists every batch of every shape.  The "
+                        "Pareto front lists the batches either way")
     add_format_option(parser, ("table", "json"))
     parser.set_defaults(handler=run)
 
@@ -218,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--batch goes with --layout (the search chooses the batch itself)")
     query = Query(model, clusters=cluster_from_args(args))
     result = serve_layouts(query, num_gpus=args.gpus, workload=workload_from_args(args),
-                           window=_window(args), top=args.top)
+                           window=_window(args), top=args.top, diverse=args.diverse)
     if args.format == "json":
         print_json(result.to_dict())
     else:
@@ -283,6 +288,9 @@ def _print(result: ServeResult) -> None:
     rows = [_row(f"{e.rank}~" if e.tied else e.rank, e.estimate.to_dict())
             for e in result.entries]
     print_table(headers, rows)
+    if q.get("diverse"):
+        out.write("(one row per instance shape, at its best batch; --no-diverse lists every "
+                  "batch)\n")
     if result.tie_note:
         out.write(result.tie_note + "\n")
     best = result.best

@@ -32,7 +32,7 @@ from parsearch.serve.evaluate import (
     evaluate_aggregated,
     evaluate_disaggregated,
 )
-from parsearch.serve.front import pareto_points, rank_estimates
+from parsearch.serve.front import best_per_shape, pareto_points, rank_estimates
 from parsearch.serve.kv_cache import sliding_window_for
 from parsearch.serve.launch import ServingLaunch, launch_settings
 from parsearch.serve.space import require_serving_layouts
@@ -192,13 +192,17 @@ def _model_spec(model: ModelSpec | str) -> ModelSpec:
 
 def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
                   workload: ServingWorkload, window: SlidingWindow | None = None, top: int = 10,
-                  model_id: str | None = None, **legacy: Any) -> ServeResult:
+                  model_id: str | None = None, diverse: bool = True,
+                  **legacy: Any) -> ServeResult:
     """The best serving layouts of ``query.model`` on up to ``num_gpus`` GPUs of its cluster.
 
     ``query``: the model, one cluster and the efficiency profile (``query.training`` and
     ``query.options`` are not used: the workload says what is served).  The keywords
     ``model=, cluster=, efficiency=`` of earlier versions still build it
-    (:meth:`Query.of <parsearch.query.Query.of>`).  Raises :class:`NoValidLayoutError`
+    (:meth:`Query.of <parsearch.query.Query.of>`).  ``diverse`` (default): one entry per
+    instance shape (:func:`parsearch.serve.front.instance_shape`) at its best-ranked batch;
+    False lists every batch of every shape.  The Pareto front keeps every batch either way.
+    Raises :class:`NoValidLayoutError`
     (one line, saying why) when no layout fits or none meets the latency targets.
     """
     start = time.perf_counter()
@@ -218,6 +222,8 @@ def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
     estimates = score_layouts(ctx, num_gpus, layouts)
     by_gpus = workload.request_rate is not None
     ranked = rank_estimates(estimates, by_gpus=by_gpus)
+    if diverse:
+        ranked = best_per_shape(ranked)
     if not ranked:
         raise NoValidLayoutError(_no_result_message(model, workload, num_gpus, estimates))
     name = model_id or model_id_for(model)
@@ -237,7 +243,7 @@ def serve_layouts(query: Query | None = None, /, *, num_gpus: int,
              "num_gpus": num_gpus, "isl": workload.isl, "osl": workload.osl,
              "mix": [{"isl": c.isl, "osl": c.osl, "weight": c.weight} for c in workload.mix],
              "precision": workload.precision, "kv_precision": workload.kv_precision,
-             "mode": workload.mode, "ep_overlap": workload.ep_overlap,
+             "mode": workload.mode, "ep_overlap": workload.ep_overlap, "diverse": diverse,
              "engine": workload.engine, "memory_fraction": workload.memory_fraction,
              "ttft_ms": workload.ttft_ms, "tpot_ms": workload.tpot_ms,
              "concurrency": workload.concurrency, "request_rate": workload.request_rate,

@@ -53,6 +53,29 @@ def rank_estimates(estimates: Sequence[ServingEstimate], *, by_gpus: bool) -> li
     return sorted(ok, key=key)
 
 
+def instance_shape(e: ServingEstimate) -> tuple[int, ...]:
+    """What a user launches, without the batch: the instance's (tp, attention DP, pp, ep),
+    and its prefill instance's too when prefill and decode are disaggregated."""
+    lay = e.layout
+    shape = (lay.tp, lay.attention_dp, lay.pp, lay.ep)
+    pre = e.prefill_layout
+    return shape if pre is None else (*shape, pre.tp, pre.attention_dp, pre.pp, pre.ep)
+
+
+def best_per_shape(ranked: Sequence[ServingEstimate]) -> list[ServingEstimate]:
+    """The first (best-ranked) estimate of each instance shape, in ranked order: the batch
+    is a runtime setting of a launched layout, so its variants are one candidate to
+    profile, as ``parsearch search --diverse`` keeps one layout per parallel shape."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for e in ranked:
+        shape = instance_shape(e)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(e)
+    return out
+
+
 def best_under_latency(estimates: Sequence[ServingEstimate], *,
                        by_gpus: bool = False) -> ServingEstimate | None:
     """The top-ranked estimate meeting the targets, or None."""
