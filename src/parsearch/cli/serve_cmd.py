@@ -138,6 +138,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the engine's release, where pricing depends on it: TensorRT-LLM "
                         "before 1.0 serves TensorRT engines (trtllm-build; no attention DP, "
                         "no overlap scheduler); default: today's releases")
+    parser.add_argument("--moe-runner-backend", choices=("auto", "flashinfer_trtllm"),
+                        default="auto",
+                        help="SGLang's MoE runner (its flag of that name): flashinfer_trtllm "
+                        "runs TensorRT-LLM's fused MoE kernels, priced at TensorRT-LLM's "
+                        "grouped-GEMM factor with the routing glue fused; auto (default): "
+                        "DeepGEMM for 8- and 16-bit experts, TensorRT-LLM's kernels for FP4")
     parser.add_argument("--memory-fraction", type=_fraction, default=None, metavar="F",
                         help="the engine's memory fraction: vLLM --gpu-memory-utilization "
                         "(default 0.9 of total), SGLang --mem-fraction-static (0.79-0.88 by "
@@ -201,6 +207,11 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
               "spec_decode": args.spec_decode, "spec_tokens": args.spec_tokens,
               "acceptance_rate": args.acceptance_rate, "draft_cost": args.draft_cost,
               "prefix_cache_hit": args.prefix_cache_hit, "eplb": args.eplb}
+    if args.moe_runner_backend != "auto":
+        if args.engine != "sglang":
+            raise SpecError(f"--moe-runner-backend {args.moe_runner_backend} is SGLang's MoE "
+                            f"runner; use it with --engine sglang (got --engine {args.engine})")
+        fields["fused_moe_runner"] = True
     if args.engine_release is not None:
         try:
             fields["tensorrt_engine"] = tensorrt_engine_release(args.engine, args.engine_release)

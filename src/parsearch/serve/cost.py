@@ -186,7 +186,8 @@ def expert_rate(workload: ServingWorkload, rates: Rates) -> float:
     ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``; :attr:`Rates.w4a8_scale`)."""
     mixed = workload.precision == "fp4" and workload.expert_activations == "fp8"
     scale = rates.w4a8_scale if mixed else 1.0
-    return moe_kernel_efficiency(workload.engine, workload.precision) * scale
+    return moe_kernel_efficiency(workload.engine, workload.precision,
+                                 workload.fused_moe_runner) * scale
 
 
 def _layer_comm(model: ModelSpec, layout: ServingLayout, links: InstanceLinks, rates: Rates,

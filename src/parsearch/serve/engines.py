@@ -26,7 +26,12 @@ each engine is fitted on its published serving rows inside ``[MIN, 1]``
   in the InferenceX DeepSeek-R1 FP4 B200 script of its held-out rows,
   SemiAnalysisAI/InferenceX@1fc5d73c ``benchmarks/dsr1_fp4_b200.sh``), the kernel family
   of TensorRT-LLM, so they take TensorRT-LLM's factor (2026-12-07; held out, SGLang
-  throughput 8.6% -> 8.3%, TTFT 45.7% -> 43.9%).
+  throughput 8.6% -> 8.3%, TTFT 45.7% -> 43.9%).  So do 8-bit experts launched with that
+  runner (the InferenceX B200 FP8 script: ``--moe-runner-backend flashinfer_trtllm`` with
+  DeepGEMM's JIT off, ``benchmarks/dsr1_fp8_b200.sh``; ``fused_moe_runner`` of the
+  workload, the CLI's ``--moe-runner-backend``); until 2026-12-07 they took DeepGEMM's
+  1.0 (held out, SGLang B200 FP8 17 rows: throughput MAPE 16.4% -> 13.9%, TTFT
+  49.3% -> 45.0%).
 
 >>> moe_kernel_efficiency("sglang"), moe_kernel_efficiency("sglang", "fp4")
 (1.0, 0.45)
@@ -49,10 +54,19 @@ MIN_MOE_KERNEL_EFFICIENCY = 0.2
 MOE_KERNEL_EFFICIENCY: dict[str, float] = {"trtllm": 0.45, "vllm": 0.45, "sglang": 1.0}
 
 
-def moe_kernel_efficiency(engine: str, precision: str = "bf16") -> float:
+def moe_kernel_efficiency(engine: str, precision: str = "bf16",
+                          trtllm_runner: bool = False) -> float:
     """The fused-MoE grouped-GEMM factor of ``engine`` for experts in ``precision`` (1 for an
-    engine without one): SGLang's FP4 experts run TensorRT-LLM's kernel family (above)."""
-    if engine == "sglang" and precision == "fp4":
+    engine without one).  SGLang runs TensorRT-LLM's kernel family for FP4 experts (above)
+    and for any experts when launched with ``--moe-runner-backend flashinfer_trtllm``
+    (``trtllm_runner``; the InferenceX B200 DeepSeek scripts also set
+    ``SGL_ENABLE_JIT_DEEPGEMM=false``, SemiAnalysisAI/InferenceX@1fc5d73c
+    ``benchmarks/dsr1_fp8_b200.sh``), so those take TensorRT-LLM's factor, not DeepGEMM's.
+
+    >>> moe_kernel_efficiency("sglang", "fp8"), moe_kernel_efficiency("sglang", "fp8", True)
+    (1.0, 0.45)
+    """
+    if engine == "sglang" and (precision == "fp4" or trtllm_runner):
         return MOE_KERNEL_EFFICIENCY["trtllm"]
     return MOE_KERNEL_EFFICIENCY.get(engine, 1.0)
 

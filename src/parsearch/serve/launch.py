@@ -114,6 +114,8 @@ def _sglang(model: str, layout: ServingLayout, workload: ServingWorkload,
         args += ["--kv-cache-dtype", kv]
     if workload.engine == "sglang" and workload.memory_fraction is not None:
         args += ["--mem-fraction-static", f"{workload.memory_fraction:g}"]
+    if workload.engine == "sglang" and workload.fused_moe_runner:
+        args += ["--moe-runner-backend", "flashinfer_trtllm"]
     if workload.ep_overlap and layout.ep > 1:
         args += ["--enable-two-batch-overlap"]
     if workload.eplb and layout.ep > 1:
