@@ -68,3 +68,7 @@ def test_cli_launches_what_it_priced_and_refuses_other_engines() -> None:
     assert_one_line_error(run_cli(*args, "--engine", "vllm", "--moe-runner-backend",
                                   "flashinfer_trtllm"),
                           "--moe-runner-backend", "--engine sglang")
+    dense = ("serve", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "1",
+             "--isl", "500", "--osl", "500", "--engine", "sglang",
+             "--moe-runner-backend", "flashinfer_trtllm")
+    assert_one_line_error(run_cli(*dense), "--moe-runner-backend", "no MoE layers")

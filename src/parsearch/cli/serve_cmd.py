@@ -228,6 +228,9 @@ def workload_from_args(args: argparse.Namespace) -> ServingWorkload:
 
 def run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
+    if args.moe_runner_backend != "auto" and model.moe is None:
+        raise SpecError(f"--moe-runner-backend {args.moe_runner_backend}: {model.name} has "
+                        "no MoE layers; drop the flag")
     if args.layout is not None:
         return _run_layout(args, model)
     if args.batch is not None:
