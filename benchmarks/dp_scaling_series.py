@@ -193,11 +193,10 @@ def main() -> int:
             failures += not ok
         tag, model, gpu, tp, pp, cp, ep, vpp, mbs = key[:9]
         scheme, batch = key[-2:]
+        m_steps = [_step_seconds(by_id[i], m) for i, m in zip(ids, measured, strict=True)]
+        p_steps = [_step_seconds(by_id[i], p) for i, p in zip(ids, predicted, strict=True)]
         if not derived:
-            twins[(*key[:10], scheme, batch)].append(
-                (str(key[10]), counts, [_step_seconds(by_id[i], m) for i, m in
-                                        zip(ids, measured, strict=True)],
-                 [_step_seconds(by_id[i], p) for i, p in zip(ids, predicted, strict=True)]))
+            twins[(*key[:10], scheme, batch)].append((str(key[10]), counts, m_steps, p_steps))
         mark = ("ok  " if ok else "MISS") if not derived else ("ok* " if ok else "MIS*")
         print(f"{mark} {tag:16} {model[:20]:20} {gpu[:14]:14} "
               f"tp{tp} pp{pp} cp{cp} ep{ep} vpp{vpp} mbs{mbs} {scheme}={batch:g}: "
@@ -211,8 +210,7 @@ def main() -> int:
                    for values in (measured, predicted)]
             print(f"       step = a x micro-batches + b: measured a {fit[0][0]:.3f} s, "
                   f"b {fit[0][1]:.2f} s; predicted a {fit[1][0]:.3f} s, b {fit[1][1]:.2f} s")
-            residual = [_step_seconds(by_id[i], m) - _step_seconds(by_id[i], p)
-                        for i, m, p in zip(ids, measured, predicted, strict=True)]
+            residual = [m - p for m, p in zip(m_steps, p_steps, strict=True)]
             print("       step residual (measured - predicted s): "
                   + "  ".join(f"{n}: {r:+.2f}" for n, r in zip(counts, residual, strict=True)))
     _print_twins(twins)

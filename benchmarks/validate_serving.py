@@ -58,6 +58,7 @@ from parsearch.model.specs import ModelSpec
 from parsearch.serve.api import _context
 from parsearch.serve.confidence import gap_of, load_order_confidence
 from parsearch.serve.evaluate import ServingEstimate, evaluate_aggregated, instance_times
+from parsearch.serve.front import instance_shape
 from parsearch.serve.space import enumerate_serving_layouts
 from parsearch.serve.spec import ServingLayout, ServingWorkload
 from parsearch.topology.cluster import ClusterSpec, load_cluster
@@ -68,11 +69,6 @@ from parsearch.topology.hardware import load_gpu_profile
 def shipped_tie_band() -> float:
     """The shipped serving order confidence's tie band (read once, when first needed)."""
     return load_order_confidence().tie_band
-
-
-def _shape(e: ServingEstimate) -> tuple[int, int, int, int]:
-    lay = e.layout
-    return (lay.tp, lay.attention_dp, lay.pp, lay.ep)
 
 
 def _published_match(row: dict[str, str], e: ServingEstimate, moe: bool) -> bool:
@@ -149,10 +145,11 @@ def evaluate_row(row: dict[str, str], tie_band: float | None = None) -> dict[str
     workload = workload_for(row)
     n = int(row["num_gpus"])
     estimates = _estimates(row, model, cluster, workload, n)
-    best: dict[tuple[int, int, int, int], ServingEstimate] = {}
+    best: dict[tuple[int, ...], ServingEstimate] = {}
     for e in estimates:
-        if e.fits and (_shape(e) not in best or e.tokens_per_s > best[_shape(e)].tokens_per_s):
-            best[_shape(e)] = e
+        shape = instance_shape(e)
+        if e.fits and (shape not in best or e.tokens_per_s > best[shape].tokens_per_s):
+            best[shape] = e
     ranked = sorted(best.values(), key=lambda e: -e.tokens_per_s)
     moe = model.moe is not None
     matches = [i for i, e in enumerate(ranked) if _published_match(row, e, moe)]

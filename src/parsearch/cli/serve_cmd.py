@@ -302,7 +302,7 @@ def _print(result: ServeResult) -> None:
     rows = [_row(f"{e.rank}~" if e.tied else e.rank, e.estimate.to_dict())
             for e in result.entries]
     print_table(headers, rows)
-    if q.get("diverse"):
+    if q["diverse"]:
         out.write("(one row per instance shape, at its best batch; --no-diverse lists every "
                   "batch)\n")
     if result.tie_note:
