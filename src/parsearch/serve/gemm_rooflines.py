@@ -4,8 +4,41 @@ grouped GEMMs apart (used by :func:`parsearch.serve.cost.decode_step`)."""
 from __future__ import annotations
 
 from parsearch.model.specs import ModelSpec
+from parsearch.serve.kv_cache import moe_layer_count, stage_layers
 from parsearch.serve.rates import Rates, gemm_call_s
 from parsearch.serve.spec import ServingLayout
+
+#: GEMM calls of one attention block in a decode pass: the fused QKV projection and the
+#: output projection (vLLM ``QKVParallelLinear`` + ``RowParallelLinear``; TensorRT-LLM's
+#: fused QKV likewise).
+ATTENTION_GEMMS = 2
+#: Absorbed multi-head latent attention (DeepSeek-V2/V3 decode): the fused q_a/kv_a
+#: projection, q_b, the two absorbed bmm (W_UK, W_UV) and o_proj (sglang deepseek_v2.py
+#: ``forward_absorb_prepare``/``_core`` at 00114aef; without a q-LoRA, q_a/q_b are one q).
+MLA_GEMMS = 5
+#: A dense MLP: fused gate/up and down (or up and down when ungated).
+MLP_GEMMS = 2
+#: An MoE layer's dense calls besides its two routed grouped GEMMs: the router GEMM, and
+#: the shared experts' gate/up and down when it has shared experts.
+ROUTER_GEMMS = 1
+
+
+def dense_gemm_calls(model: ModelSpec, pp: int) -> float:
+    """GEMM calls of the heaviest stage's dense blocks in one decode pass (attention
+    projections, dense MLPs, routers and shared experts; not the routed grouped GEMMs).
+
+    >>> from parsearch.model.presets import get_preset
+    >>> dense_gemm_calls(get_preset("llama3-70b"), 1)    # 80 layers x (QKV, O, gate/up, down)
+    320.0
+    """
+    layers = stage_layers(model, pp)
+    share = layers / model.num_layers
+    n_moe = moe_layer_count(model) * share
+    attention = MLA_GEMMS - (1 if model.mla is not None and not model.mla.q_lora_rank else 0) \
+        if model.mla is not None else ATTENTION_GEMMS
+    shared = MLP_GEMMS if model.moe is not None and model.moe.shared_expert_ffn_hidden_size else 0
+    return (layers * attention + (layers - n_moe) * MLP_GEMMS
+            + n_moe * (ROUTER_GEMMS + shared))
 
 
 def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tokens: float,
@@ -18,21 +51,34 @@ def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tok
     epilogue, the last wave) plus ``F / (peak eta_max)`` on the compute side (the profile's
     size curve ``eta(F) = eta_max F / (F + F_half)``; ``cost/compute.py``
     ``gemm_half_flops``), and streams its weights at HBM bandwidth on the memory side; each
-    call takes the slower of the two (Williams et al. 2009 apply the roofline per kernel).
-    The transformer blocks' GEMMs keep their count of one call per ``h x h/tp`` square of
-    parameters, each square reading its share of the blocks' weight bytes.  The output layer
-    (``lm_head``, ``vocab/tp x h``) is one call: one ``t0`` against all its reads, not one
-    per square (that count charged gpt-oss-120b's output layer, vocabulary 201,088 over
-    hidden 2,880, 70 fixed times, 0.53 ms a step on Hopper at every TP, against 0.28 ms of
-    BF16 reads at TP 1 and 0.04 ms at TP 8).  Summed per call, not under one roofline of the
-    group: a call that waits on its fixed time does not hide another's weight reads."""
+    call takes its fixed time plus the slower of its main loop and its weight stream
+    (Williams et al. 2009 apply the roofline per kernel; the fixed part is serial with the
+    main loop whichever bound the loop is on: the prologue fills the pipeline before the
+    first tile is consumed and the epilogue and the partial last wave follow the last,
+    NVIDIA "Matrix Multiplication Background User's Guide", tile and wave quantization).
+    The fixed times are charged per real call (:func:`dense_gemm_calls`); the compute side
+    keeps its count of one call per ``h x h/tp`` square of parameters, its size-curve
+    efficiency loss.  The output layer (``lm_head``, ``vocab/tp x h``) is one call: one
+    ``t0`` against all its reads, not one per square (that count charged gpt-oss-120b's
+    output layer, vocabulary 201,088 over hidden 2,880, 70 fixed times, 0.53 ms a step on
+    Hopper at every TP, against 0.28 ms of BF16 reads at TP 1 and 0.04 ms at TP 8).  Summed
+    per call, not under one roofline of the group: a call that waits on its fixed time does
+    not hide another's weight reads.
+
+    At decode batches the weight stream binds, so each call adds its ``t0`` to its reads: on
+    gpt-oss-120b under vLLM on H100 (InferenceMAX, 922/922 tokens) the measured TPOT falls
+    by 1.49 ms from TP 2 to TP 8 at concurrency 4, of which the max-of-both form gave 1.05.
+    """
     square = model.hidden_size ** 2 / layout.tp
     blocks_s = block_params / square * gemm_call_s(rates, 2.0 * tokens * square)
-    compute, kernels = blocks_s, max(block_bytes / rates.hbm_Bps, blocks_s)
+    fixed_s = gemm_call_s(rates, 0.0)
+    calls = dense_gemm_calls(model, layout.pp) if block_params > 0 else 0.0
+    compute = blocks_s
+    kernels = max(block_bytes / rates.hbm_Bps + calls * fixed_s, blocks_s)
     if output_params > 0:
         output_s = gemm_call_s(rates, 2.0 * tokens * output_params)
         compute += output_s
-        kernels += max(output_bytes / rates.hbm_Bps, output_s)
+        kernels += max(output_bytes / rates.hbm_Bps + fixed_s, output_s)
     return compute, kernels
 
 
