@@ -34,8 +34,9 @@ def dense_gemm_calls(model: ModelSpec, pp: int) -> float:
     layers = stage_layers(model, pp)
     share = layers / model.num_layers
     n_moe = moe_layer_count(model) * share
-    attention = MLA_GEMMS - (1 if model.mla is not None and not model.mla.q_lora_rank else 0) \
-        if model.mla is not None else ATTENTION_GEMMS
+    attention = float(ATTENTION_GEMMS)
+    if model.mla is not None:  # without a q-LoRA the query is one projection, not two
+        attention = MLA_GEMMS - (0 if model.mla.q_lora_rank else 1)
     shared = MLP_GEMMS if model.moe is not None and model.moe.shared_expert_ffn_hidden_size else 0
     return (layers * attention + (layers - n_moe) * MLP_GEMMS
             + n_moe * (ROUTER_GEMMS + shared))
