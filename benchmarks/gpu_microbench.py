@@ -19,6 +19,13 @@ other people's tables:
   (``2 b h s^2 d`` forward, 2.5x that backward; FlashAttention-2 §3.2).
 * ``memory.csv``: copy and elementwise kernels, achieved GB/s and share of the
   datasheet HBM bandwidth (the profiles' ``hbm_efficiency``).
+* ``decode_gemm.csv``: decode-sized BF16 GEMMs (1-64 rows against the projection weights
+  of gpt-oss-120b at TP 1-8 and Llama 3 70B at TP 4), each call timed back to back and,
+  on CUDA, replayed from a CUDA graph of 32 calls as the engines run decode: seconds per
+  call against the weight bytes it streams.  A straight-line fit ``t = t_fixed + bytes /
+  B`` over the rows grounds serving's per-call fixed time beside the weight stream
+  (``serve/gemm_rooflines.py``, priced with the training size curve's ``t0`` until this
+  table exists).
 
 Every timing is CUDA-event based after warm-up (wall clock on the CPU smoke test).
 Results go to ``--out`` with ``meta.json`` (device, versions, date); copy the tables,
@@ -53,6 +60,15 @@ LINEAR_SHAPES: tuple[tuple[int, int], ...] = (
     (1280, 8192), (8192, 1024), (7168, 8192), (8192, 3584),
 )
 TOKENS = (1024, 2048, 4096, 8192, 16384)
+#: (N, K) of decode projections: gpt-oss-120b (h 2880; QKV 5120 wide, o_proj from 4096)
+#: at TP 1, 2, 4, 8, and Llama 3 70B at TP 4 (QKV, o_proj, gate/up, down).
+DECODE_SHAPES: tuple[tuple[int, int], ...] = (
+    (5120, 2880), (2880, 4096), (2560, 2880), (2880, 2048), (1280, 2880), (2880, 1024),
+    (640, 2880), (2880, 512), (2560, 8192), (8192, 2048), (14336, 8192), (8192, 7168),
+)
+DECODE_ROWS = (1, 4, 16, 64)
+#: Calls captured in one CUDA graph for the replayed timing.
+GRAPH_CALLS = 32
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
 
@@ -219,6 +235,54 @@ def bench_memory(torch: Any, device: str, peaks: dict[str, float], quick: bool) 
     return rows
 
 
+def _graph_seconds(torch: Any, fn: Callable[[], Any], iters: int) -> float | str:
+    """Seconds per call of ``fn`` replayed from a CUDA graph of :data:`GRAPH_CALLS` calls
+    (no launch gaps between them, as engines run decode); "" where capture fails."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(GRAPH_CALLS):
+                fn()
+    except RuntimeError:
+        return ""
+    seconds = _timer(torch, "cuda")(graph.replay, iters)
+    return seconds / GRAPH_CALLS
+
+
+def bench_decode_gemm(torch: Any, device: str, peaks: dict[str, float],
+                      quick: bool) -> list[dict]:
+    measure = _timer(torch, device)
+    rows = []
+    shrink = 16 if device == "cpu" else 1
+    shapes = DECODE_SHAPES[:3] if quick else DECODE_SHAPES
+    for m in (DECODE_ROWS[:2] if quick else DECODE_ROWS):
+        for shape_n, shape_k in shapes:
+            n, k = shape_n // shrink, shape_k // shrink
+            a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+            out = torch.empty(m, n, device=device, dtype=torch.bfloat16)
+
+            def call(a: Any = a, b: Any = b, out: Any = out) -> Any:
+                return torch.matmul(a, b, out=out)
+
+            weight_bytes = 2.0 * n * k
+            eager = measure(call, 10 if quick else 200)
+            graphed = _graph_seconds(torch, call, 5 if quick else 50) if device == "cuda" else ""
+            best = graphed if isinstance(graphed, float) else eager
+            rows.append({"m": m, "n": n, "k": k, "weight_bytes": weight_bytes,
+                         "seconds_eager": eager, "seconds_graph": graphed,
+                         "tb_per_s": weight_bytes / best / 1e12,
+                         "fraction_of_hbm": weight_bytes / best / 1e12 / peaks["hbm"]
+                         if "hbm" in peaks else ""})
+    return rows
+
+
 def _write(path: Path, rows: list[dict]) -> None:
     if not rows:
         return
@@ -256,6 +320,8 @@ def main() -> int:
     sections = (("gemm", lambda: bench_gemm(torch, args.device, peaks, args.quick)),
                 ("attention", lambda: bench_attention(torch, args.device, peaks, args.quick)),
                 ("memory", lambda: bench_memory(torch, args.device, peaks, args.quick)),
+                ("decode_gemm", lambda: bench_decode_gemm(torch, args.device, peaks,
+                                                          args.quick)),
                 ("sustained", lambda: bench_sustained(torch, args.device, peaks,
                                                       args.sustain_s)))
     for section, run in sections:
