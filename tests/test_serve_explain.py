@@ -31,6 +31,8 @@ def test_parts_add_up_to_the_totals() -> None:
     assert m["kv_used"] <= m["kv_pool"] + 1e-6
     assert m["weights_quantized"] + m["weights_bf16"] == pytest.approx(m["weights"], abs=1e-3)
     assert dec["gemm_and_attention_rooflines"] >= max(dec["memory"], dec["compute"]) - 1e-3
+    # the calls' fixed times are a part of the rooflines, never the whole
+    assert 0 < dec["dense_gemm_fixed_times"] < dec["gemm_and_attention_rooflines"]
     stage = dec["gemm_and_attention_rooflines"] + dec["communication"] \
         + dec["kernels_and_non_gemm"]
     assert dec["stage_pass"] == pytest.approx(stage, abs=1e-3)

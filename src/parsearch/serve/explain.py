@@ -27,6 +27,7 @@ from parsearch.serve.evaluate import (
     instance_times,
     ttft_inputs,
 )
+from parsearch.serve.gemm_rooflines import dense_gemm_fixed_s
 from parsearch.serve.memory import GIB, gpu_memory, stage_weights
 from parsearch.serve.space import serving_violations
 from parsearch.serve.spec import ELEMENT_BYTES, ServingLayout, ServingWorkload, SlidingWindow
@@ -160,6 +161,9 @@ def explain_serving(*, model: ModelSpec, cluster: ClusterSpec | str, num_gpus: i
     decode = {"weights_read_gb": weights_read / 1e9, "kv_read_gb": kv_read / 1e9,
               "memory": d.memory_s * 1e3, "compute": d.compute_s * 1e3,
               "gemm_and_attention_rooflines": d.roofline_s * 1e3,
+              # of which: the dense GEMM calls' fixed times, serial with their weight reads
+              "dense_gemm_fixed_times": dense_gemm_fixed_s(
+                  model, running, ctx.rates, w.output > 0) * 1e3,
               "communication": d.comm_s * 1e3, "overlapped_communication":
               d.overlapped_comm_s * 1e3, "kernels_and_non_gemm": d.overhead_s * 1e3,
               "stage_pass": d.total_s * 1e3, "pipeline_hop": d.hop_s * 1e3,

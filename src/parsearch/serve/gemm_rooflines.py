@@ -42,6 +42,15 @@ def dense_gemm_calls(model: ModelSpec, pp: int) -> float:
             + n_moe * (ROUTER_GEMMS + shared))
 
 
+def dense_gemm_fixed_s(model: ModelSpec, layout: ServingLayout, rates: Rates,
+                       output_layer: bool) -> float:
+    """Seconds of fixed time the heaviest stage's dense GEMM calls add beside their weight
+    reads in one decode pass: ``t0`` per real call (:func:`dense_gemm_calls`), plus one for
+    the output layer when the stage holds it (``output_layer``)."""
+    calls = dense_gemm_calls(model, layout.pp) + (1.0 if output_layer else 0.0)
+    return calls * gemm_call_s(rates, 0.0)
+
+
 def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tokens: float,
                       block_params: float, block_bytes: float, output_params: float,
                       output_bytes: float) -> tuple[float, float]:
@@ -73,9 +82,9 @@ def dense_gemm_time_s(model: ModelSpec, layout: ServingLayout, rates: Rates, tok
     square = model.hidden_size ** 2 / layout.tp
     blocks_s = block_params / square * gemm_call_s(rates, 2.0 * tokens * square)
     fixed_s = gemm_call_s(rates, 0.0)
-    calls = dense_gemm_calls(model, layout.pp) if block_params > 0 else 0.0
+    blocks_fixed = dense_gemm_fixed_s(model, layout, rates, False) if block_params > 0 else 0.0
     compute = blocks_s
-    kernels = max(block_bytes / rates.hbm_Bps + calls * fixed_s, blocks_s)
+    kernels = max(block_bytes / rates.hbm_Bps + blocks_fixed, blocks_s)
     if output_params > 0:
         output_s = gemm_call_s(rates, 2.0 * tokens * output_params)
         compute += output_s
