@@ -19,7 +19,10 @@ from parsearch.model.specs import ModelSpec
 from parsearch.serve.engines import moe_kernel_efficiency
 from parsearch.serve.gemm_rooflines import dense_gemm_time_s, gemm_rooflines_s
 from parsearch.serve.kernels import eager_prefill_host_s, kernels_per_layer
-from parsearch.serve.kv_cache import kv_bytes_per_sequence, moe_layer_count, stage_layers
+from parsearch.serve.kv_cache import (
+    kv_bytes_per_sequence,
+    stage_mix,
+)
 from parsearch.serve.memory import linear_bytes, stage_weights
 from parsearch.serve.moe import (
     busiest_rank_touched_share,
@@ -172,13 +175,6 @@ def _expert_shapes(model: ModelSpec, counts: ParameterCounts) -> tuple[float, fl
     return per_expert, float(counts.shared_experts_per_layer), model.moe.top_k
 
 
-def _stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
-    layers = stage_layers(model, pp)
-    share = layers / model.num_layers
-    moe_layers = moe_layer_count(model)
-    return layers, moe_layers * share, (model.num_layers - moe_layers) * share
-
-
 def expert_rate(workload: ServingWorkload, rates: Rates) -> float:
     """The routed experts' grouped-GEMM rate over the profile's: the engine's fused-MoE factor
     (:func:`parsearch.serve.engines.moe_kernel_efficiency`), times the FP8 over FP4 rate when
@@ -248,7 +244,7 @@ def activation_bytes(model: ModelSpec, layout: ServingLayout, tokens_rank: float
     attention side ``~14 h + 4 a d / tp + 6 f / tp`` elements (each kernel reads its input
     and writes its output once); per routed copy ``~4 h + 6 f_e / etp`` (permute, expert
     activation, combine), spread over the stage width."""
-    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    layers, n_moe, n_dense = stage_mix(model, layout.pp)
     h = model.hidden_size
     ad = model.num_attention_heads * model.head_dim / layout.tp
     dense_f = model.ffn_hidden_size / layout.tp
@@ -320,7 +316,7 @@ def _rank_params(model: ModelSpec, layout: ServingLayout,
                  counts: ParameterCounts) -> tuple[float, float]:
     """(attention, dense-MLP + shared-expert) parameters of the heaviest stage on one GPU:
     both split over the attention TP group (replicated over attention-DP ranks)."""
-    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    layers, n_moe, n_dense = stage_mix(model, layout.pp)
     _per_expert, shared, _k = _expert_shapes(model, counts)
     attn = layers * counts.attention_per_layer / layout.tp
     return attn, (n_dense * counts.dense_mlp_per_layer + n_moe * shared) / layout.tp
@@ -337,7 +333,7 @@ def decode_step(model: ModelSpec, workload: ServingWorkload, layout: ServingLayo
     seqs = max(1.0, layout.batch / layout.pp)
     b_m = seqs * query_tokens
     t_rank = max(1.0, seqs / layout.attention_dp) * query_tokens
-    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    layers, n_moe, n_dense = stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
     kv = decode_kv_bytes(model, workload, layout, window)
     ctx = workload.mean_decode_context
@@ -401,7 +397,7 @@ def _prefill_pass(model: ModelSpec, workload: ServingWorkload, layout: ServingLa
     (:mod:`parsearch.serve.prefix_cache`)."""
     s = float(workload.isl)
     hit = workload.prefix_cache_hit
-    layers, n_moe, n_dense = _stage_mix(model, layout.pp)
+    layers, n_moe, n_dense = stage_mix(model, layout.pp)
     w = stage_weights(model, layout, counts)
     attn_params, mlp_params = _rank_params(model, layout, counts)
     h = model.hidden_size

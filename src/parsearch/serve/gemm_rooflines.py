@@ -4,7 +4,7 @@ grouped GEMMs apart (used by :func:`parsearch.serve.cost.decode_step`)."""
 from __future__ import annotations
 
 from parsearch.model.specs import ModelSpec
-from parsearch.serve.kv_cache import moe_layer_count, stage_layers
+from parsearch.serve.kv_cache import stage_mix
 from parsearch.serve.rates import Rates, gemm_call_s
 from parsearch.serve.spec import ServingLayout
 
@@ -31,15 +31,12 @@ def dense_gemm_calls(model: ModelSpec, pp: int) -> float:
     >>> dense_gemm_calls(get_preset("llama3-70b"), 1)    # 80 layers x (QKV, O, gate/up, down)
     320.0
     """
-    layers = stage_layers(model, pp)
-    share = layers / model.num_layers
-    n_moe = moe_layer_count(model) * share
+    layers, n_moe, n_dense = stage_mix(model, pp)
     attention = float(ATTENTION_GEMMS)
     if model.mla is not None:  # without a q-LoRA the query is one projection, not two
         attention = MLA_GEMMS - (0 if model.mla.q_lora_rank else 1)
     shared = MLP_GEMMS if model.moe is not None and model.moe.shared_expert_ffn_hidden_size else 0
-    return (layers * attention + (layers - n_moe) * MLP_GEMMS
-            + n_moe * (ROUTER_GEMMS + shared))
+    return layers * attention + n_dense * MLP_GEMMS + n_moe * (ROUTER_GEMMS + shared)
 
 
 def dense_gemm_fixed_s(model: ModelSpec, layout: ServingLayout, rates: Rates,

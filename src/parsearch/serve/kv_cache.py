@@ -76,6 +76,15 @@ def stage_layers(model: ModelSpec, pp: int) -> int:
     return math.ceil(model.num_layers / pp)
 
 
+def stage_mix(model: ModelSpec, pp: int) -> tuple[int, float, float]:
+    """(layers, MoE layers, dense layers) of the largest pipeline stage, the MoE and dense
+    counts in the model's proportion (:func:`stage_layers`, :func:`moe_layer_count`)."""
+    layers = stage_layers(model, pp)
+    share = layers / model.num_layers
+    moe_layers = moe_layer_count(model)
+    return layers, moe_layers * share, (model.num_layers - moe_layers) * share
+
+
 def kv_bytes_per_sequence(
     model: ModelSpec,
     kv_precision: str,
