@@ -66,6 +66,27 @@ def test_scan_matches_full_scoring_and_top_is_argmax(scored) -> None:  # type: i
     assert np.all(np.diff(ranked) <= 0)
 
 
+@pytest.mark.parametrize("diverse", [True, False])
+def test_tied_total_counts_the_band_whatever_top_is(diverse: bool) -> None:
+    # The band of the best holds as many entries whatever ``top`` is; a list cut inside
+    # it says how many it left out, and a list that long shows every tie marked.
+    short = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=16, top=1,
+                           diverse=diverse)
+    total = short.tied_total
+    assert total > 1  # the toy job's band holds several layouts and shapes
+    assert short.tied_unlisted == total - 1
+    assert short.to_dict()["tied_total"] == total
+    full = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=16,
+                          top=total + 3, diverse=diverse)
+    assert full.tied_total == total and full.tied_unlisted == 0
+    marked = [e for e in full.entries if e.tied]
+    assert len(marked) == total and full.entries[:total] == tuple(marked)
+    if diverse:  # one entry per shape: the tied ones are distinct shapes
+        shapes = {(e.layout.tp, e.layout.pp, e.layout.cp, e.layout.ep, e.layout.etp)
+                  for e in marked}
+        assert len(shapes) == total
+
+
 def test_search_result_ranked_with_breakdowns() -> None:
     result = search_layouts(model=TOY, training=SETUP, cluster=CLUSTER, num_gpus=16, top=6)
     assert [e.rank for e in result.entries] == [1, 2, 3, 4, 5, 6]

@@ -263,6 +263,10 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
               "higher peak, so it can pass what a BF16 run could reach.")
     if result.tie_note:
         print(result.tie_note)
+    if result.tied_unlisted:
+        kind = "shapes" if result.query.get("diverse") else "layouts"
+        print(f"  {result.tied_total} {kind} tie with the best; {result.tied_unlisted} more "
+              f"than listed (--top {result.tied_total} lists them all).")
     for flag, ranks in _flags_by_text(result).items():
         print(f"note (#{', #'.join(str(r) for r in ranks)}): {flag}")
     if result.outside_calibration:

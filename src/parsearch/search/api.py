@@ -72,6 +72,7 @@ from parsearch.search.exhaustive import (
     estimates_for_rows,
     rank_feasible,
     scan_bounded,
+    shape_codes,
 )
 from parsearch.search.front_methods import (
     Found,
@@ -135,6 +136,10 @@ def search_layouts(query: Query | None = None, /, *, num_gpus: int, top: int = 1
     in_band = ([False] * len(picks) if floor is None
                else (scan.tokens_per_s[picks] >= floor).tolist())
     ties = 0 if floor is None else int(np.count_nonzero(scan.tokens_per_s >= floor))
+    tied_total = ties if ties > 1 else 0
+    if diverse and tied_total:  # the list holds one layout per shape: count tied shapes
+        inside = scan.feasible_rows[scan.tokens_per_s >= floor]
+        tied_total = len(np.unique(shape_codes(table.columns, inside)))
     entries = tuple(
         SearchEntry(rank=i + 1, estimate=e,
                     launch=launch_for_cluster(model, training, e.layout, cluster,
@@ -152,7 +157,7 @@ def search_layouts(query: Query | None = None, /, *, num_gpus: int, top: int = 1
         query=search_query(model, training, cluster, num_gpus=num_gpus, top=top, diverse=diverse),
         considered=scan.considered, valid=scan.valid, feasible=scan.feasible, entries=entries,
         elapsed_s=time.perf_counter() - start, smallest_memory_gib=smallest,
-        examined=scan.checked, tie_note=tie_note(cm) if ties > 1 else "",
+        examined=scan.checked, tie_note=tie_note(cm) if ties > 1 else "", tied_total=tied_total,
         outside_calibration=uncovered_features(cm.model, cm.profile.coverage))
 
 

@@ -60,6 +60,10 @@ class SearchResult:
     smallest_memory_gib: float | None = None
     examined: int | None = None  # valid layouts checked (None: all of them)
     tie_note: str = ""  # what the ``tied`` entries share ("" when fewer than two tie)
+    #: entries of this list's kind (layouts, or shapes with ``diverse``) inside the tie band
+    #: of the best, listed or not: more than the tied entries shown means the list was cut
+    #: inside the band (0: no band, or fewer than two tie)
+    tied_total: int = 0
     # what the model has that no calibration run of this GPU generation had
     # (parsearch.cost.coverage): the ranges and the tie band do not cover it
     outside_calibration: tuple[str, ...] = ()
@@ -67,6 +71,11 @@ class SearchResult:
     @property
     def best(self) -> SearchEntry | None:
         return self.entries[0] if self.entries else None
+
+    @property
+    def tied_unlisted(self) -> int:
+        """Entries inside the tie band of the best that the list does not show."""
+        return max(0, self.tied_total - sum(1 for e in self.entries if e.tied))
 
     @property
     def pruned(self) -> int:
@@ -80,6 +89,7 @@ class SearchResult:
                 "pruned": self.pruned, "exact": True,
                 "results": [e.to_dict() for e in self.entries], "elapsed_s": self.elapsed_s,
                 "tie_note": self.tie_note or None,
+                "tied_total": self.tied_total,
                 "outside_calibration": list(self.outside_calibration)}
 
 
