@@ -150,7 +150,7 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
                        "has are searched, and the kernels it runs are priced "
                        "(megatron-lm-2021, megatron-deepspeed-2022, megatron-lm-2022, "
                        "megatron-lm-2023, mcore-0.9, mcore-0.11, mcore-0.12, mcore-0.14, "
-                       "mcore-0.15, mcore-current, torchtitan; default mcore-current)")
+                       "mcore-0.15, mcore-0.16, mcore-current, torchtitan; default mcore-current)")
     group.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
     mem = parser.add_argument_group("memory accounting")
@@ -292,9 +292,10 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
                        "output layer (LM head) GEMM in MXFP8 (Megatron fp8_output_proj; "
                        "default off: BF16)")
     group.add_argument("--fused-expert-mlp", action=argparse.BooleanOptionalAction,
-                       default=False, help="MoE experts through Transformer Engine's op "
+                       default=None, help="MoE experts through Transformer Engine's op "
                        "fuser: SwiGLU and its casts in the grouped GEMM epilogues (Blackwell, "
-                       "mxfp8 or fp4; Megatron --use-transformer-engine-op-fuser; default off)")
+                       "mxfp8 or fp4, etp=1, Megatron Core 0.18+; Megatron "
+                       "--use-transformer-engine-op-fuser; default: on wherever it runs)")
     group.add_argument("--cuda-graph-scope", type=choice_list(CUDA_GRAPH_SCOPES), default=(),
                        metavar="LIST",
                        help="pin CUDA graphs on with these parts of each layer captured, "
@@ -433,7 +434,7 @@ def cost_model_from_args(args: argparse.Namespace, model: ModelSpec, training: T
         fp8_recipe=args.fp8_recipe,
         fp8_attention=args.fp8_attention,
         fp8_output_proj=args.fp8_output_proj,
-        fused_expert_mlp=args.fused_expert_mlp,
+        fused_expert_mlp=bool(args.fused_expert_mlp),
         grad_reduce_bytes=args.grad_reduce_bytes,
         moe_dispatcher=args.moe_dispatcher or "alltoall",
         moe_flex_backend=args.moe_flex_backend,

@@ -41,6 +41,7 @@ from parsearch.cost.feature_search import (
     searches_graphs,
     with_schedule_memory,
 )
+from parsearch.cost.fused_mlp import fused_mlp_runnable
 from parsearch.cost.memory import memory_arrays
 from parsearch.cost.memory_features import (
     apply_setting,
@@ -122,8 +123,13 @@ def build_cost_model(
 ) -> CostModel:
     """Bundle the inputs; checks that the GPU can run the requested precision."""
     profile = profile or efficiency_for_gpu(fabric.gpu.name)
+    options = (options or CostOptions()).resolved(profile)
+    if "fused_expert_mlp" in options.search_features:
+        # it only removes work: on wherever the job runs it (parsearch.cost.fused_mlp)
+        options = replace(options, fused_expert_mlp=fused_mlp_runnable(
+            model, training, fabric.gpu.compute_capability, options.fp8_recipe))
     options = check_precision_options(training, fabric.gpu, fabric.cluster.name, profile,
-                                      (options or CostOptions()).resolved(profile))
+                                      options)
     if model.moe is not None:  # the merged schedule exists for MoE layers only
         options = with_schedule_memory(options)
     experts = sorted(EXPERT_OFFLOAD_MODULES & set(training.offload_modules))

@@ -27,6 +27,7 @@ import numpy as np
 
 from parsearch.cost.efficiency import EfficiencyProfile
 from parsearch.cost.flops import stage_flops_core
+from parsearch.cost.fused_mlp import fused_mlp_rows
 from parsearch.cost.kernels import (
     CUDA_GRAPH_HOST_SHARE,
     KERNELS_DENSE_LAYER,
@@ -54,6 +55,7 @@ from parsearch.cost.unfused_ops import (
     rope_extra_bytes,
     unfused_attention_kernels,
     unfused_kernels,
+    unfused_share,
 )
 from parsearch.cost.window_attention import window_time_factors
 from parsearch.model.specs import ModelSpec, TrainingSpec
@@ -187,7 +189,7 @@ def tile_padding(rows_per_expert: Any) -> Any:
 
 def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: bool,
                                  moe: bool, quantize_bytes: float,
-                                 fused_expert_mlp: bool = False,
+                                 fused_expert_mlp: Any = False,
                                  fp32_probs: bool = False) -> dict[str, Any]:
     """HBM bytes per token of the non-GEMM kernels of one layer, forward + backward.
 
@@ -250,7 +252,7 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
     if moe and model.moe is not None:
         fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
         out["per_routed_copy"] = 16.0 * h + 0.0 * tp
-        out["per_expert_copy"] = (0.0 * fe if fused_expert_mlp else ffn_factor * fe) + (
+        out["per_expert_copy"] = ffn_factor * fe * unfused_share(fused_expert_mlp) + (
             2.0 * glu_clamp_bytes(model, fused_expert_mlp) * fe
             + expert_bias_bytes(model, fused_expert_mlp, fp32_probs=fp32_probs) * h)
     q = float(quantize_bytes)
@@ -264,8 +266,8 @@ def memory_bound_bytes_per_token(model: ModelSpec, *, tp: Any, etp: Any, dense: 
         out["quantize_rows"] = q * (q_width + qkv + ffn * (1 + glu)) / tp
         if moe and model.moe is not None:
             fe = model.moe.expert_ffn_hidden_size / np.asarray(etp, dtype=np.float64)
-            out["quantize_routed_copy"] = q * (2.0 * h + (0.0 if fused_expert_mlp
-                                                          else fe * (1 + glu)))
+            out["quantize_routed_copy"] = q * (2.0 * h + fe * (1 + glu)
+                                               * unfused_share(fused_expert_mlp))
     return out
 
 
@@ -330,7 +332,7 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
                  moe_dispatcher: str = "alltoall",
                  fp8_attention: bool = False,
                  fp8_output_proj: bool = False,
-                 fused_expert_mlp: bool = False) -> UnitCompute:
+                 fused_expert_mlp: Any = False) -> UnitCompute:
     """Compute time of ``unit`` for every layout in ``cols`` (see module docstring).
 
     ``recompute`` gives the share of each forward cost category the unit re-runs in
@@ -340,6 +342,8 @@ def unit_compute(model: ModelSpec, training: TrainingSpec, gpu: GpuProfile,
     tp, cp, ep, etp, mbs = (cols[k].astype(np.float64) for k in ("tp", "cp", "ep", "etp", "mbs"))
     sp = cols["sp"].astype(bool)
     code = cols["recompute"]
+    # the op-fuser grouped MLP runs only where the experts have no TP of their own
+    fused_expert_mlp = fused_mlp_rows(fused_expert_mlp, etp, training)
     s = training.seq_len
     precision = training.precision
     flops = stage_flops_core(model, s, unit_content(model, unit), tp=tp, cp=cp, ep=ep, etp=etp,

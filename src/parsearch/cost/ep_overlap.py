@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from parsearch.cost.compute import UnitCompute, is_moe_unit
+from parsearch.cost.fused_mlp import fused_mlp_pinned_flags
 from parsearch.cost.options import CostOptions
 from parsearch.layout import Layout
 from parsearch.model.specs import RECOMPUTE_CODES, ModelSpec
@@ -66,16 +67,18 @@ def pinned_feature_flags(model: ModelSpec, options: CostOptions, layout: Layout)
     """Notes for the features the user pinned that ``layout`` runs without, and why: the
     all-to-all overlap where Megatron-LM ``validate_args`` refuses
     ``--overlap-moe-expert-parallel-comm`` (:func:`a2a_schedulable`: without expert
-    parallelism, with full recompute, or with a pipeline that is not interleaved)."""
+    parallelism, with full recompute, or with a pipeline that is not interleaved), and the
+    fused expert MLP with expert TP (:func:`~parsearch.cost.fused_mlp.fused_mlp_pinned_flags`)."""
+    fused = fused_mlp_pinned_flags(options, layout) if model.moe is not None else []
     if (model.moe is None or not a2a_overlap_pinned(options)
             or layout_a2a_schedulable(layout, options.dualpipe)):
-        return []
+        return fused
     why = ("it has no expert parallelism (ep = 1)" if layout.ep <= 1
            else "it recomputes whole layers (recompute=full)" if layout.recompute == "full"
            else f"its pipeline is not interleaved (pp = {layout.pp}, vpp = 1)")
     return ["--moe-a2a-overlap is not run here: Megatron runs the EP all-to-all overlap "
             "only with ep > 1, without full recompute and with pp = 1 or vpp > 1, and "
-            f"{why}; priced and launched without it (the other features as chosen)"]
+            f"{why}; priced and launched without it (the other features as chosen)", *fused]
 
 
 def a2a_overlap_hidden(ep_time: np.ndarray, compute: UnitCompute, budget: np.ndarray,

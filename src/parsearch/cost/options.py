@@ -38,7 +38,8 @@ FLEX_BACKENDS: tuple[str, ...] = ("auto", "deepep", "hybridep")
 SEARCHABLE_FEATURES: tuple[str, ...] = ("moe_dispatcher", "moe_a2a_overlap",
                                         "moe_shared_expert_overlap", "cuda_graphs",
                                         "recompute_modules", "bf16_moments", "fp8_param_gather",
-                                        "activation_offload_layers", "offload_modules")
+                                        "activation_offload_layers", "offload_modules",
+                                        "fused_expert_mlp")
 #: The features searched where the user leaves them unset (``parsearch search`` without the
 #: flag).  Fine-grained offload modules are searched only on request (``--offload-modules
 #: auto``): their host-side cost per offload group outside a CUDA graph, which Megatron-Core's

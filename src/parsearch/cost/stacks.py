@@ -97,6 +97,10 @@ class SoftwareStack:
     #: data parallelism is always fully sharded (PyTorch FSDP2: parameters, gradients and
     #: optimizer state over the DP ranks), never replicated
     fsdp_only: bool = False
+    #: the routed experts through Transformer Engine's op fuser
+    #: (``--use-transformer-engine-op-fuser``: Megatron-LM commit 6815c0fefe, 2026-05-15,
+    #: first in Megatron Core 0.18.0; :mod:`parsearch.cost.fused_mlp`)
+    fused_expert_mlp: bool = False
 
     def missing(self) -> tuple[str, ...]:
         """What this stack lacks, in words (for messages and ``parsearch stacks``)."""
@@ -115,9 +119,10 @@ class SoftwareStack:
                  ("fp8_param_gather", "FP8 parameter gather"),
                  ("cpu_offloading", "CPU activation offloading"),
                  ("interleaved_schedule", "the interleaved pipeline schedule"),
-                 ("expert_tensor_parallel", "a separate expert TP (MoE parallel folding)"))
+                 ("expert_tensor_parallel", "a separate expert TP (MoE parallel folding)"),
+                 ("fused_expert_mlp", "the fused expert MLP (Transformer Engine op fuser)"))
         moe_only = {"moe_a2a_overlap", "moe_shared_expert_overlap", "hybridep",
-                    "expert_tensor_parallel"}
+                    "expert_tensor_parallel", "fused_expert_mlp"}
         out = [words for field_name, words in names if not getattr(self, field_name)
                and (self.moe_dispatchers or field_name not in moe_only)]
         if self.fsdp_only:
@@ -205,14 +210,25 @@ _MCORE_015 = replace(
     source="Megatron-LM CHANGELOG.md (Megatron Core 0.15.0); Megatron-Bridge 0.2.0 "
            "3rdparty/Megatron-LM @ 0d8e0714 (NeMo 25.11)",
     hybridep=True)
-# Megatron-Bridge 0.3.0 (NeMo 26.02) on: Megatron-LM b0cc2706 (Megatron Core 0.16, with
+# Megatron-Bridge 0.3.0 (NeMo 26.02): Megatron-LM b0cc2706 (Megatron Core 0.16, with
 # fine-grained activation offloading) and Transformer Engine >= 2.10 (its CPU offload moves
-# every saved tensor); everything the cost model prices.
-_MCORE_CURRENT = replace(
-    _MCORE_015, name="mcore-current", released="2026-02",
+# every saved tensor).  Bridge 0.4.x (NeMo 26.04, 26.04.01) pins Megatron Core 0.17
+# (d7288711, 2edffadb), which adds nothing the cost model prices: it has no fused expert MLP.
+_MCORE_016 = replace(
+    _MCORE_015, name="mcore-0.16", released="2026-02",
     source="Megatron-Bridge 0.3.0 3rdparty/Megatron-LM @ b0cc2706 (NeMo 26.02; Megatron Core "
-           "0.16: fine-grained activation offloading) and TE >= 2.10 offload",
+           "0.16: fine-grained activation offloading) and TE >= 2.10 offload; Bridge 0.4.x "
+           "(NeMo 26.04) on Megatron Core 0.17",
     offload_moves_every_saved_tensor=True, fine_grained_offloading=True)
+# Megatron-Bridge 0.5.0 (NeMo 26.06) on: Megatron-LM d0b3b775 (Megatron Core 0.18.0), with
+# the routed experts through Transformer Engine's op fuser (6815c0fefe); Bridge 0.6.0 (NeMo
+# 26.08) pins cd4afffa (Megatron Core 0.19), which keeps it.  Everything the cost model
+# prices.
+_MCORE_CURRENT = replace(
+    _MCORE_016, name="mcore-current", released="2026-06",
+    source="Megatron-Bridge 0.5.0 3rdparty/Megatron-LM @ d0b3b775 (NeMo 26.06; Megatron Core "
+           "0.18.0: fused expert MLP, 6815c0fefe) and 0.6.0 @ cd4afffa (NeMo 26.08)",
+    fused_expert_mlp=True)
 
 # torchtitan (Liang et al., arXiv 2410.06511; its benchmark files of 2024-12 and 2025-06):
 # PyTorch-native TP with sequence parallelism and async TP (torch symmetric memory), PP with
@@ -249,7 +265,7 @@ _MEGATRON_DEEPSPEED_2022 = replace(
 MEGATRON_LINE: tuple[SoftwareStack, ...] = (_MEGATRON_2021, _MEGATRON_2022, _MEGATRON_2023,
                                             _MCORE_09,
                                             _MCORE_011, _MCORE_012, _MCORE_014, _MCORE_015,
-                                            _MCORE_CURRENT)
+                                            _MCORE_016, _MCORE_CURRENT)
 #: The stacks parsearch knows: the Megatron line, then the others; the default is the
 #: current Megatron-Core.
 STACKS: tuple[SoftwareStack, ...] = (*MEGATRON_LINE, _TORCHTITAN, _MEGATRON_DEEPSPEED_2022)
@@ -360,7 +376,8 @@ def stack_options(stack: SoftwareStack, options: CostOptions, *,
                                ("tp_comm_overlap", stack.tp_comm_overlap),
                                ("flash_attention", stack.flash_attention),
                                ("tp_async_grad_comm", stack.tp_async_grad_comm),
-                               ("pp_p2p_overlap", stack.p2p_overlap)):
+                               ("pp_p2p_overlap", stack.p2p_overlap),
+                               ("fused_expert_mlp", stack.fused_expert_mlp)):
         if available:
             continue
         searched.discard(feature)

@@ -104,23 +104,35 @@ def rope_extra_bytes(model: ModelSpec) -> float:
     return UNFUSED_ROPE_BYTES - FUSED_ROPE_BYTES if model.yarn_rope else 0.0
 
 
-def glu_clamp_bytes(model: ModelSpec, fused_expert_mlp: bool = False, *,
-                    routed: bool = True) -> float:
+def unfused_share(fused_expert_mlp: Any) -> Any:
+    """1 where the experts run unfused, 0 where the op-fuser grouped MLP runs them
+    (``fused_expert_mlp``: a flag, or one per layout): a float for a flag, else an array.
+
+    >>> unfused_share(True), unfused_share(False), unfused_share(np.array([True, False]))
+    (0.0, 1.0, array([0., 1.]))
+    """
+    share = 1.0 - np.asarray(fused_expert_mlp, dtype=np.float64)
+    return float(share) if share.ndim == 0 else share
+
+
+def glu_clamp_bytes(model: ModelSpec, fused_expert_mlp: Any = False, *,
+                    routed: bool = True) -> Any:
     """Bytes per element of an MLP's FC1 output that the clamp adds (0: no clamp, or the
-    routed experts' clamp inside the op-fuser kernel).
+    routed experts' clamp inside the op-fuser kernel; ``fused_expert_mlp`` may hold one
+    flag per layout).
 
     >>> from parsearch.model.presets import get_preset
     >>> oss = get_preset("gpt-oss-120b")
     >>> glu_clamp_bytes(oss), glu_clamp_bytes(oss, fused_expert_mlp=True)
     (18.0, 0.0)
     """
-    if model.glu_limit <= 0 or (routed and fused_expert_mlp):
+    if model.glu_limit <= 0:
         return 0.0
-    return GLU_CLAMP_BYTES
+    return GLU_CLAMP_BYTES * (unfused_share(fused_expert_mlp) if routed else 1.0)
 
 
-def expert_bias_bytes(model: ModelSpec, fused_expert_mlp: bool = False, *,
-                      fp32_probs: bool = False) -> float:
+def expert_bias_bytes(model: ModelSpec, fused_expert_mlp: Any = False, *,
+                      fp32_probs: bool = False) -> Any:
     """Bytes per element of the experts' FC2 output that the per-expert bias add moves
     (``fp32_probs``: the flex dispatcher's fp32 routing probabilities).
 
@@ -131,9 +143,10 @@ def expert_bias_bytes(model: ModelSpec, fused_expert_mlp: bool = False, *,
     >>> expert_bias_bytes(get_preset("mixtral-8x7b"))
     0.0
     """
-    if not model.expert_bias or fused_expert_mlp:
+    if not model.expert_bias:
         return 0.0
-    return EXPERT_BIAS_BYTES_FP32_PROBS if fp32_probs else EXPERT_BIAS_BYTES
+    return ((EXPERT_BIAS_BYTES_FP32_PROBS if fp32_probs else EXPERT_BIAS_BYTES)
+            * unfused_share(fused_expert_mlp))
 
 
 def unfused_attention_kernels(model: ModelSpec) -> float:
@@ -150,7 +163,7 @@ def unfused_attention_kernels(model: ModelSpec) -> float:
 
 
 def unfused_kernels(model: ModelSpec, *, moe_unit: bool, local_experts: Any,
-                    fused_expert_mlp: bool = False) -> Any:
+                    fused_expert_mlp: Any = False) -> Any:
     """Kernels per layer, forward + backward, that these features add (elementwise over
     ``local_experts``, the routed experts a rank holds).
 
@@ -160,9 +173,10 @@ def unfused_kernels(model: ModelSpec, *, moe_unit: bool, local_experts: Any,
     """
     experts = np.asarray(local_experts, dtype=np.float64)
     kernels = 0.0 * experts + unfused_attention_kernels(model)
-    routed_fused = moe_unit and fused_expert_mlp
-    if model.glu_limit > 0 and not routed_fused:
-        kernels = kernels + GLU_CLAMP_KERNELS
-    if moe_unit and model.expert_bias and not fused_expert_mlp:
-        kernels = kernels + EXPERT_BIAS_KERNELS_PER_LAYER + EXPERT_BIAS_KERNELS_PER_EXPERT * experts
+    unfused = unfused_share(fused_expert_mlp) if moe_unit else 1.0
+    if model.glu_limit > 0:
+        kernels = kernels + GLU_CLAMP_KERNELS * unfused
+    if moe_unit and model.expert_bias:
+        kernels = kernels + unfused * (EXPERT_BIAS_KERNELS_PER_LAYER
+                                       + EXPERT_BIAS_KERNELS_PER_EXPERT * experts)
     return kernels

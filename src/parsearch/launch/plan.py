@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from parsearch.cost.communication import flex_backend
 from parsearch.cost.ep_overlap import layout_a2a_schedulable, shared_expert_overlap_on
+from parsearch.cost.fused_mlp import fused_mlp_rows
 from parsearch.cost.memory_features import effective_training
 from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES, resolve_fp8_recipe
@@ -339,7 +340,10 @@ def launch_plan(model: ModelSpec, training: TrainingSpec, layout: Layout,
         # (mixed_precision.fp8_dot_product_attention).
         gaps.append("FP8 attention (TransformerConfig.fp8_dot_product_attention=True) has no "
                     "Megatron-LM argument: set it in code, or use the Megatron-Bridge launch")
-    fused_mlp = opt.fused_expert_mlp and moe and training.precision != "bf16"
+    # the layouts Megatron-Core runs it on (parsearch.cost.fused_mlp): etp = 1, no expert
+    # input offloaded
+    fused_mlp = (moe and training.precision != "bf16"
+                 and bool(fused_mlp_rows(opt.fused_expert_mlp, lay.etp, training)))
     recipe = (resolve_fp8_recipe(opt.fp8_recipe if fp8_recipe == "auto" else fp8_recipe,
                                  capability)
               if training.precision == "fp8" else None)

@@ -155,12 +155,15 @@ _SOURCE_STACKS: dict[str, str] = {NAR21: "megatron-lm-2021", KOR22: "megatron-lm
 def stack_of_source(source: str) -> str:
     """The software stack a run of ``source`` was measured with: by source, and for
     Megatron-Bridge's tables by NeMo container (25.09 shipped Megatron-Core 0.14, 25.11
-    Megatron-Bridge 0.2 with Megatron-Core 0.15, 26.02 on Megatron-Bridge 0.3+ with 0.16).
+    Megatron-Bridge 0.2 with Megatron-Core 0.15, 26.02 and 26.04 Megatron-Bridge 0.3-0.4
+    with 0.16-0.17, 26.06 on Megatron-Bridge 0.5+ with 0.18+).
 
     >>> stack_of_source("Megatron-Bridge perf summary (NeMo 25.09 container)")
     'mcore-0.14'
     >>> stack_of_source("Megatron-Bridge perf summary (NeMo 25.11 container)")
     'mcore-0.15'
+    >>> stack_of_source("Megatron-Bridge perf summary (NeMo 26.04.01 container)")
+    'mcore-0.16'
     """
     tag = source_tag(source)
     if tag in _SOURCE_STACKS:
@@ -170,6 +173,8 @@ def stack_of_source(source: str) -> str:
         return "mcore-0.14"
     if release is not None and release < (26, 2):
         return "mcore-0.15"
+    if release is not None and release < (26, 6):
+        return "mcore-0.16"
     return DEFAULT_STACK
 
 
@@ -177,7 +182,7 @@ def offload_of_source(source: str) -> tuple[bool, bool]:
     """What ``--cpu-offloading`` moved in a run of ``source``
     (:func:`parsearch.cost.stacks.stack_offload`): its stack's.  Megatron-Bridge 0.2.0 (NeMo
     25.11, ``mcore-0.15``) pinned Transformer Engine 2.9, whose offload moves only the tensors
-    marked for it; Bridge 0.3.0 (NeMo 26.02, ``mcore-current``) on pin TE >= 2.10.
+    marked for it; Bridge 0.3.0 (NeMo 26.02, ``mcore-0.16``) on pin TE >= 2.10.
 
     >>> offload_of_source("Megatron-Bridge perf summary (NeMo 25.11 container)")
     (True, False)
