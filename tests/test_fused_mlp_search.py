@@ -119,3 +119,16 @@ def test_gpt_oss_release_jump_with_the_fused_mlp_matches_its_measurement() -> No
               / rows["i0163"].predicted_tokens_per_s_per_gpu)
     assert measured == pytest.approx(1.82, abs=0.01)
     assert priced == pytest.approx(measured, rel=0.10)
+
+
+def test_the_search_table_names_it_per_layout() -> None:
+    from parsearch.cli.search_cmds import feature_label
+
+    on = _cm("qwen3-30b-a3b", "dgx-b200", MXFP8, SEARCHED).options
+    labels = {}
+    for etp in (1, 2):
+        layout = Layout(num_gpus=16, ep=8, etp=etp, mbs=2)
+        plan = launch_for_cluster(get_preset("qwen3-30b-a3b"), MXFP8, layout,
+                                  load_cluster("dgx-b200"), options=on).plan
+        labels[etp] = feature_label(plan)
+    assert "fused-mlp" in labels[1] and "fused-mlp" not in labels[2]

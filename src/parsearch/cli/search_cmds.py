@@ -206,7 +206,8 @@ def feature_label(plan: Any) -> str:
         parts.append("cg" + (f":{scope}" if scope else ""))
     if plan.recompute_granularity == "selective" and plan.recompute_modules != ("core_attn",):
         parts.append("rc:" + ",".join(plan.recompute_modules))  # memory_features.py
-    parts += [label for on, label in ((plan.moment_dtype == "bf16", "bf16-moments"),
+    parts += [label for on, label in ((plan.fused_expert_mlp, "fused-mlp"),
+                                      (plan.moment_dtype == "bf16", "bf16-moments"),
                                       (plan.fp8_param_gather, "fp8-gather"),
                                       (plan.offload_layers > 0,
                                        f"offload:{plan.offload_layers}"),
@@ -242,11 +243,14 @@ def _search_table(result: SearchResult, *, show_launch: bool, precision: str = "
     print_table(headers, rows)
     print(("features: the token dispatcher (flex: DeepEP/HybridEP), +a2a: EP all-to-all "
            "overlap, +shexp: shared-expert overlap; " if moe else "features: ")
+          + ("fused-mlp: the fused expert MLP (Transformer Engine op fuser; etp=1 only); "
+             if moe else "")
           + "cg: CUDA graphs of whole layers, cg:attn,router,pre: of those parts; rc: selective "
           "recompute modules beyond core_attn; bf16-moments: BF16 Adam moments; fp8-gather: "
           "FP8 parameter gather (these two change numerics: chosen only to fit or for >= 1% "
           "speed); chosen per layout unless given ("
-          + ("--moe-dispatcher, --[no-]moe-a2a-overlap, " if moe else "")
+          + ("--moe-dispatcher, --[no-]moe-a2a-overlap, --[no-]fused-expert-mlp, " if moe
+             else "")
           + "--[no-]cuda-graphs, --cuda-graph-scope, --recompute-modules, --[no-]bf16-moments, "
           "--[no-]fp8-param-gather)")
     if any(e.launch is not None and e.launch.plan.offload_layers for e in result.entries):
