@@ -20,6 +20,7 @@ from parsearch.cost.options import FLEX_BACKENDS as FLEX_BACKEND_CHOICES
 from parsearch.cost.options import MOE_DISPATCHERS as MOE_DISPATCHER_CHOICES
 from parsearch.cost.quantization import FP8_RECIPE_CHOICES
 from parsearch.cost.routing import ROUTING_MODES
+from parsearch.cost.stacks import DEFAULT_STACK, STACKS_BY_NAME
 from parsearch.errors import SpecError
 from parsearch.layout import Layout, parse_layout_string
 from parsearch.model.offload_modules import OFFLOAD_MODULES
@@ -148,9 +149,7 @@ def add_training_options(parser: argparse.ArgumentParser, *, batch_required: boo
     group.add_argument("--stack", default=None, metavar="NAME",
                        help="software stack the job runs: only the layouts and features it "
                        "has are searched, and the kernels it runs are priced "
-                       "(megatron-lm-2021, megatron-deepspeed-2022, megatron-lm-2022, "
-                       "megatron-lm-2023, mcore-0.9, mcore-0.11, mcore-0.12, mcore-0.14, "
-                       "mcore-0.15, mcore-0.16, mcore-current, torchtitan; default mcore-current)")
+                       f"({', '.join(STACKS_BY_NAME)}; default {DEFAULT_STACK})")
     group.add_argument("--precision", choices=PRECISIONS, default="bf16",
                        help="GEMM precision: bf16, fp8 (tensor/block/MX scaling) or fp4 (NVFP4)")
     mem = parser.add_argument_group("memory accounting")
