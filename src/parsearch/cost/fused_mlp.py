@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from parsearch.cost.options import CostOptions
 from parsearch.cost.quantization import resolve_fp8_recipe
+from parsearch.layout import Layout
 from parsearch.model.offload_modules import EXPERT_OFFLOAD_MODULES
 from parsearch.model.specs import ModelSpec, TrainingSpec
 
@@ -60,7 +62,7 @@ def fused_mlp_rows(fused_expert_mlp: Any, etp: Any, training: TrainingSpec) -> A
     return np.asarray(fused_expert_mlp, dtype=bool) & (np.asarray(etp) == 1)
 
 
-def fused_mlp_pinned_flags(options: Any, layout: Any) -> list[str]:
+def fused_mlp_pinned_flags(options: CostOptions, layout: Layout) -> list[str]:
     """The note for a layout that runs without the fused expert MLP the user pinned
     (``--fused-expert-mlp``): Megatron-Core refuses it with expert tensor parallelism."""
     if (not options.fused_expert_mlp or "fused_expert_mlp" in options.search_features
