@@ -192,3 +192,21 @@ def test_any_file_content_loads_without_error(tmp_path, text: str, suffix: str) 
     path.write_text(text, encoding="utf-8", errors="replace")
     loaded = load_measurements([path], DEFAULTS)
     assert all("\n" not in p for p in loaded.problems)
+
+
+def test_the_op_fuser_argument_prices_the_fused_expert_mlp(tmp_path: Path) -> None:
+    """``--use-transformer-engine-op-fuser`` in the arguments block is the fused expert MLP
+    the run ran (parsearch.cost.fused_mlp); without the line it stays unstated."""
+    source = (LOGS / "mixtral_8x22b_ep8_fp8_interval5.out").read_text()
+    marker = "  overlap_moe_expert_parallel_comm ................ False\n"
+    assert marker in source
+    defaults = Defaults(model="mixtral-8x22b", cluster="dgx-h100")
+    (plain,) = load_measurements([LOGS / "mixtral_8x22b_ep8_fp8_interval5.out"],
+                                 defaults).measurements
+    assert "fused_expert_mlp" not in plain.options
+    for value in ("True", "False"):
+        log = tmp_path / f"fuser_{value}.out"
+        log.write_text(source.replace(
+            marker, marker + f"  use_transformer_engine_op_fuser ................. {value}\n"))
+        (m,) = load_measurements([log], defaults).measurements
+        assert m.options["fused_expert_mlp"] is (value == "True")

@@ -62,7 +62,7 @@ OPTION_COLUMNS: tuple[str, ...] = ("moe_dispatcher", "moe_flex_backend", "tp_com
                                    "moe_a2a_overlap", "moe_shared_expert_overlap",
                                    "overlap_grad_reduce", "overlap_param_gather", "cuda_graphs",
                                    "cuda_graph_scope", "fp8_recipe", "grad_reduce_bytes",
-                                   "param_gather_bytes", "moe_imbalance")
+                                   "param_gather_bytes", "moe_imbalance", "fused_expert_mlp")
 #: Optional columns that set :class:`~parsearch.model.specs.TrainingSpec` fields.
 TRAINING_COLUMNS: tuple[str, ...] = ("fsdp", "fsdp_strategy", "distributed_optimizer",
                                      "recompute_num_layers",
@@ -74,7 +74,7 @@ KNOWN_COLUMNS = frozenset((*REQUIRED_COLUMNS, *MEASURE_COLUMNS, *OPTION_COLUMNS,
 _BOOL_COLUMNS = frozenset({"tp_comm_overlap", "moe_a2a_overlap", "moe_shared_expert_overlap",
                            "overlap_grad_reduce",
                            "overlap_param_gather", "cuda_graphs", "fsdp",
-                           "distributed_optimizer"})
+                           "distributed_optimizer", "fused_expert_mlp"})
 #: Columns that take one of a fixed set of words (case-insensitive).
 _CHOICE_COLUMNS: dict[str, tuple[str, ...]] = {"moe_dispatcher": MOE_DISPATCHERS,
                                               "moe_flex_backend": FLEX_BACKENDS,
@@ -378,7 +378,9 @@ def _log_options(run: LogRun) -> tuple[dict[str, Any], dict[str, Any]]:
                       ("overlap_grad_reduce", "overlap_grad_reduce"),
                       ("overlap_param_gather", "overlap_param_gather"),
                       ("overlap_moe_expert_parallel_comm", "moe_a2a_overlap"),
-                      ("moe_shared_expert_overlap", "moe_shared_expert_overlap")):
+                      ("moe_shared_expert_overlap", "moe_shared_expert_overlap"),
+                      # the fused expert MLP (parsearch.cost.fused_mlp)
+                      ("use_transformer_engine_op_fuser", "fused_expert_mlp")):
         flag = _arg_flag(run, arg)
         if flag is not None:
             options[name] = flag
