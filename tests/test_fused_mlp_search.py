@@ -132,3 +132,15 @@ def test_the_search_table_names_it_per_layout() -> None:
                                   load_cluster("dgx-b200"), options=on).plan
         labels[etp] = feature_label(plan)
     assert "fused-mlp" in labels[1] and "fused-mlp" not in labels[2]
+
+
+def test_a_measured_table_row_can_say_it_ran_the_fused_expert_mlp() -> None:
+    from parsearch.errors import SpecError
+    from parsearch.validation.user.measurements import Defaults, measurement_from_row
+
+    row = {"num_gpus": "8", "layout": "ep=8,mbs=2", "global_batch": "512", "seq_len": "4096",
+           "precision": "fp8", "tokens_per_s_per_gpu": "20000", "fused_expert_mlp": "true"}
+    defaults = Defaults(model="qwen3-30b-a3b", cluster="dgx-b200")
+    assert measurement_from_row(row, "row 2", defaults).options["fused_expert_mlp"] is True
+    with pytest.raises(SpecError, match="fused_expert_mlp"):
+        measurement_from_row({**row, "fused_expert_mlp": "maybe"}, "row 2", defaults)
