@@ -36,7 +36,8 @@ def fused_mlp_runnable(model: ModelSpec, training: TrainingSpec, capability: flo
                        fp8_recipe: str) -> bool:
     """Whether the job can run the fused expert MLP on some layout: a MoE model with a gated
     activation (SwiGLU, or GPT-OSS's clamped one), block-scaled low precision on SM100+ and
-    no expert input offloaded."""
+    no expert input offloaded.  Ungated squared-ReLU experts, which Megatron-Core fuses only
+    with ``--use-fused-weighted-squared-relu`` as well, are left unfused."""
     if model.moe is None or model.mlp_activation != "swiglu":
         return False
     if capability is None or capability < 10:
